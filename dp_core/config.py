@@ -1,0 +1,179 @@
+"""What the operator asked for: which devices to serve, under which names.
+
+These classes validate themselves at construction; reading YAML into them is
+the shell's job (dp_server.config_file), so a plugin author can build a
+`Config` in code just as well.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from .names import DEFAULT_DOMAIN, resource_name_error
+from .pci import PciId
+
+__all__ = [
+    "DEFAULT_SHARED_DEVICES",
+    "Config",
+    "ConfigError",
+    "MediatedDevice",
+    "Naming",
+    "PciHostDevice",
+    "PermittedHostDevices",
+    "SharedDevice",
+]
+
+
+class ConfigError(ValueError):
+    """A config value the server cannot use; the message names the value."""
+
+
+def _valid_resource_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    error = resource_name_error(value)
+    if error is not None:
+        raise ConfigError(error)
+
+
+def _optional_resource_name(
+    instance: object, attribute: attrs.Attribute[str | None], value: str | None
+) -> None:
+    if value is not None:
+        _valid_resource_name(instance, attribute, value)  # type: ignore[arg-type]
+
+
+@attrs.frozen
+class PciHostDevice:
+    """KubeVirt's `permittedHostDevices.pciHostDevices[]` entry."""
+
+    pci_vendor_selector: PciId
+    resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
+    external_resource_provider: bool = False
+
+
+@attrs.frozen
+class MediatedDevice:
+    """KubeVirt's `permittedHostDevices.mediatedDevices[]` entry."""
+
+    mdev_name_selector: str = attrs.field()
+    resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
+    external_resource_provider: bool = False
+
+    @mdev_name_selector.validator
+    def _check_selector(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not value.strip():
+            raise ConfigError("mdevNameSelector must not be empty")
+
+
+@attrs.frozen
+class PermittedHostDevices:
+    pci_host_devices: tuple[PciHostDevice, ...] = attrs.field(default=(), converter=tuple)
+    mediated_devices: tuple[MediatedDevice, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        seen: set[PciId] = set()
+        for entry in self.pci_host_devices:
+            if entry.pci_vendor_selector in seen:
+                raise ConfigError(
+                    f"pciVendorSelector {str(entry.pci_vendor_selector).upper()!r} is listed twice"
+                )
+            seen.add(entry.pci_vendor_selector)
+        mdev_names: set[str] = set()
+        for mdev in self.mediated_devices:
+            if mdev.mdev_name_selector in mdev_names:
+                raise ConfigError(f"mdevNameSelector {mdev.mdev_name_selector!r} is listed twice")
+            mdev_names.add(mdev.mdev_name_selector)
+
+
+_PERMISSION_LETTERS = frozenset("rwm")
+
+
+@attrs.frozen
+class SharedDevice:
+    """A character device handed to any number of containers, like `/dev/kvm`."""
+
+    resource_name: str = attrs.field(validator=_valid_resource_name)
+    path: str = attrs.field()
+    count: int = attrs.field(default=110)
+    permissions: str = attrs.field(default="rw")
+    enabled: bool = True
+
+    @path.validator
+    def _check_path(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not value.startswith("/dev/") or "/../" in value or value.endswith("/.."):
+            raise ConfigError(f"{value!r} is not an absolute path under /dev/")
+
+    @count.validator
+    def _check_count(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not 1 <= value <= 100_000:
+            raise ConfigError(f"{value!r} is not a count between 1 and 100000")
+
+    @permissions.validator
+    def _check_permissions(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not value or not set(value) <= _PERMISSION_LETTERS:
+            raise ConfigError(f"{value!r} is not one or more of the letters r, w, m")
+
+
+# What KubeVirt's virt-handler advertises on every node.
+DEFAULT_SHARED_DEVICES: tuple[SharedDevice, ...] = (
+    SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm"),
+    SharedDevice("devices.kubevirt.io/tun", "/dev/net/tun"),
+    SharedDevice("devices.kubevirt.io/vhost-net", "/dev/vhost-net"),
+)
+
+
+@attrs.frozen
+class Naming:
+    """How PCI resources are named when the config gives no resourceName."""
+
+    source: Literal["vendor-device", "pci-ids"] = attrs.field(default="vendor-device")
+    domain: str = attrs.field(default=DEFAULT_DOMAIN)
+    pci_ids_path: str | None = None
+
+    @source.validator
+    def _check_source(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in ("vendor-device", "pci-ids"):
+            raise ConfigError(f"{value!r} is not one of 'vendor-device', 'pci-ids'")
+
+    @domain.validator
+    def _check_domain(self, attribute: attrs.Attribute[str], value: str) -> None:
+        error = resource_name_error(f"{value}/x")
+        if error is not None:
+            raise ConfigError(f"{value!r} is not a usable resource domain")
+
+
+@attrs.frozen
+class Config:
+    """The whole server config.
+
+    `permitted_host_devices` of None means no selector was given: every PCI
+    function already bound to vfio-pci is served under a derived name, and
+    nothing is ever rebound.
+    """
+
+    permitted_host_devices: PermittedHostDevices | None = None
+    shared_devices: tuple[SharedDevice, ...] = attrs.field(
+        default=DEFAULT_SHARED_DEVICES, converter=tuple
+    )
+    naming: Naming = Naming()
+
+    def __attrs_post_init__(self) -> None:
+        names = [d.resource_name for d in self.shared_devices]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"shared device {duplicates[0]!r} is listed twice")
+        if self.permitted_host_devices is None:
+            return
+        pci_names = {
+            e.resource_name for e in self.permitted_host_devices.pci_host_devices if e.resource_name
+        }
+        mdev_names = {
+            e.resource_name for e in self.permitted_host_devices.mediated_devices if e.resource_name
+        }
+        for clash in sorted((pci_names & mdev_names) | ((pci_names | mdev_names) & set(names))):
+            raise ConfigError(f"resource {clash!r} is named for two kinds of device")
+
+    @property
+    def enabled_shared_devices(self) -> tuple[SharedDevice, ...]:
+        return tuple(d for d in self.shared_devices if d.enabled)

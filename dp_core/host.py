@@ -1,0 +1,147 @@
+"""The host as one observation: PCI functions, IOMMU groups, mdevs and /dev nodes.
+
+A `HostSnapshot` is plain data that the shell's scanner produces and the core
+consumes; it never reads anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import attrs
+
+from .pci import PciAddress, PciDevice
+
+__all__ = [
+    "VFIO_DRIVER",
+    "HostSnapshot",
+    "IommuGroup",
+    "MdevDevice",
+    "MdevType",
+    "ScanProblem",
+    "Viability",
+]
+
+VFIO_DRIVER = "vfio-pci"
+
+
+@attrs.frozen
+class Viability:
+    """Whether VFIO can open a group, and if not, which members stop it."""
+
+    viable: bool
+    blockers: tuple[tuple[PciAddress, str], ...] = ()
+
+    @property
+    def reason(self) -> str:
+        if self.viable:
+            return ""
+        return "; ".join(f"{address} is bound to {driver}" for address, driver in self.blockers)
+
+
+@attrs.frozen
+class IommuGroup:
+    """One `/sys/kernel/iommu_groups/<number>`, holding its member functions."""
+
+    number: int = attrs.field()
+    members: tuple[PciDevice, ...] = attrs.field(converter=tuple)
+
+    @number.validator
+    def _check_number(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value < 0:
+            raise ValueError(f"IOMMU group number must be >= 0, got {value}")
+
+    @property
+    def endpoints(self) -> tuple[PciDevice, ...]:
+        return tuple(member for member in self.members if not member.is_bridge)
+
+    @property
+    def viability(self) -> Viability:
+        # VFIO refuses a group while any endpoint in it is owned by a host driver;
+        # an endpoint with no driver is fine, and bridges are never checked.
+        blockers = tuple(
+            (member.address, member.driver)
+            for member in self.endpoints
+            if member.driver is not None and member.driver != VFIO_DRIVER
+        )
+        return Viability(viable=not blockers, blockers=blockers)
+
+
+@attrs.frozen
+class MdevType:
+    """A mediated device type offered by a parent, `mdev_supported_types/<type_id>`."""
+
+    parent: PciAddress
+    type_id: str
+    name: str
+    available_instances: int | None = None
+
+
+@attrs.frozen
+class MdevDevice:
+    """A created mediated device, `/sys/bus/mdev/devices/<uuid>`."""
+
+    uuid: str
+    parent: PciAddress
+    type_id: str
+    iommu_group: int | None = None
+
+
+@attrs.frozen
+class ScanProblem:
+    """Something the scanner could not read, with the path it was reading."""
+
+    path: str
+    reason: str
+
+
+@attrs.frozen
+class HostSnapshot:
+    """Everything the core needs to know about the host at one moment.
+
+    `dev_nodes` holds the host paths (`/dev/vfio/12`, `/dev/kvm`, ...) that
+    existed when the scan ran.
+    """
+
+    pci_devices: tuple[PciDevice, ...] = attrs.field(default=(), converter=tuple)
+    iommu_groups: tuple[IommuGroup, ...] = attrs.field(default=(), converter=tuple)
+    mdev_types: tuple[MdevType, ...] = attrs.field(default=(), converter=tuple)
+    mdevs: tuple[MdevDevice, ...] = attrs.field(default=(), converter=tuple)
+    dev_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    problems: tuple[ScanProblem, ...] = attrs.field(default=(), converter=tuple)
+    _by_address: Mapping[PciAddress, PciDevice] = attrs.field(
+        init=False, eq=False, repr=False
+    )
+    _by_group: Mapping[int, IommuGroup] = attrs.field(init=False, eq=False, repr=False)
+    _type_names: Mapping[tuple[PciAddress, str], str] = attrs.field(
+        init=False, eq=False, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # Lookup tables are derived once; the snapshot itself stays immutable.
+        object.__setattr__(
+            self, "_by_address", MappingProxyType({d.address: d for d in self.pci_devices})
+        )
+        object.__setattr__(
+            self, "_by_group", MappingProxyType({g.number: g for g in self.iommu_groups})
+        )
+        object.__setattr__(
+            self,
+            "_type_names",
+            MappingProxyType({(t.parent, t.type_id): t.name for t in self.mdev_types}),
+        )
+
+    def device(self, address: PciAddress) -> PciDevice | None:
+        return self._by_address.get(address)
+
+    def group(self, number: int | None) -> IommuGroup | None:
+        if number is None:
+            return None
+        return self._by_group.get(number)
+
+    def mdev_type_name(self, mdev: MdevDevice) -> str | None:
+        return self._type_names.get((mdev.parent, mdev.type_id))
+
+    def has_dev_node(self, host_path: str) -> bool:
+        return host_path in self.dev_nodes

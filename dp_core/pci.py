@@ -1,0 +1,105 @@
+"""PCI addresses and PCI functions as the kernel describes them in sysfs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import attrs
+
+__all__ = ["PciAddress", "PciDevice", "PciId"]
+
+_ADDRESS = re.compile(
+    r"^(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):"
+    r"(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$"
+)
+
+
+def _in_range(limit: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not 0 <= value <= limit:
+            raise ValueError(f"PCI {attribute.name} {value:#x} is out of range 0..{limit:#x}")
+
+    return check
+
+
+@attrs.frozen(order=True)
+class PciAddress:
+    """A PCI function address, `DDDD:BB:SS.F` (domain, bus, slot, function)."""
+
+    domain: int = attrs.field(validator=_in_range(0xFFFFFFFF))
+    bus: int = attrs.field(validator=_in_range(0xFF))
+    slot: int = attrs.field(validator=_in_range(0x1F))
+    function: int = attrs.field(validator=_in_range(0x7))
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress:
+        match = _ADDRESS.match(text.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not a PCI address of the form DDDD:BB:SS.F")
+        return cls(
+            int(match["domain"], 16),
+            int(match["bus"], 16),
+            int(match["slot"], 16),
+            int(match["function"], 16),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+
+
+@attrs.frozen(order=True)
+class PciId:
+    """A vendor:device pair, the key that selectors and default names use."""
+
+    vendor: int = attrs.field(validator=_in_range(0xFFFF))
+    device: int = attrs.field(validator=_in_range(0xFFFF))
+
+    @classmethod
+    def parse(cls, text: str) -> PciId:
+        """Parse `VVVV:DDDD`, hex, any case."""
+        match = re.fullmatch(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})", text.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not VVVV:DDDD hex")
+        return cls(int(match[1], 16), int(match[2], 16))
+
+    def __str__(self) -> str:
+        return f"{self.vendor:04x}:{self.device:04x}"
+
+
+# PCI base class 0x06 is "bridge device"; the kernel puts bridges in the group of
+# the devices behind them, but VFIO does not need them bound to vfio-pci.
+_BRIDGE_BASE_CLASS = 0x06
+
+
+@attrs.frozen
+class PciDevice:
+    """One PCI function as read from `/sys/bus/pci/devices/<address>`."""
+
+    address: PciAddress
+    vendor: int = attrs.field(validator=_in_range(0xFFFF))
+    device: int = attrs.field(validator=_in_range(0xFFFF))
+    class_code: int = attrs.field(validator=_in_range(0xFFFFFF))
+    driver: str | None = None
+    iommu_group: int | None = None
+    numa_node: int | None = attrs.field(default=None)
+    physfn: PciAddress | None = None
+    virtfns: tuple[PciAddress, ...] = ()
+    boot_vga: bool = False
+
+    @numa_node.validator
+    def _check_numa(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is not None and value < 0:
+            raise ValueError("numa_node must be None (unknown) or >= 0; sysfs -1 means unknown")
+
+    @property
+    def pci_id(self) -> PciId:
+        return PciId(self.vendor, self.device)
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.class_code >> 16 == _BRIDGE_BASE_CLASS
+
+    @property
+    def is_virtual_function(self) -> bool:
+        return self.physfn is not None
