@@ -1,5 +1,12 @@
-"""dp_core: the pure state machine of a device-plugin server (no I/O)."""
+"""dp_core: the pure state machine of a device-plugin server.
 
+It models devices, IOMMU groups, resources, allocations, registrations and
+connections, takes frozen inputs and returns frozen effects, and does no I/O:
+the same inputs always give the same effects. `dp_server` is one shell around
+it; a plugin author can write another.
+"""
+
+from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
 from .config import (
     DEFAULT_SHARED_DEVICES,
     Config,
@@ -10,25 +17,128 @@ from .config import (
     PermittedHostDevices,
     SharedDevice,
 )
+from .effects import (
+    AllocateAnswer,
+    Answer,
+    BindConnection,
+    ContainerAllocation,
+    DeviceSpec,
+    Effect,
+    EndStream,
+    Log,
+    PluginOptions,
+    PreferredAnswer,
+    PreStartAnswer,
+    Publish,
+    RefreshAllocations,
+    Register,
+    Reject,
+    Reply,
+    ReportUnhealthy,
+)
+from .errors import StatusCode, UsageError
 from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice, MdevType, ScanProblem
+from .inputs import (
+    AllocateRequested,
+    AllocationsObserved,
+    ConfigApplied,
+    ConnectionClosed,
+    ConnectionOpened,
+    ContainerPreference,
+    HostObserved,
+    Input,
+    KubeletStarted,
+    KubeletStopped,
+    OptionsRequested,
+    PreferredAllocationRequested,
+    PreStartRequested,
+    RegistrationFailed,
+    RegistrationSucceeded,
+    Tick,
+    WatchEnded,
+    WatchStarted,
+)
+from .inventory import (
+    AdvertisedDevice,
+    DeviceKind,
+    Inventory,
+    Resource,
+    SkippedDevice,
+    build_inventory,
+)
+from .node import Node, Timing, endpoint_name
 from .pci import PciAddress, PciDevice, PciId
+from .registration import Backoff, Phase, SocketMode
 
 __all__ = [
     "DEFAULT_SHARED_DEVICES",
     "VFIO_DRIVER",
+    "AdvertisedDevice",
+    "AllocateAnswer",
+    "AllocateRequested",
+    "Allocation",
+    "AllocationBook",
+    "AllocationsObserved",
+    "Answer",
+    "Backoff",
+    "BindConnection",
     "Config",
+    "ConfigApplied",
     "ConfigError",
+    "ConnectionClosed",
+    "ConnectionOpened",
+    "ContainerAllocation",
+    "ContainerPreference",
+    "DeviceKind",
+    "DeviceSpec",
+    "Effect",
+    "EndStream",
+    "HostObserved",
     "HostSnapshot",
+    "Input",
+    "Inventory",
     "IommuGroup",
+    "KubeletStarted",
+    "KubeletStopped",
+    "Log",
     "MdevDevice",
     "MdevType",
     "MediatedDevice",
     "Naming",
+    "Node",
+    "OptionsRequested",
     "PciAddress",
     "PciDevice",
     "PciHostDevice",
     "PciId",
     "PermittedHostDevices",
+    "Phase",
+    "PluginOptions",
+    "PreStartAnswer",
+    "PreStartRequested",
+    "PreferredAllocationRequested",
+    "PreferredAnswer",
+    "Publish",
+    "RefreshAllocations",
+    "Register",
+    "RegistrationFailed",
+    "RegistrationSucceeded",
+    "Reject",
+    "Reply",
+    "ReportUnhealthy",
+    "Resource",
     "ScanProblem",
     "SharedDevice",
+    "SkippedDevice",
+    "SocketMode",
+    "StatusCode",
+    "Tick",
+    "Timing",
+    "UsageError",
+    "WatchEnded",
+    "WatchStarted",
+    "build_inventory",
+    "container_allocation",
+    "endpoint_name",
+    "preferred_devices",
 ]

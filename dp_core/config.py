@@ -106,8 +106,9 @@ class SharedDevice:
 
     @count.validator
     def _check_count(self, attribute: attrs.Attribute[int], value: int) -> None:
-        if isinstance(value, bool) or not 1 <= value <= 100_000:
-            raise ConfigError(f"{value!r} is not a count between 1 and 100000")
+        # The kubelet reads at most 4 MiB per ListAndWatch message.
+        if isinstance(value, bool) or not 1 <= value <= 10_000:
+            raise ConfigError(f"{value!r} is not a count between 1 and 10000")
 
     @permissions.validator
     def _check_permissions(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -110,9 +110,7 @@ class HostSnapshot:
     mdevs: tuple[MdevDevice, ...] = attrs.field(default=(), converter=tuple)
     dev_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     problems: tuple[ScanProblem, ...] = attrs.field(default=(), converter=tuple)
-    _by_address: Mapping[PciAddress, PciDevice] = attrs.field(
-        init=False, eq=False, repr=False
-    )
+    _by_address: Mapping[PciAddress, PciDevice] = attrs.field(init=False, eq=False, repr=False)
     _by_group: Mapping[int, IommuGroup] = attrs.field(init=False, eq=False, repr=False)
     _type_names: Mapping[tuple[PciAddress, str], str] = attrs.field(
         init=False, eq=False, repr=False

@@ -1,0 +1,209 @@
+"""Allocations, IOMMU group reservations and preferred-allocation packing.
+
+VFIO hands a whole IOMMU group to one user (DESIGN.md §5). An allocation
+therefore reserves every group it touches until the PodResources API shows
+that no active pod holds its devices any more; the reservation is what makes
+siblings Unhealthy and what refuses an Allocate that would split a group.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from .effects import ContainerAllocation, DeviceSpec
+from .inventory import AdvertisedDevice, DeviceKind, Resource
+from .names import env_var_name
+
+__all__ = [
+    "Allocation",
+    "AllocationBook",
+    "container_allocation",
+    "preferred_devices",
+]
+
+_ENV_PREFIX = {DeviceKind.PCI: "PCI_RESOURCE_", DeviceKind.MDEV: "MDEV_PCI_RESOURCE_"}
+
+
+@attrs.frozen
+class Allocation:
+    serial: int
+    resource: str
+    device_ids: tuple[str, ...]
+    groups: frozenset[int]
+    at: float
+
+    def describe(self) -> str:
+        return f"allocation #{self.serial} of {self.resource} ({', '.join(self.device_ids)})"
+
+
+class AllocationBook:
+    """Live allocations and the IOMMU groups they reserve."""
+
+    def __init__(self, release_grace: float = 30.0) -> None:
+        # A pod that was just admitted may not be listed by PodResources yet.
+        self.release_grace = release_grace
+        self._allocations: dict[int, Allocation] = {}
+        self._serial = 0
+
+    def __len__(self) -> int:
+        return len(self._allocations)
+
+    def all(self) -> tuple[Allocation, ...]:
+        return tuple(self._allocations.values())
+
+    def group_holder(self, group: int) -> Allocation | None:
+        for allocation in self._allocations.values():
+            if group in allocation.groups:
+                return allocation
+        return None
+
+    def reserved_groups(self) -> dict[int, Allocation]:
+        return {
+            group: allocation
+            for allocation in self._allocations.values()
+            for group in allocation.groups
+        }
+
+    def conflict(self, resource: str, devices: Sequence[AdvertisedDevice]) -> str | None:
+        """Why giving `devices` to one container would split a reserved group."""
+        wanted = {device.id for device in devices}
+        for device in devices:
+            if device.iommu_group is None:
+                continue
+            holder = self.group_holder(device.iommu_group)
+            if holder is None:
+                continue
+            same_owner = holder.resource == resource and wanted & set(holder.device_ids)
+            if not same_owner:
+                return (
+                    f"IOMMU group {device.iommu_group} of device {device.id} is held by "
+                    f"{holder.describe()}; VFIO cannot split a group between containers"
+                )
+        return None
+
+    def record(self, resource: str, devices: Sequence[AdvertisedDevice], now: float) -> Allocation:
+        """Record an allocation, replacing any older one of the same devices.
+
+        The kubelet only hands out devices it considers free, so an older
+        allocation naming one of them belongs to a container that is gone.
+        """
+        ids = tuple(device.id for device in devices)
+        for serial, old in list(self._allocations.items()):
+            if old.resource == resource and set(old.device_ids) & set(ids):
+                del self._allocations[serial]
+        self._serial += 1
+        groups = frozenset(d.iommu_group for d in devices if d.iommu_group is not None)
+        allocation = Allocation(self._serial, resource, ids, groups, now)
+        if groups:
+            self._allocations[allocation.serial] = allocation
+        return allocation
+
+    def release_unheld(self, held: Mapping[str, frozenset[str]], now: float) -> list[Allocation]:
+        """Drop allocations none of whose devices any active pod holds."""
+        released = []
+        for serial, allocation in list(self._allocations.items()):
+            if now - allocation.at < self.release_grace:
+                continue
+            still_held = held.get(allocation.resource, frozenset())
+            if not still_held & set(allocation.device_ids):
+                del self._allocations[serial]
+                released.append(allocation)
+        return released
+
+    def next_release_check(self) -> float | None:
+        if not self._allocations:
+            return None
+        return min(a.at for a in self._allocations.values()) + self.release_grace
+
+
+def container_allocation(
+    resource: Resource, devices: Sequence[AdvertisedDevice]
+) -> ContainerAllocation:
+    """What one container gets for `devices` of `resource` (KubeVirt's conventions).
+
+    Host paths are always the host's `/dev/...`; the env var lists the IDs in
+    request order, which KubeVirt relies on to map devices to the VM.
+    """
+    paths: list[str] = []
+    for device in devices:
+        for path in device.host_paths:
+            if path not in paths:
+                paths.append(path)
+    specs = tuple(DeviceSpec(path, path, resource.permissions) for path in paths)
+    prefix = _ENV_PREFIX.get(resource.kind)
+    envs: tuple[tuple[str, str], ...] = ()
+    if prefix is not None:
+        envs = ((env_var_name(prefix, resource.name), ",".join(d.id for d in devices)),)
+    return ContainerAllocation(envs=envs, devices=specs)
+
+
+def preferred_devices(
+    available: Sequence[AdvertisedDevice],
+    must_include: Sequence[AdvertisedDevice],
+    size: int,
+) -> tuple[str, ...]:
+    """Pick `size` devices, packing into as few NUMA nodes and IOMMU groups as we can.
+
+    Must-include devices always come first. The rest are taken from the NUMA
+    node that can hold the whole request (preferring nodes the must-include
+    devices are on, then the fullest), and within it from groups already in
+    use, then from the groups with the most free devices. Ties break on ID so
+    the answer is deterministic.
+    """
+    chosen = list(dict.fromkeys(d.id for d in must_include))
+    if len(chosen) >= size:
+        return tuple(chosen)
+    chosen_set = set(chosen)
+    free = [d for d in available if d.id not in chosen_set]
+    need = size - len(chosen)
+    by_node: dict[int | None, list[AdvertisedDevice]] = {}
+    for device in free:
+        by_node.setdefault(device.numa_node, []).append(device)
+    must_nodes = Counter(d.numa_node for d in must_include)
+    node_order = sorted(
+        by_node,
+        key=lambda node: (
+            -must_nodes.get(node, 0),
+            len(by_node[node]) < need,
+            -len(by_node[node]),
+            -1 if node is None else node,
+        ),
+    )
+    used_groups = {d.iommu_group for d in must_include if d.iommu_group is not None}
+    for node in node_order:
+        if need <= 0:
+            break
+        picks = _pack_groups(by_node[node], used_groups, need)
+        chosen.extend(d.id for d in picks)
+        used_groups.update(d.iommu_group for d in picks if d.iommu_group is not None)
+        need -= len(picks)
+    return tuple(chosen)
+
+
+def _pack_groups(
+    candidates: Sequence[AdvertisedDevice], used_groups: set[int], need: int
+) -> list[AdvertisedDevice]:
+    groups: dict[int | None, list[AdvertisedDevice]] = {}
+    for device in sorted(candidates, key=lambda d: d.id):
+        groups.setdefault(device.iommu_group, []).append(device)
+
+    def rank(group: int | None) -> tuple[bool, bool, int, int]:
+        members = groups[group]
+        return (
+            group not in used_groups,
+            # A group that fits entirely is better than one we would split.
+            len(members) > need,
+            -len(members),
+            -1 if group is None else group,
+        )
+
+    picks: list[AdvertisedDevice] = []
+    for group in sorted(groups, key=rank):
+        for device in groups[group]:
+            if len(picks) == need:
+                return picks
+            picks.append(device)
+    return picks

@@ -1,0 +1,161 @@
+"""What the core asks the shell to do, as frozen effects."""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import StatusCode
+from .inventory import AdvertisedDevice
+
+__all__ = [
+    "AllocateAnswer",
+    "Answer",
+    "BindConnection",
+    "ContainerAllocation",
+    "DeviceSpec",
+    "Effect",
+    "EndStream",
+    "Log",
+    "PluginOptions",
+    "PreStartAnswer",
+    "PreferredAnswer",
+    "Publish",
+    "RefreshAllocations",
+    "Register",
+    "Reject",
+    "Reply",
+    "ReportUnhealthy",
+]
+
+
+@attrs.frozen
+class PluginOptions:
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = False
+
+
+@attrs.frozen
+class DeviceSpec:
+    container_path: str
+    host_path: str
+    permissions: str
+
+
+@attrs.frozen
+class ContainerAllocation:
+    envs: tuple[tuple[str, str], ...] = ()
+    devices: tuple[DeviceSpec, ...] = ()
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class AllocateAnswer:
+    containers: tuple[ContainerAllocation, ...]
+
+
+@attrs.frozen
+class PreferredAnswer:
+    containers: tuple[tuple[str, ...], ...]
+
+
+@attrs.frozen
+class PreStartAnswer:
+    pass
+
+
+Answer = PluginOptions | AllocateAnswer | PreferredAnswer | PreStartAnswer
+
+
+@attrs.frozen
+class Register:
+    """Call the kubelet's Register for `resource`.
+
+    `own_socket` is True in per-resource mode, where the shell must be
+    listening on `endpoint` for this resource alone before it calls.
+    """
+
+    resource: str
+    endpoint: str
+    options: PluginOptions
+    attempt: int
+    own_socket: bool = False
+
+
+@attrs.frozen
+class BindConnection:
+    connection: int
+    resource: str
+
+
+@attrs.frozen
+class Publish:
+    """Send `devices` as the whole device list on one ListAndWatch stream."""
+
+    stream: int
+    resource: str
+    devices: tuple[AdvertisedDevice, ...]
+
+
+@attrs.frozen
+class EndStream:
+    stream: int
+    reason: str
+
+
+@attrs.frozen
+class Reply:
+    call: int
+    answer: Answer
+
+
+@attrs.frozen
+class Reject:
+    call: int
+    status: StatusCode
+    message: str
+
+
+@attrs.frozen
+class ReportUnhealthy:
+    """A device turned unhealthy (or healthy again, with `healthy` True)."""
+
+    resource: str
+    device_id: str
+    healthy: bool
+    reason: str
+
+
+@attrs.frozen
+class RefreshAllocations:
+    """Ask the PodResources API now rather than at the next poll."""
+
+    reason: str
+
+
+@attrs.frozen
+class Log:
+    level: str
+    event: str
+    fields: tuple[tuple[str, object], ...] = ()
+
+    @classmethod
+    def info(cls, event: str, **fields: object) -> Log:
+        return cls("info", event, tuple(fields.items()))
+
+    @classmethod
+    def warning(cls, event: str, **fields: object) -> Log:
+        return cls("warning", event, tuple(fields.items()))
+
+
+Effect = (
+    Register
+    | BindConnection
+    | Publish
+    | EndStream
+    | Reply
+    | Reject
+    | ReportUnhealthy
+    | RefreshAllocations
+    | Log
+)

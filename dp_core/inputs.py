@@ -1,0 +1,206 @@
+"""Everything that can happen to a device-plugin server, as frozen inputs.
+
+Time arrives as `now` (seconds on a monotonic clock) on every input that can
+start or check a timer, so the same inputs always give the same effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import attrs
+
+from .config import Config
+from .host import HostSnapshot
+from .pci import PciId
+
+__all__ = [
+    "AllocateRequested",
+    "AllocationsObserved",
+    "ConfigApplied",
+    "ConnectionClosed",
+    "ConnectionOpened",
+    "ContainerPreference",
+    "HostObserved",
+    "Input",
+    "KubeletStarted",
+    "KubeletStopped",
+    "OptionsRequested",
+    "PreStartRequested",
+    "PreferredAllocationRequested",
+    "RegistrationFailed",
+    "RegistrationSucceeded",
+    "Tick",
+    "WatchEnded",
+    "WatchStarted",
+]
+
+
+def _ids(value: object) -> tuple[str, ...]:
+    return tuple(str(item) for item in value)  # type: ignore[attr-defined]
+
+
+def _id_lists(value: object) -> tuple[tuple[str, ...], ...]:
+    return tuple(_ids(item) for item in value)  # type: ignore[attr-defined]
+
+
+def _frozen_mapping(value: Mapping[str, frozenset[str]]) -> Mapping[str, frozenset[str]]:
+    return MappingProxyType({key: frozenset(ids) for key, ids in value.items()})
+
+
+@attrs.frozen
+class HostObserved:
+    """A fresh scan of the host."""
+
+    snapshot: HostSnapshot
+    now: float
+
+
+@attrs.frozen
+class ConfigApplied:
+    """A (re)loaded config, with the PCI ID database names if that mode is on."""
+
+    config: Config
+    now: float
+    pci_names: Mapping[PciId, str] = attrs.field(factory=dict, eq=False)
+
+
+@attrs.frozen
+class KubeletStarted:
+    """kubelet.sock appeared or was created again: every resource must register."""
+
+    now: float
+
+
+@attrs.frozen
+class KubeletStopped:
+    """kubelet.sock is gone: registering is pointless until it comes back."""
+
+    now: float
+
+
+@attrs.frozen
+class RegistrationSucceeded:
+    resource: str
+    attempt: int
+    now: float
+
+
+@attrs.frozen
+class RegistrationFailed:
+    resource: str
+    attempt: int
+    reason: str
+    now: float
+
+
+@attrs.frozen
+class ConnectionOpened:
+    """A kubelet connection was accepted.
+
+    `listener` names the resource when the connection came in on that
+    resource's own socket (per-resource mode), and is None on the shared one.
+    """
+
+    connection: int
+    now: float
+    listener: str | None = None
+
+
+@attrs.frozen
+class ConnectionClosed:
+    connection: int
+    now: float
+
+
+@attrs.frozen
+class OptionsRequested:
+    connection: int
+    call: int
+    now: float
+
+
+@attrs.frozen
+class WatchStarted:
+    """ListAndWatch opened; `stream` identifies it in later Publish effects."""
+
+    connection: int
+    stream: int
+    now: float
+
+
+@attrs.frozen
+class WatchEnded:
+    stream: int
+
+
+@attrs.frozen
+class ContainerPreference:
+    available: tuple[str, ...] = attrs.field(converter=_ids)
+    must_include: tuple[str, ...] = attrs.field(converter=_ids)
+    size: int = attrs.field()
+
+    @size.validator
+    def _check_size(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value < 0:
+            raise ValueError(f"allocation size must be >= 0, got {value}")
+
+
+@attrs.frozen
+class PreferredAllocationRequested:
+    connection: int
+    call: int
+    containers: tuple[ContainerPreference, ...] = attrs.field(converter=tuple)
+    now: float = 0.0
+
+
+@attrs.frozen
+class AllocateRequested:
+    """One Allocate call; `containers` holds each container request's device IDs."""
+
+    connection: int
+    call: int
+    containers: tuple[tuple[str, ...], ...] = attrs.field(converter=_id_lists)
+    now: float = 0.0
+
+
+@attrs.frozen
+class PreStartRequested:
+    connection: int
+    call: int
+    device_ids: tuple[str, ...] = attrs.field(converter=_ids)
+    now: float = 0.0
+
+
+@attrs.frozen
+class AllocationsObserved:
+    """What the PodResources API says active pods hold, per resource."""
+
+    held: Mapping[str, frozenset[str]] = attrs.field(converter=_frozen_mapping, eq=False)
+    now: float = 0.0
+
+
+@attrs.frozen
+class Tick:
+    now: float
+
+
+Input = (
+    HostObserved
+    | ConfigApplied
+    | KubeletStarted
+    | KubeletStopped
+    | RegistrationSucceeded
+    | RegistrationFailed
+    | ConnectionOpened
+    | ConnectionClosed
+    | OptionsRequested
+    | WatchStarted
+    | WatchEnded
+    | PreferredAllocationRequested
+    | AllocateRequested
+    | PreStartRequested
+    | AllocationsObserved
+    | Tick
+)

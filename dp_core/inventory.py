@@ -1,0 +1,279 @@
+"""What each resource advertises, derived from a host snapshot and a config.
+
+This is the one place that decides which devices are selected, how they are
+named and when they are healthy (DESIGN.md §5). It is a pure function of its
+inputs, so `dp-server scan` and the running server can never disagree.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from .config import Config, MediatedDevice, PciHostDevice, SharedDevice
+from .host import VFIO_DRIVER, HostSnapshot, MdevDevice
+from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
+from .pci import PciDevice, PciId
+
+__all__ = [
+    "VFIO_CONTAINER",
+    "AdvertisedDevice",
+    "DeviceKind",
+    "Inventory",
+    "Resource",
+    "SkippedDevice",
+    "build_inventory",
+]
+
+VFIO_CONTAINER = "/dev/vfio/vfio"
+# KubeVirt hands out VFIO nodes with mknod rights too.
+VFIO_PERMISSIONS = "mrw"
+
+
+class DeviceKind(enum.Enum):
+    PCI = "pci"
+    MDEV = "mdev"
+    SHARED = "shared"
+
+
+@attrs.frozen
+class AdvertisedDevice:
+    """One device of a resource as the kubelet will see it.
+
+    `id` is the PCI address, the mdev UUID or a generated shared-device ID.
+    `host_paths` are the device nodes a container needs for it.
+    """
+
+    id: str
+    healthy: bool
+    numa_node: int | None = None
+    iommu_group: int | None = None
+    reason: str = ""
+    host_paths: tuple[str, ...] = ()
+    driver: str | None = None
+
+    @property
+    def health(self) -> str:
+        return "Healthy" if self.healthy else "Unhealthy"
+
+
+@attrs.frozen
+class Resource:
+    name: str
+    kind: DeviceKind
+    devices: tuple[AdvertisedDevice, ...]
+    permissions: str = "rw"
+
+    def device(self, device_id: str) -> AdvertisedDevice | None:
+        for device in self.devices:
+            if device.id == device_id:
+                return device
+        return None
+
+    @property
+    def healthy_count(self) -> int:
+        return sum(1 for device in self.devices if device.healthy)
+
+
+@attrs.frozen
+class SkippedDevice:
+    """A device that was seen and deliberately not advertised, and why."""
+
+    id: str
+    reason: str
+    resource_name: str | None = None
+    driver: str | None = None
+
+
+@attrs.frozen
+class Inventory:
+    resources: tuple[Resource, ...] = ()
+    skipped: tuple[SkippedDevice, ...] = ()
+
+    def resource(self, name: str) -> Resource | None:
+        for resource in self.resources:
+            if resource.name == name:
+                return resource
+        return None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(resource.name for resource in self.resources)
+
+
+def build_inventory(
+    snapshot: HostSnapshot,
+    config: Config,
+    pci_names: Mapping[PciId, str] | None = None,
+) -> Inventory:
+    """Every resource the server would advertise on this host, sorted by name."""
+    collected: dict[str, tuple[DeviceKind, list[AdvertisedDevice], str]] = {}
+    skipped: list[SkippedDevice] = []
+
+    def add(name: str, kind: DeviceKind, device: AdvertisedDevice, permissions: str) -> None:
+        collected.setdefault(name, (kind, [], permissions))[1].append(device)
+
+    for pci in sorted(snapshot.pci_devices, key=lambda d: d.address):
+        decision = _select_pci(pci, config, pci_names or {})
+        if decision is None:
+            continue
+        name, skip_reason = decision
+        if skip_reason:
+            skipped.append(SkippedDevice(str(pci.address), skip_reason, name, pci.driver))
+            continue
+        add(name, DeviceKind.PCI, _pci_device(pci, snapshot), VFIO_PERMISSIONS)
+
+    for mdev in sorted(snapshot.mdevs, key=lambda m: m.uuid):
+        mdev_decision = _select_mdev(mdev, snapshot, config)
+        if mdev_decision is None:
+            continue
+        name, skip_reason = mdev_decision
+        if skip_reason:
+            skipped.append(SkippedDevice(mdev.uuid, skip_reason, name))
+            continue
+        add(name, DeviceKind.MDEV, _mdev_device(mdev, snapshot), VFIO_PERMISSIONS)
+
+    for shared in config.enabled_shared_devices:
+        for device in _shared_devices(shared, snapshot):
+            add(shared.resource_name, DeviceKind.SHARED, device, shared.permissions)
+
+    resources = tuple(
+        Resource(name, kind, tuple(devices), permissions)
+        for name, (kind, devices, permissions) in sorted(collected.items())
+    )
+    return Inventory(resources, tuple(skipped))
+
+
+def _matching_pci_entry(pci: PciDevice, config: Config) -> PciHostDevice | None:
+    assert config.permitted_host_devices is not None
+    for entry in config.permitted_host_devices.pci_host_devices:
+        if entry.pci_vendor_selector == pci.pci_id:
+            return entry
+    return None
+
+
+def _derived_pci_name(pci: PciDevice, config: Config, pci_names: Mapping[PciId, str]) -> str:
+    if config.naming.source == "pci-ids":
+        return pci_ids_resource_name(pci.pci_id, pci_names, config.naming.domain)
+    return default_pci_resource_name(pci.pci_id, config.naming.domain)
+
+
+def _select_pci(
+    pci: PciDevice, config: Config, pci_names: Mapping[PciId, str]
+) -> tuple[str, str] | None:
+    """(resource name, skip reason or "") for a selected device; None if unselected."""
+    if pci.is_bridge:
+        return None
+    if config.permitted_host_devices is None:
+        # Without selectors only what the operator already gave to VFIO is served.
+        if pci.driver != VFIO_DRIVER:
+            return None
+        return _derived_pci_name(pci, config, pci_names), ""
+    entry = _matching_pci_entry(pci, config)
+    if entry is None:
+        return None
+    name = entry.resource_name or _derived_pci_name(pci, config, pci_names)
+    if entry.external_resource_provider:
+        return name, "externalResourceProvider is true: another plugin serves it"
+    if pci.driver not in (VFIO_DRIVER, None):
+        return name, f"bound to host driver {pci.driver}; no binding policy moves it to vfio-pci"
+    return name, ""
+
+
+def _group_health(group_number: int | None, snapshot: HostSnapshot) -> tuple[bool, str]:
+    if group_number is None:
+        return False, "no IOMMU group (is the IOMMU enabled?)"
+    group_node = f"/dev/vfio/{group_number}"
+    if not snapshot.has_dev_node(VFIO_CONTAINER):
+        return False, f"{VFIO_CONTAINER} does not exist (is the vfio module loaded?)"
+    if not snapshot.has_dev_node(group_node):
+        return False, f"{group_node} does not exist"
+    return True, ""
+
+
+def _pci_device(pci: PciDevice, snapshot: HostSnapshot) -> AdvertisedDevice:
+    healthy, reason = _group_health(pci.iommu_group, snapshot)
+    if pci.driver is None:
+        healthy, reason = False, "not bound to any driver; bind it to vfio-pci"
+    elif healthy:
+        group = snapshot.group(pci.iommu_group)
+        if group is None:
+            healthy, reason = False, f"IOMMU group {pci.iommu_group} is not listed in sysfs"
+        elif not group.viability.viable:
+            healthy = False
+            reason = f"IOMMU group {group.number} is not viable: {group.viability.reason}"
+    paths = (VFIO_CONTAINER, f"/dev/vfio/{pci.iommu_group}") if pci.iommu_group is not None else ()
+    return AdvertisedDevice(
+        id=str(pci.address),
+        healthy=healthy,
+        numa_node=pci.numa_node,
+        iommu_group=pci.iommu_group,
+        reason=reason,
+        host_paths=paths,
+        driver=pci.driver,
+    )
+
+
+def mdev_resource_suffix(type_name: str) -> str:
+    """`GRID T4-1Q` -> `GRID_T4-1Q`: KubeVirt's mdev names keep dashes and dots."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "", re.sub(r"\s+", "_", type_name.strip()))
+
+
+def _select_mdev(
+    mdev: MdevDevice, snapshot: HostSnapshot, config: Config
+) -> tuple[str, str] | None:
+    type_name = snapshot.mdev_type_name(mdev)
+    if type_name is None:
+        return None
+    if config.permitted_host_devices is None:
+        return f"{config.naming.domain}/{mdev_resource_suffix(type_name)}", ""
+    entry = _matching_mdev_entry(type_name, config.permitted_host_devices.mediated_devices)
+    if entry is None:
+        return None
+    name = entry.resource_name or f"{config.naming.domain}/{mdev_resource_suffix(type_name)}"
+    if entry.external_resource_provider:
+        return name, "externalResourceProvider is true: another plugin serves it"
+    return name, ""
+
+
+def _matching_mdev_entry(
+    type_name: str, entries: Iterable[MediatedDevice]
+) -> MediatedDevice | None:
+    for entry in entries:
+        if entry.mdev_name_selector.strip() == type_name.strip():
+            return entry
+    return None
+
+
+def _mdev_device(mdev: MdevDevice, snapshot: HostSnapshot) -> AdvertisedDevice:
+    healthy, reason = _group_health(mdev.iommu_group, snapshot)
+    parent = snapshot.device(mdev.parent)
+    paths = (
+        (VFIO_CONTAINER, f"/dev/vfio/{mdev.iommu_group}") if mdev.iommu_group is not None else ()
+    )
+    return AdvertisedDevice(
+        id=mdev.uuid,
+        healthy=healthy,
+        numa_node=parent.numa_node if parent is not None else None,
+        iommu_group=mdev.iommu_group,
+        reason=reason,
+        host_paths=paths,
+    )
+
+
+def _shared_devices(shared: SharedDevice, snapshot: HostSnapshot) -> Iterable[AdvertisedDevice]:
+    present = snapshot.has_dev_node(shared.path)
+    reason = "" if present else f"{shared.path} does not exist"
+    width = len(str(shared.count - 1))
+    # Device IDs are capped at 63 characters by the kubelet's API.
+    stem = shared.resource_name.rsplit("/", 1)[1][: MAX_DEVICE_ID_LENGTH - width - 1]
+    for index in range(shared.count):
+        yield AdvertisedDevice(
+            id=f"{stem}-{index:0{width}d}",
+            healthy=present,
+            reason=reason,
+            host_paths=(shared.path,),
+        )

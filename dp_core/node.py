@@ -1,0 +1,489 @@
+"""The device-plugin server as one sans-IO state machine.
+
+`Node.handle(input)` takes one input and returns the effects to carry out, in
+order. It owns the inventory (what each resource advertises), registration
+and connection attribution (`Registrar`), allocations (`AllocationBook`) and
+the ListAndWatch streams. The shell feeds it and executes what it returns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .allocation import AllocationBook, container_allocation, preferred_devices
+from .config import Config
+from .effects import (
+    AllocateAnswer,
+    Answer,
+    BindConnection,
+    ContainerAllocation,
+    Effect,
+    EndStream,
+    Log,
+    PluginOptions,
+    PreferredAnswer,
+    PreStartAnswer,
+    Publish,
+    RefreshAllocations,
+    Register,
+    Reject,
+    Reply,
+    ReportUnhealthy,
+)
+from .errors import StatusCode, UsageError
+from .host import HostSnapshot
+from .inputs import (
+    AllocateRequested,
+    AllocationsObserved,
+    ConfigApplied,
+    ConnectionClosed,
+    ConnectionOpened,
+    HostObserved,
+    Input,
+    KubeletStarted,
+    KubeletStopped,
+    OptionsRequested,
+    PreferredAllocationRequested,
+    PreStartRequested,
+    RegistrationFailed,
+    RegistrationSucceeded,
+    Tick,
+    WatchEnded,
+    WatchStarted,
+)
+from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_inventory
+from .pci import PciId
+from .registration import Backoff, Registrar, SocketMode
+
+__all__ = ["Node", "Timing", "endpoint_name"]
+
+_SHOWN_ID_LENGTH = 64
+
+
+@attrs.frozen
+class Timing:
+    """How long the node waits for things; all in seconds."""
+
+    dial_wait: float = 3.0
+    backoff: Backoff = Backoff()
+    release_grace: float = 30.0
+
+
+def endpoint_name(prefix: str, resource: str | None) -> str:
+    """Socket file name: `<prefix>.sock`, or `<prefix>-<resource>.sock` per resource."""
+    if resource is None:
+        return f"{prefix}.sock"
+    return f"{prefix}-{re.sub(r'[^A-Za-z0-9_.-]', '_', resource)}.sock"
+
+
+def _show(device_id: str) -> str:
+    if len(device_id) <= _SHOWN_ID_LENGTH:
+        return repr(device_id)
+    return f"{device_id[:_SHOWN_ID_LENGTH]!r}... ({len(device_id)} characters)"
+
+
+class _Rejection(Exception):
+    def __init__(self, status: StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Node:
+    """One node's device-plugin server state. Not thread-safe; one caller at a time."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        socket_mode: SocketMode = SocketMode.SINGLE,
+        endpoint_prefix: str = "dp",
+        timing: Timing | None = None,
+        pci_names: Mapping[PciId, str] | None = None,
+    ) -> None:
+        self.timing = timing or Timing()
+        self.socket_mode = socket_mode
+        self.endpoint_prefix = endpoint_prefix
+        self.config = config
+        self.pci_names: Mapping[PciId, str] = pci_names or {}
+        self.snapshot = HostSnapshot()
+        self.inventory = build_inventory(self.snapshot, config, self.pci_names)
+        self.registrar = Registrar(
+            socket_mode, dial_wait=self.timing.dial_wait, backoff=self.timing.backoff
+        )
+        self.allocations = AllocationBook(self.timing.release_grace)
+        self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
+        self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
+        self._now = 0.0
+        self._handlers: dict[type[Any], Callable[[Any], list[Effect]]] = {
+            HostObserved: self._host_observed,
+            ConfigApplied: self._config_applied,
+            KubeletStarted: self._kubelet_started,
+            KubeletStopped: self._kubelet_stopped,
+            RegistrationSucceeded: self._registration_succeeded,
+            RegistrationFailed: self._registration_failed,
+            ConnectionOpened: self._connection_opened,
+            ConnectionClosed: self._connection_closed,
+            OptionsRequested: self._options_requested,
+            WatchStarted: self._watch_started,
+            WatchEnded: self._watch_ended,
+            PreferredAllocationRequested: self._preferred_requested,
+            AllocateRequested: self._allocate_requested,
+            PreStartRequested: self._prestart_requested,
+            AllocationsObserved: self._allocations_observed,
+            Tick: self._tick,
+        }
+
+    # -- public API ----------------------------------------------------------
+
+    def handle(self, event: Input) -> list[Effect]:
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise UsageError(f"{type(event).__name__} is not a dp_core input")
+        now = getattr(event, "now", None)
+        if now is not None:
+            if now < self._now:
+                raise UsageError(f"time went backwards: {now} after {self._now}")
+            self._now = now
+        effects = handler(event)
+        effects.extend(self._start_due_registrations())
+        return effects
+
+    def next_deadline(self) -> float | None:
+        """When the shell should send a Tick if nothing else happens first."""
+        return self.registrar.next_deadline()
+
+    def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
+        """The device list (health included) last published for `resource`."""
+        return self._published.get(resource, ())
+
+    def resource_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._published))
+
+    def streams(self, resource: str) -> list[int]:
+        return [stream for stream, (_, name) in self._streams.items() if name == resource]
+
+    # -- host and config -------------------------------------------------------
+
+    def _host_observed(self, event: HostObserved) -> list[Effect]:
+        self.snapshot = event.snapshot
+        return self._rebuild()
+
+    def _config_applied(self, event: ConfigApplied) -> list[Effect]:
+        self.config = event.config
+        self.pci_names = event.pci_names
+        return self._rebuild()
+
+    def _rebuild(self) -> list[Effect]:
+        self.inventory = build_inventory(self.snapshot, self.config, self.pci_names)
+        return self._refresh()
+
+    def _effective(self, resource: Resource) -> tuple[AdvertisedDevice, ...]:
+        reserved = self.allocations.reserved_groups()
+        if not reserved or resource.kind is DeviceKind.SHARED:
+            return resource.devices
+        devices = []
+        for device in resource.devices:
+            holder = reserved.get(device.iommu_group) if device.iommu_group is not None else None
+            mine = (
+                holder is not None
+                and holder.resource == resource.name
+                and (device.id in holder.device_ids)
+            )
+            if holder is not None and not mine and device.healthy:
+                device = attrs.evolve(
+                    device,
+                    healthy=False,
+                    reason=f"IOMMU group {device.iommu_group} is held by {holder.describe()}",
+                )
+            devices.append(device)
+        return tuple(devices)
+
+    def _refresh(self) -> list[Effect]:
+        """Publish every resource whose advertised list changed, and only those."""
+        effects: list[Effect] = []
+        current = {r.name: self._effective(r) for r in self.inventory.resources}
+        # A resource whose devices all vanished stays registered with an empty
+        # list: the kubelet has no way to unregister one.
+        for name in self._published:
+            current.setdefault(name, ())
+        added = self.registrar.track(sorted(current), self._now)
+        for name in added:
+            effects.append(Log.info("resource-discovered", resource=name))
+        for name, devices in sorted(current.items()):
+            previous = self._published.get(name)
+            if previous == devices:
+                continue
+            effects.extend(self._health_changes(name, previous or (), devices))
+            self._published[name] = devices
+            for stream in self.streams(name):
+                effects.append(Publish(stream, name, devices))
+        return effects
+
+    def _health_changes(
+        self,
+        resource: str,
+        before: Sequence[AdvertisedDevice],
+        after: Sequence[AdvertisedDevice],
+    ) -> list[Effect]:
+        old = {d.id: d for d in before}
+        effects: list[Effect] = []
+        for device in after:
+            was = old.get(device.id)
+            if was is not None and was.healthy == device.healthy:
+                continue
+            if was is None and device.healthy:
+                continue
+            effects.append(ReportUnhealthy(resource, device.id, device.healthy, device.reason))
+            effects.append(
+                Log(
+                    "info" if device.healthy else "warning",
+                    "health-changed",
+                    (
+                        ("resource", resource),
+                        ("device", device.id),
+                        ("health", device.health),
+                        ("reason", device.reason),
+                    ),
+                )
+            )
+        return effects
+
+    # -- registration and connections -----------------------------------------
+
+    def _options_for(self, resource: str) -> PluginOptions:
+        found = self.inventory.resource(resource)
+        preferred = found is not None and found.kind is not DeviceKind.SHARED
+        return PluginOptions(pre_start_required=False, get_preferred_allocation_available=preferred)
+
+    def _start_due_registrations(self) -> list[Effect]:
+        effects: list[Effect] = []
+        expired = self.registrar.expire(self._now)
+        for name in expired:
+            effects.append(
+                Log.warning(
+                    "registration-unattributed",
+                    resource=name,
+                    reason="the kubelet did not dial in time after Register",
+                )
+            )
+        per_resource = self.socket_mode is SocketMode.PER_RESOURCE
+        for reg in self.registrar.due(self._now):
+            # A stream of an earlier registration that ends after the new one
+            # would make the kubelet mark the new endpoint unhealthy.
+            for stream in self.streams(reg.name):
+                del self._streams[stream]
+                effects.append(EndStream(stream, "the resource is registering again"))
+            attempt = self.registrar.start(reg)
+            endpoint = endpoint_name(self.endpoint_prefix, reg.name if per_resource else None)
+            effects.append(
+                Register(reg.name, endpoint, self._options_for(reg.name), attempt, per_resource)
+            )
+        return effects
+
+    def _kubelet_started(self, event: KubeletStarted) -> list[Effect]:
+        self.registrar.kubelet_started(event.now)
+        return [Log.info("kubelet-started", resources=len(self._published))]
+
+    def _kubelet_stopped(self, event: KubeletStopped) -> list[Effect]:
+        self.registrar.kubelet_stopped()
+        return [Log.warning("kubelet-stopped")]
+
+    def _registration_succeeded(self, event: RegistrationSucceeded) -> list[Effect]:
+        if not self.registrar.succeeded(event.resource, event.attempt, event.now):
+            return []
+        phase = self.registrar.get(event.resource).phase
+        return [Log.info("registered", resource=event.resource, phase=phase.value)]
+
+    def _registration_failed(self, event: RegistrationFailed) -> list[Effect]:
+        if not self.registrar.failed(event.resource, event.attempt, event.now):
+            return []
+        reg = self.registrar.get(event.resource)
+        return [
+            Log.warning(
+                "registration-failed",
+                resource=event.resource,
+                reason=event.reason,
+                retry_in=round(reg.next_attempt_at - event.now, 3),
+            )
+        ]
+
+    def _connection_opened(self, event: ConnectionOpened) -> list[Effect]:
+        if event.listener is not None and event.listener not in self._published:
+            raise UsageError(f"connection on a socket for unknown resource {event.listener!r}")
+        self.registrar.opened(event.connection, event.listener, event.now)
+        if event.listener is None:
+            return []
+        return [BindConnection(event.connection, event.listener)]
+
+    def _connection_closed(self, event: ConnectionClosed) -> list[Effect]:
+        for stream, (connection, _) in list(self._streams.items()):
+            if connection == event.connection:
+                del self._streams[stream]
+        lost = self.registrar.closed(event.connection, event.now)
+        if lost is None:
+            return []
+        reg = self.registrar.get(lost)
+        return [
+            Log.warning(
+                "connection-lost",
+                resource=lost,
+                reregister_in=round(reg.next_attempt_at - event.now, 3),
+            )
+        ]
+
+    def _resource_for(self, connection: int) -> tuple[str, list[Effect]]:
+        """The resource an RPC on `connection` serves, or a _Rejection."""
+        known = self.registrar.owner(connection) is not None
+        resource = self.registrar.attribute(connection, self._now)
+        if resource is not None:
+            bind: list[Effect] = [] if known else [BindConnection(connection, resource)]
+            return resource, bind
+        requeued = self.registrar.orphan_seen(self._now)
+        raise _Rejection(
+            StatusCode.UNAVAILABLE,
+            f"connection {connection} is not attributed to any resource (no Register call "
+            f"was in flight when it arrived); re-registering "
+            f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
+        )
+
+    def _answer(self, call: int, connection: int, work: Callable[[str], Answer]) -> list[Effect]:
+        try:
+            resource, effects = self._resource_for(connection)
+            answer = work(resource)
+        except _Rejection as rejection:
+            return [Reject(call, rejection.status, rejection.message)]
+        effects.append(Reply(call, answer))
+        return effects
+
+    def _options_requested(self, event: OptionsRequested) -> list[Effect]:
+        return self._answer(event.call, event.connection, self._options_for)
+
+    def _watch_started(self, event: WatchStarted) -> list[Effect]:
+        try:
+            resource, effects = self._resource_for(event.connection)
+        except _Rejection as rejection:
+            return [EndStream(event.stream, rejection.message)]
+        self._streams[event.stream] = (event.connection, resource)
+        effects.append(Publish(event.stream, resource, self._published.get(resource, ())))
+        return effects
+
+    def _watch_ended(self, event: WatchEnded) -> list[Effect]:
+        self._streams.pop(event.stream, None)
+        return []
+
+    # -- allocation -------------------------------------------------------------
+
+    def _lookup(self, resource: str, device_ids: Sequence[str]) -> list[AdvertisedDevice]:
+        published = {d.id: d for d in self._published.get(resource, ())}
+        found = []
+        for device_id in device_ids:
+            device = published.get(device_id)
+            if device is None:
+                raise _Rejection(
+                    StatusCode.INVALID_ARGUMENT,
+                    f"unknown device ID {_show(device_id)} for resource {resource}",
+                )
+            found.append(device)
+        duplicates = sorted({i for i in device_ids if list(device_ids).count(i) > 1})
+        if duplicates:
+            raise _Rejection(
+                StatusCode.INVALID_ARGUMENT,
+                f"device ID {_show(duplicates[0])} is requested twice for resource {resource}",
+            )
+        return found
+
+    def _preferred_requested(self, event: PreferredAllocationRequested) -> list[Effect]:
+        def work(resource: str) -> Answer:
+            answers = []
+            for container in event.containers:
+                available = self._lookup(resource, container.available)
+                must = self._lookup(resource, container.must_include)
+                answers.append(preferred_devices(available, must, container.size))
+            return PreferredAnswer(tuple(answers))
+
+        return self._answer(event.call, event.connection, work)
+
+    def _allocate_requested(self, event: AllocateRequested) -> list[Effect]:
+        logs: list[Effect] = []
+
+        def work(resource_name: str) -> Answer:
+            resource = self.inventory.resource(resource_name)
+            if resource is None:
+                raise _Rejection(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"resource {resource_name} has no devices on this node any more",
+                )
+            planned = []
+            for container in event.containers:
+                devices = self._lookup(resource_name, container)
+                inventory_devices = [resource.device(d.id) or d for d in devices]
+                for device in inventory_devices:
+                    if not device.healthy:
+                        raise _Rejection(
+                            StatusCode.FAILED_PRECONDITION,
+                            f"device {device.id} of {resource_name} is Unhealthy: {device.reason}",
+                        )
+                conflict = self.allocations.conflict(resource_name, inventory_devices)
+                if conflict is not None:
+                    logs.append(RefreshAllocations(conflict))
+                    raise _Rejection(StatusCode.FAILED_PRECONDITION, conflict)
+                planned.append(inventory_devices)
+            answers: list[ContainerAllocation] = []
+            for devices in planned:
+                allocation = self.allocations.record(resource_name, devices, event.now)
+                answers.append(container_allocation(resource, devices))
+                logs.append(
+                    Log.info(
+                        "allocated",
+                        resource=resource_name,
+                        devices=",".join(allocation.device_ids),
+                        groups=",".join(str(g) for g in sorted(allocation.groups)),
+                    )
+                )
+            return AllocateAnswer(tuple(answers))
+
+        effects = self._answer(event.call, event.connection, work)
+        effects.extend(logs)
+        if any(isinstance(e, Reply) for e in effects):
+            effects.extend(self._refresh())
+        return effects
+
+    def _prestart_requested(self, event: PreStartRequested) -> list[Effect]:
+        def work(resource: str) -> Answer:
+            self._lookup(resource, event.device_ids)
+            return PreStartAnswer()
+
+        return self._answer(event.call, event.connection, work)
+
+    def _allocations_observed(self, event: AllocationsObserved) -> list[Effect]:
+        released = self.allocations.release_unheld(event.held, event.now)
+        effects: list[Effect] = [
+            Log.info(
+                "released",
+                resource=allocation.resource,
+                devices=",".join(allocation.device_ids),
+                groups=",".join(str(g) for g in sorted(allocation.groups)),
+            )
+            for allocation in released
+        ]
+        if released:
+            effects.extend(self._refresh())
+        return effects
+
+    def _tick(self, event: Tick) -> list[Effect]:
+        return []
+
+    def describe(self) -> Inventory:
+        """The inventory with reservations applied, as last published."""
+        return Inventory(
+            tuple(
+                attrs.evolve(r, devices=self._published.get(r.name, r.devices))
+                for r in self.inventory.resources
+            ),
+            self.inventory.skipped,
+        )

@@ -1,0 +1,303 @@
+"""Registration and one-socket attribution (DESIGN.md §4).
+
+The kubelet never names the resource on a plugin connection, so a connection
+is attributed by timing: while `Register(X)` is in flight (or, for kubelets
+that dial after replying, just after it), the first RPC on a connection the
+server has not seen binds that connection to X. Registrations therefore run
+one at a time on the shared socket. In per-resource mode every resource has
+its own socket, connections are attributed when accepted, and resources
+register concurrently.
+
+All phase changes go through `_TRANSITIONS`; nothing else assigns a phase.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from .errors import UsageError
+
+__all__ = ["Backoff", "Phase", "Registrar", "ResourceRegistration", "SocketMode"]
+
+
+class SocketMode(enum.Enum):
+    SINGLE = "single"
+    PER_RESOURCE = "per-resource"
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # needs a Register call, at or after `next_attempt_at`
+    REGISTERING = "registering"  # Register call in flight
+    AWAITING_DIAL = "awaiting-dial"  # Register returned, no connection yet (old kubelet)
+    UNBOUND = "unbound"  # registered, but no connection could be attributed
+    LIVE = "live"  # registered and at least one connection bound
+
+
+class Step(enum.Enum):
+    START = "start"
+    SUCCEEDED_BOUND = "succeeded-bound"
+    SUCCEEDED_UNBOUND = "succeeded-unbound"
+    FAILED = "failed"
+    BOUND = "bound"
+    DIAL_TIMEOUT = "dial-timeout"
+    LOST = "lost"  # last connection closed, or the kubelet restarted
+    ORPHAN_SEEN = "orphan-seen"  # an unattributable connection shows up
+
+
+_TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
+    (Phase.WAITING, Step.START): Phase.REGISTERING,
+    (Phase.REGISTERING, Step.SUCCEEDED_BOUND): Phase.LIVE,
+    (Phase.REGISTERING, Step.SUCCEEDED_UNBOUND): Phase.AWAITING_DIAL,
+    (Phase.REGISTERING, Step.FAILED): Phase.WAITING,
+    (Phase.REGISTERING, Step.BOUND): Phase.REGISTERING,
+    (Phase.REGISTERING, Step.LOST): Phase.WAITING,
+    (Phase.AWAITING_DIAL, Step.BOUND): Phase.LIVE,
+    (Phase.AWAITING_DIAL, Step.DIAL_TIMEOUT): Phase.UNBOUND,
+    (Phase.AWAITING_DIAL, Step.LOST): Phase.WAITING,
+    (Phase.UNBOUND, Step.BOUND): Phase.LIVE,
+    (Phase.UNBOUND, Step.ORPHAN_SEEN): Phase.WAITING,
+    (Phase.UNBOUND, Step.LOST): Phase.WAITING,
+    (Phase.LIVE, Step.BOUND): Phase.LIVE,
+    (Phase.LIVE, Step.LOST): Phase.WAITING,
+    (Phase.WAITING, Step.LOST): Phase.WAITING,
+    (Phase.WAITING, Step.BOUND): Phase.WAITING,
+}
+
+
+@attrs.frozen
+class Backoff:
+    """Exponential delay between attempts: 0, first, 2*first, ... up to `cap`."""
+
+    first: float = 0.1
+    cap: float = 5.0
+    # A connection that lived this long proves the last attempt worked.
+    healthy_after: float = 10.0
+
+    def delay(self, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        return float(min(self.cap, self.first * 2 ** (failures - 1)))
+
+
+@attrs.define
+class ResourceRegistration:
+    name: str
+    phase: Phase = Phase.WAITING
+    next_attempt_at: float = 0.0
+    failures: int = 0
+    attempt: int = 0
+    dial_deadline: float | None = None
+    live_since: float | None = None
+    connections: set[int] = attrs.field(factory=set)
+    bound_this_attempt: bool = False
+
+
+class Registrar:
+    """Which resource to register next, and which resource owns a connection."""
+
+    def __init__(
+        self,
+        mode: SocketMode,
+        *,
+        dial_wait: float = 3.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.mode = mode
+        self.dial_wait = dial_wait
+        self.backoff = backoff or Backoff()
+        self.kubelet_present = False
+        self._resources: dict[str, ResourceRegistration] = {}
+        self._owner: dict[int, str | None] = {}  # connection -> resource (None: unattributed)
+        self._attempts = 0
+
+    # -- resources -------------------------------------------------------
+
+    def track(self, names: list[str] | tuple[str, ...], now: float) -> list[str]:
+        """Start tracking new resource names; returns the ones that were new."""
+        added = [name for name in names if name not in self._resources]
+        for name in added:
+            self._resources[name] = ResourceRegistration(name, next_attempt_at=now)
+        return added
+
+    def get(self, name: str) -> ResourceRegistration:
+        try:
+            return self._resources[name]
+        except KeyError:
+            raise UsageError(f"resource {name!r} is not tracked") from None
+
+    def phases(self) -> dict[str, Phase]:
+        return {name: reg.phase for name, reg in self._resources.items()}
+
+    def _move(self, reg: ResourceRegistration, step: Step) -> None:
+        try:
+            reg.phase = _TRANSITIONS[(reg.phase, step)]
+        except KeyError:
+            raise UsageError(
+                f"{reg.name}: no transition from {reg.phase.value} on {step.value}"
+            ) from None
+
+    # -- registration attempts -------------------------------------------
+
+    def in_flight(self) -> ResourceRegistration | None:
+        for reg in self._resources.values():
+            if reg.phase in (Phase.REGISTERING, Phase.AWAITING_DIAL):
+                return reg
+        return None
+
+    def due(self, now: float) -> list[ResourceRegistration]:
+        """Resources whose Register call should start now."""
+        if not self.kubelet_present:
+            return []
+        waiting = sorted(
+            (r for r in self._resources.values() if r.phase is Phase.WAITING),
+            key=lambda r: (r.next_attempt_at, r.name),
+        )
+        ready = [r for r in waiting if r.next_attempt_at <= now]
+        if self.mode is SocketMode.PER_RESOURCE:
+            return ready
+        if self.in_flight() is not None:
+            return []
+        return ready[:1]
+
+    def start(self, reg: ResourceRegistration) -> int:
+        self._attempts += 1
+        reg.attempt = self._attempts
+        reg.bound_this_attempt = False
+        self._move(reg, Step.START)
+        return reg.attempt
+
+    def succeeded(self, name: str, attempt: int, now: float) -> bool:
+        """Record a Register reply; False when it belongs to a stale attempt."""
+        reg = self._resources.get(name)
+        if reg is None or reg.attempt != attempt or reg.phase is not Phase.REGISTERING:
+            return False
+        if reg.bound_this_attempt or self.mode is SocketMode.PER_RESOURCE and reg.connections:
+            self._move(reg, Step.SUCCEEDED_BOUND)
+            reg.live_since = now
+        else:
+            self._move(reg, Step.SUCCEEDED_UNBOUND)
+            reg.dial_deadline = now + self.dial_wait
+        return True
+
+    def failed(self, name: str, attempt: int, now: float) -> bool:
+        reg = self._resources.get(name)
+        if reg is None or reg.attempt != attempt or reg.phase is not Phase.REGISTERING:
+            return False
+        self._move(reg, Step.FAILED)
+        reg.failures += 1
+        reg.next_attempt_at = now + self.backoff.delay(reg.failures)
+        return True
+
+    # -- connections -----------------------------------------------------
+
+    def opened(self, connection: int, listener: str | None, now: float) -> None:
+        self._owner[connection] = None
+        if listener is not None:
+            self.bind(connection, listener, now)
+
+    def owner(self, connection: int) -> str | None:
+        return self._owner.get(connection)
+
+    def attribute(self, connection: int, now: float) -> str | None:
+        """The resource an RPC on `connection` is for, binding it if it is new.
+
+        Returns None when nothing can own the connection; the caller rejects
+        the RPC and `orphan_seen` schedules re-registration.
+        """
+        owner = self._owner.get(connection)
+        if owner is not None:
+            return owner
+        if self.mode is SocketMode.SINGLE:
+            pending = self.in_flight()
+            if pending is not None:
+                self.bind(connection, pending.name, now)
+                return pending.name
+        return None
+
+    def bind(self, connection: int, name: str, now: float) -> None:
+        reg = self.get(name)
+        self._owner[connection] = name
+        reg.connections.add(connection)
+        reg.bound_this_attempt = True
+        self._move(reg, Step.BOUND)
+        if reg.phase is Phase.LIVE:
+            reg.dial_deadline = None
+            if reg.live_since is None:
+                reg.live_since = now
+
+    def orphan_seen(self, now: float) -> list[str]:
+        """An unattributable connection appeared: re-register the unbound."""
+        requeued = []
+        for reg in self._resources.values():
+            if reg.phase is Phase.UNBOUND:
+                self._move(reg, Step.ORPHAN_SEEN)
+                reg.next_attempt_at = now
+                requeued.append(reg.name)
+        return requeued
+
+    def closed(self, connection: int, now: float) -> str | None:
+        """Forget a connection; returns the resource that lost its last one."""
+        name = self._owner.pop(connection, None)
+        if name is None:
+            return None
+        reg = self._resources.get(name)
+        if reg is None:
+            return None
+        reg.connections.discard(connection)
+        if reg.connections or reg.phase not in (Phase.LIVE, Phase.UNBOUND, Phase.AWAITING_DIAL):
+            return None
+        if reg.live_since is not None and now - reg.live_since >= self.backoff.healthy_after:
+            reg.failures = 0
+        self._move(reg, Step.LOST)
+        reg.failures += 1
+        reg.live_since = None
+        reg.next_attempt_at = now + self.backoff.delay(reg.failures - 1)
+        return name
+
+    # -- kubelet life cycle and timers -------------------------------------
+
+    def kubelet_started(self, now: float) -> None:
+        """Every resource registers again at once; old connections are dead."""
+        self.kubelet_present = True
+        self._owner.clear()
+        for reg in self._resources.values():
+            reg.connections.clear()
+            if reg.phase is not Phase.WAITING:
+                self._move(reg, Step.LOST)
+            reg.failures = 0
+            reg.live_since = None
+            reg.dial_deadline = None
+            reg.next_attempt_at = now
+
+    def kubelet_stopped(self) -> None:
+        self.kubelet_present = False
+
+    def expire(self, now: float) -> list[str]:
+        """Apply dial timeouts; returns resources that gave up waiting."""
+        expired = []
+        for reg in self._resources.values():
+            if (
+                reg.phase is Phase.AWAITING_DIAL
+                and reg.dial_deadline is not None
+                and now >= reg.dial_deadline
+            ):
+                self._move(reg, Step.DIAL_TIMEOUT)
+                reg.dial_deadline = None
+                expired.append(reg.name)
+        return expired
+
+    def next_deadline(self) -> float | None:
+        deadlines = [
+            reg.dial_deadline
+            for reg in self._resources.values()
+            if reg.phase is Phase.AWAITING_DIAL and reg.dial_deadline is not None
+        ]
+        if self.kubelet_present and (self.mode is SocketMode.PER_RESOURCE or not self.in_flight()):
+            deadlines += [
+                reg.next_attempt_at
+                for reg in self._resources.values()
+                if reg.phase is Phase.WAITING
+            ]
+        return min(deadlines) if deadlines else None
