@@ -7,6 +7,7 @@ the shell's job (dp_server.config_file), so a plugin author can build a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -66,10 +67,23 @@ class MediatedDevice:
             raise ConfigError("mdevNameSelector must not be empty")
 
 
+# attrs' mypy plugin cannot type a generic converter, so each field gets its own.
+def _pci_entries(value: Iterable[PciHostDevice]) -> tuple[PciHostDevice, ...]:
+    return tuple(value)
+
+
+def _mdev_entries(value: Iterable[MediatedDevice]) -> tuple[MediatedDevice, ...]:
+    return tuple(value)
+
+
+def _shared_entries(value: Iterable[SharedDevice]) -> tuple[SharedDevice, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class PermittedHostDevices:
-    pci_host_devices: tuple[PciHostDevice, ...] = attrs.field(default=(), converter=tuple)
-    mediated_devices: tuple[MediatedDevice, ...] = attrs.field(default=(), converter=tuple)
+    pci_host_devices: tuple[PciHostDevice, ...] = attrs.field(default=(), converter=_pci_entries)
+    mediated_devices: tuple[MediatedDevice, ...] = attrs.field(default=(), converter=_mdev_entries)
 
     def __attrs_post_init__(self) -> None:
         seen: set[PciId] = set()
@@ -155,7 +169,7 @@ class Config:
 
     permitted_host_devices: PermittedHostDevices | None = None
     shared_devices: tuple[SharedDevice, ...] = attrs.field(
-        default=DEFAULT_SHARED_DEVICES, converter=tuple
+        default=DEFAULT_SHARED_DEVICES, converter=_shared_entries
     )
     naming: Naming = Naming()
 

@@ -6,7 +6,7 @@ consumes; it never reads anything itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import attrs
@@ -24,6 +24,31 @@ __all__ = [
 ]
 
 VFIO_DRIVER = "vfio-pci"
+
+
+# attrs' mypy plugin cannot type a generic converter, so each field gets its own.
+def _pci_devices(value: Iterable[PciDevice]) -> tuple[PciDevice, ...]:
+    return tuple(value)
+
+
+def _groups(value: Iterable[IommuGroup]) -> tuple[IommuGroup, ...]:
+    return tuple(value)
+
+
+def _mdev_types(value: Iterable[MdevType]) -> tuple[MdevType, ...]:
+    return tuple(value)
+
+
+def _mdevs(value: Iterable[MdevDevice]) -> tuple[MdevDevice, ...]:
+    return tuple(value)
+
+
+def _paths(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
+def _problems(value: Iterable[ScanProblem]) -> tuple[ScanProblem, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -45,7 +70,7 @@ class IommuGroup:
     """One `/sys/kernel/iommu_groups/<number>`, holding its member functions."""
 
     number: int = attrs.field()
-    members: tuple[PciDevice, ...] = attrs.field(converter=tuple)
+    members: tuple[PciDevice, ...] = attrs.field(converter=_pci_devices)
 
     @number.validator
     def _check_number(self, attribute: attrs.Attribute[int], value: int) -> None:
@@ -104,12 +129,12 @@ class HostSnapshot:
     existed when the scan ran.
     """
 
-    pci_devices: tuple[PciDevice, ...] = attrs.field(default=(), converter=tuple)
-    iommu_groups: tuple[IommuGroup, ...] = attrs.field(default=(), converter=tuple)
-    mdev_types: tuple[MdevType, ...] = attrs.field(default=(), converter=tuple)
-    mdevs: tuple[MdevDevice, ...] = attrs.field(default=(), converter=tuple)
-    dev_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    problems: tuple[ScanProblem, ...] = attrs.field(default=(), converter=tuple)
+    pci_devices: tuple[PciDevice, ...] = attrs.field(default=(), converter=_pci_devices)
+    iommu_groups: tuple[IommuGroup, ...] = attrs.field(default=(), converter=_groups)
+    mdev_types: tuple[MdevType, ...] = attrs.field(default=(), converter=_mdev_types)
+    mdevs: tuple[MdevDevice, ...] = attrs.field(default=(), converter=_mdevs)
+    dev_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=_paths)
+    problems: tuple[ScanProblem, ...] = attrs.field(default=(), converter=_problems)
     _by_address: Mapping[PciAddress, PciDevice] = attrs.field(init=False, eq=False, repr=False)
     _by_group: Mapping[int, IommuGroup] = attrs.field(init=False, eq=False, repr=False)
     _type_names: Mapping[tuple[PciAddress, str], str] = attrs.field(

@@ -6,7 +6,7 @@ start or check a timer, so the same inputs always give the same effects.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import attrs
@@ -147,11 +147,15 @@ class ContainerPreference:
             raise ValueError(f"allocation size must be >= 0, got {value}")
 
 
+def _preferences(value: Iterable[ContainerPreference]) -> tuple[ContainerPreference, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class PreferredAllocationRequested:
     connection: int
     call: int
-    containers: tuple[ContainerPreference, ...] = attrs.field(converter=tuple)
+    containers: tuple[ContainerPreference, ...] = attrs.field(converter=_preferences)
     now: float = 0.0
 
 

@@ -1,0 +1,148 @@
+"""`dp-server`: scan, serve and demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from dp_core import Config, PciId, SocketMode, build_inventory
+
+from .config_file import ConfigFileError, load_config
+from .logs import configure_logging
+from .pci_ids import find_pci_ids, load_pci_names
+from .report import inventory_document, inventory_table
+from .scanner import scan_host
+
+__all__ = ["main"]
+
+EXIT_CONFIG = 2
+_log = logging.getLogger("dp.cli")
+
+
+def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
+    """The config and, in pci-ids naming mode, the PCI ID database names."""
+    config = load_config(path)
+    names: dict[PciId, str] = {}
+    if config.naming.source == "pci-ids":
+        found = find_pci_ids(config.naming.pci_ids_path)
+        if found is None:
+            _log.warning(
+                "pci-ids-missing",
+                extra={"dp_fields": {"fallback": "vendor_device names"}},
+            )
+        else:
+            names = load_pci_names(found)
+    return config, names
+
+
+def _host_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sysfs", default="/sys", help="sysfs root (default: /sys)")
+    parser.add_argument("--dev", default="/dev", help="dev root (default: /dev)")
+    parser.add_argument("--config", default=None, help="YAML config file")
+
+
+def _log_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dp-server",
+        description="One-socket Kubernetes device plugin for VFIO, mdev and shared devices.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    scan = commands.add_parser("scan", help="show what would be advertised; changes nothing")
+    _host_arguments(scan)
+    scan.add_argument("--format", choices=("table", "json"), default="table")
+
+    serve = commands.add_parser("serve", help="serve the kubelet")
+    _host_arguments(serve)
+    serve.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
+    serve.add_argument(
+        "--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    serve.add_argument(
+        "--socket-mode",
+        choices=[mode.value for mode in SocketMode],
+        default=SocketMode.SINGLE.value,
+        help="one socket for every resource (default) or one per resource",
+    )
+    serve.add_argument(
+        "--rescan-interval", type=float, default=30.0, help="seconds between host rescans"
+    )
+    _log_arguments(serve)
+
+    demo = commands.add_parser(
+        "demo", help="serve the built-in fixture node to a built-in kubelet emulator"
+    )
+    demo.add_argument("--config", default=None, help="YAML config (default: the demo's own)")
+    demo.add_argument(
+        "--socket-mode", choices=[mode.value for mode in SocketMode], default="single"
+    )
+    _log_arguments(demo)
+    # The demo prints its own report; only real trouble belongs on stderr.
+    demo.set_defaults(log_level="error")
+    return parser
+
+
+def _scan(args: argparse.Namespace) -> int:
+    config, names = load_settings(args.config)
+    shared_paths = [device.path for device in config.enabled_shared_devices]
+    snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
+    inventory = build_inventory(snapshot, config, names)
+    if args.format == "json":
+        print(json.dumps(inventory_document(inventory, snapshot), indent=2))
+    else:
+        print(inventory_table(inventory, snapshot))
+    return 0
+
+
+async def _serve_until_signalled(args: argparse.Namespace) -> int:
+    from .runtime import Runtime, Settings
+
+    config, names = load_settings(args.config)
+    settings = Settings(
+        sysfs=args.sysfs,
+        dev=args.dev,
+        device_plugin_dir=args.device_plugin_dir,
+        pod_resources_socket=args.pod_resources_socket,
+        socket_mode=SocketMode(args.socket_mode),
+        rescan_interval=args.rescan_interval,
+    )
+    runtime = Runtime(settings, config, pci_names=names)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, runtime.stop)
+    await runtime.run()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "warning"))
+    try:
+        if args.command == "scan":
+            return _scan(args)
+        if args.command == "serve":
+            return asyncio.run(_serve_until_signalled(args))
+        if args.command == "demo":
+            from .demo import run_demo
+
+            return run_demo(args)
+    except ConfigFileError as error:
+        print(f"dp-server: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""What `dp-server scan` prints: the inventory as JSON (via cattrs) or a table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cattrs
+
+from dp_core import AdvertisedDevice, DeviceKind, HostSnapshot, Inventory, ScanProblem
+
+__all__ = ["inventory_document", "inventory_table", "report_converter"]
+
+report_converter = cattrs.Converter()
+report_converter.register_unstructure_hook(DeviceKind, lambda kind: kind.value)
+
+
+def _device(device: AdvertisedDevice) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "id": device.id,
+        "health": device.health,
+        "numa_node": device.numa_node,
+        "iommu_group": device.iommu_group,
+    }
+    if device.driver is not None:
+        document["driver"] = device.driver
+    if device.reason:
+        document["reason"] = device.reason
+    document["host_paths"] = list(device.host_paths)
+    return document
+
+
+report_converter.register_unstructure_hook(AdvertisedDevice, _device)
+
+
+def inventory_document(inventory: Inventory, snapshot: HostSnapshot) -> dict[str, Any]:
+    """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`."""
+    resources = [
+        {
+            "name": resource.name,
+            "kind": resource.kind.value,
+            "capacity": len(resource.devices),
+            "allocatable": resource.healthy_count,
+            "devices": report_converter.unstructure(list(resource.devices)),
+        }
+        for resource in inventory.resources
+    ]
+    return {
+        "resources": resources,
+        "skipped": report_converter.unstructure(list(inventory.skipped)),
+        "problems": report_converter.unstructure(list(snapshot.problems), list[ScanProblem]),
+    }
+
+
+def inventory_table(inventory: Inventory, snapshot: HostSnapshot) -> str:
+    lines: list[str] = []
+    for resource in inventory.resources:
+        lines.append(
+            f"{resource.name}  ({resource.kind.value}, {resource.healthy_count}/"
+            f"{len(resource.devices)} healthy)"
+        )
+        shown = resource.devices
+        if resource.kind is DeviceKind.SHARED and len(shown) > 3:
+            first = shown[0]
+            state = first.health + (f": {first.reason}" if first.reason else "")
+            lines.append(f"  {first.id} .. {shown[-1].id}  {len(shown)} devices  {state}")
+            continue
+        width = max(len(d.id) for d in shown) if shown else 0
+        for device in shown:
+            numa = "-" if device.numa_node is None else str(device.numa_node)
+            group = "-" if device.iommu_group is None else str(device.iommu_group)
+            line = f"  {device.id:<{width}}  {device.health:<9}  numa={numa:<2} group={group:<4}"
+            if device.reason:
+                line += f"  {device.reason}"
+            lines.append(line.rstrip())
+    if inventory.skipped:
+        lines.append("skipped:")
+        for skipped in inventory.skipped:
+            target = f" -> {skipped.resource_name}" if skipped.resource_name else ""
+            lines.append(f"  {skipped.id}{target}: {skipped.reason}")
+    if snapshot.problems:
+        lines.append("problems reading the host:")
+        for problem in snapshot.problems:
+            lines.append(f"  {problem.path}: {problem.reason}")
+    if not inventory.resources:
+        lines.insert(0, "no resources would be advertised")
+    return "\n".join(lines)

@@ -1,0 +1,543 @@
+"""The asyncio shell: one event loop serving every resource.
+
+`Runtime` owns the listening sockets, the kubelet connections and the
+ListAndWatch streams, feeds every event to a `dp_core.Node`, and carries out
+the effects it returns. Watching (watchfiles on the device-plugin directory
+and /dev/vfio), rescans, PodResources polls and timers all run as tasks on the
+one loop; nothing here decides policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import socket
+import stat
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import grpclib.server
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Handler, Server
+from watchfiles import awatch
+
+from dp_core import (
+    AllocationsObserved,
+    BindConnection,
+    Config,
+    ConnectionClosed,
+    ConnectionOpened,
+    Effect,
+    EndStream,
+    HostObserved,
+    Input,
+    KubeletStarted,
+    KubeletStopped,
+    Log,
+    Node,
+    PciId,
+    Publish,
+    RefreshAllocations,
+    Register,
+    RegistrationFailed,
+    RegistrationSucceeded,
+    Reject,
+    Reply,
+    ReportUnhealthy,
+    SocketMode,
+    Tick,
+    Timing,
+    WatchEnded,
+    WatchStarted,
+    endpoint_name,
+)
+
+from . import wire
+from .logs import emit
+from .proto import v1 as podresources
+from .proto import v1beta1 as pb
+from .scanner import scan_host
+from .service import DevicePluginService
+
+__all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
+
+KUBELET_SOCKET = "kubelet.sock"
+_log = logging.getLogger("dp.runtime")
+_T = TypeVar("_T")
+
+
+@attrs.frozen
+class Settings:
+    sysfs: str = "/sys"
+    dev: str = "/dev"
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    socket_mode: SocketMode = SocketMode.SINGLE
+    rescan_interval: float = 30.0
+    pod_resources_interval: float = 10.0
+    register_timeout: float = 15.0
+    # The kubelet's own limit is 100 QPS; one poll a second is far below it.
+    pod_resources_min_gap: float = 1.0
+    endpoint_prefix: str | None = None
+    timing: Timing = Timing()
+
+
+class _TrackedProtocol(H2Protocol):
+    """H2Protocol that tells the runtime when a kubelet connection comes and goes."""
+
+    def __init__(self, *args: Any, runtime: Runtime, listener: str | None) -> None:
+        super().__init__(*args)
+        self._runtime = runtime
+        self._listener = listener
+        self._dp_connection: int | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._dp_connection = self._runtime._connection_made(transport, self._listener)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self._dp_connection is not None:
+            self._runtime._connection_lost(self._dp_connection)
+
+
+class _TrackedServer(Server):
+    def __init__(self, handlers: list[Any], runtime: Runtime, listener: str | None) -> None:
+        super().__init__(handlers)
+        self._dp_runtime = runtime
+        self._dp_listener = listener
+
+    def _protocol_factory(self) -> H2Protocol:
+        self.__gc_step__()
+        handler = Handler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
+        self._handlers.add(handler)
+        return _TrackedProtocol(
+            handler,
+            self._config,
+            self._h2_config,
+            runtime=self._dp_runtime,
+            listener=self._dp_listener,
+        )
+
+
+class _StreamSlot:
+    """Latest device list for one ListAndWatch stream.
+
+    Each list replaces the one before, so a slow reader only ever gets the
+    newest; nothing queues up behind a stalled kubelet.
+    """
+
+    def __init__(self) -> None:
+        self.latest: pb.ListAndWatchResponse | None = None
+        self.ended: str | None = None
+        self.ready = asyncio.Event()
+
+    def publish(self, message: pb.ListAndWatchResponse) -> None:
+        self.latest = message
+        self.ready.set()
+
+    def end(self, reason: str) -> None:
+        self.ended = reason
+        self.ready.set()
+
+    async def updates(self) -> AsyncIterator[pb.ListAndWatchResponse]:
+        while True:
+            await self.ready.wait()
+            self.ready.clear()
+            if self.ended is not None:
+                raise GRPCError(grpclib.const.Status.UNAVAILABLE, self.ended)
+            message, self.latest = self.latest, None
+            if message is not None:
+                yield message
+
+
+@attrs.define
+class _Listener:
+    path: Path
+    resource: str | None
+    server: _TrackedServer
+    inode: int
+
+
+def _socket_inode(path: Path) -> int | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino if stat.S_ISSOCK(info.st_mode) else None
+
+
+class Runtime:
+    """Runs a Node against the real world. Create, `await run()`, `stop()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: Config,
+        *,
+        pci_names: dict[PciId, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self._clock = clock
+        prefix = settings.endpoint_prefix or f"dp-{secrets.token_hex(3)}"
+        self.node = Node(
+            config,
+            socket_mode=settings.socket_mode,
+            endpoint_prefix=prefix,
+            timing=settings.timing,
+            pci_names=pci_names,
+        )
+        self.plugin_dir = Path(settings.device_plugin_dir)
+        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self._service = DevicePluginService(self)
+        self._listeners: dict[str, _Listener] = {}
+        self._connections: dict[int, int] = {}  # id(transport) -> connection
+        self._streams: dict[int, _StreamSlot] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._kubelet_inode: int | None = None
+        self._kubelet_channel: Channel | None = None
+        self._listener_lock = asyncio.Lock()
+        self._next_rescan = 0.0
+        self._next_pod_poll: float | None = None
+        self._last_pod_poll = -1e9
+        self._pod_poll_warned = False
+        self.ready = asyncio.Event()
+
+    # -- feeding the core ------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def feed(self, event: Input) -> list[Effect]:
+        effects = self.node.handle(event)
+        for effect in effects:
+            self._execute(effect)
+        self._wake.set()
+        return effects
+
+    def _execute(self, effect: Effect) -> None:
+        if isinstance(effect, Publish):
+            slot = self._streams.get(effect.stream)
+            if slot is not None:
+                slot.publish(wire.device_list(effect.devices))
+        elif isinstance(effect, EndStream):
+            slot = self._streams.get(effect.stream)
+            if slot is not None:
+                slot.end(effect.reason)
+        elif isinstance(effect, Register):
+            if not self._stopping:
+                self._spawn(self._register(effect))
+        elif isinstance(effect, Log):
+            emit(effect)
+        elif isinstance(effect, RefreshAllocations):
+            self._next_pod_poll = max(
+                self.now(), self._last_pod_poll + self.settings.pod_resources_min_gap
+            )
+        elif isinstance(effect, BindConnection):
+            _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
+        elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
+            pass  # answered by the caller of feed(); health is logged by a Log effect
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("task-failed", exc_info=task.exception())
+
+    # -- RPCs --------------------------------------------------------------------
+
+    def _connection_of(self, stream: grpclib.server.Stream[Any, Any]) -> int:
+        # grpclib exposes the transport only through Peer; it identifies the
+        # HTTP/2 connection, which is what the kubelet opens per resource.
+        transport = stream.peer._transport
+        connection = self._connections.get(id(transport))
+        if connection is None:
+            raise GRPCError(grpclib.const.Status.UNAVAILABLE, "connection is not tracked")
+        return connection
+
+    def call(
+        self,
+        stream: grpclib.server.Stream[Any, Any],
+        make: Callable[[int, int, float], Input],
+        expected: type[_T],
+    ) -> _T:
+        """Feed one unary RPC to the core and return its answer, or raise its status."""
+        call = next(self._ids)
+        effects = self.feed(make(self._connection_of(stream), call, self.now()))
+        for effect in effects:
+            if isinstance(effect, Reject) and effect.call == call:
+                raise GRPCError(wire.STATUS[effect.status], effect.message)
+            if isinstance(effect, Reply) and effect.call == call:
+                return effect.answer  # type: ignore[return-value]
+        raise GRPCError(grpclib.const.Status.INTERNAL, "the core gave no answer")
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self, stream: grpclib.server.Stream[Any, Any]
+    ) -> AsyncIterator[AsyncIterator[pb.ListAndWatchResponse]]:
+        connection = self._connection_of(stream)
+        stream_id = next(self._ids)
+        slot = self._streams[stream_id] = _StreamSlot()
+        if self._stopping:
+            slot.end("the device plugin is shutting down")
+        try:
+            self.feed(WatchStarted(connection, stream_id, self.now()))
+            yield slot.updates()
+        finally:
+            self._streams.pop(stream_id, None)
+            self.feed(WatchEnded(stream_id))
+
+    def _connection_made(self, transport: asyncio.BaseTransport, listener: str | None) -> int:
+        connection = next(self._ids)
+        self._connections[id(transport)] = connection
+        self.feed(ConnectionOpened(connection, self.now(), listener))
+        return connection
+
+    def _connection_lost(self, connection: int) -> None:
+        for key, value in list(self._connections.items()):
+            if value == connection:
+                del self._connections[key]
+        if not self._stopping:  # at shutdown every connection closes; nothing to redo
+            self.feed(ConnectionClosed(connection, self.now()))
+
+    # -- sockets -------------------------------------------------------------------
+
+    async def _ensure_listener(self, endpoint: str, resource: str | None) -> None:
+        async with self._listener_lock:
+            path = self.plugin_dir / endpoint
+            listener = self._listeners.get(endpoint)
+            if listener is not None and _socket_inode(path) == listener.inode:
+                return
+            if listener is not None:
+                # The kubelet deleted our socket (it does on every restart).
+                listener.server.close()
+                _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            server = _TrackedServer([self._service], self, resource)
+            await server.start(path=str(path))
+            self._listeners[endpoint] = _Listener(path, resource, server, _socket_inode(path) or 0)
+
+    async def _check_sockets(self) -> None:
+        """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
+        for endpoint, listener in list(self._listeners.items()):
+            if _socket_inode(listener.path) != listener.inode:
+                await self._ensure_listener(endpoint, listener.resource)
+        inode = _socket_inode(self.kubelet_socket)
+        if inode == self._kubelet_inode:
+            return
+        self._kubelet_inode = inode
+        self._close_kubelet_channel()
+        if inode is None:
+            self.feed(KubeletStopped(self.now()))
+        else:
+            self.feed(KubeletStarted(self.now()))
+
+    def _close_kubelet_channel(self) -> None:
+        if self._kubelet_channel is not None:
+            self._kubelet_channel.close()
+            self._kubelet_channel = None
+
+    async def _register(self, effect: Register) -> None:
+        try:
+            await self._ensure_listener(
+                effect.endpoint, effect.resource if effect.own_socket else None
+            )
+            if self._kubelet_channel is None:
+                self._kubelet_channel = Channel(path=str(self.kubelet_socket))
+            stub = pb.RegistrationStub(self._kubelet_channel)
+            request = pb.RegisterRequest(
+                version="v1beta1",
+                endpoint=effect.endpoint,
+                resource_name=effect.resource,
+                options=wire.options_message(effect.options),
+            )
+            await stub.register(request, timeout=self.settings.register_timeout)
+        except (TimeoutError, GRPCError, OSError, StreamTerminatedError) as error:
+            if not isinstance(error, GRPCError):
+                self._close_kubelet_channel()
+            reason = _describe(error)
+            self.feed(RegistrationFailed(effect.resource, effect.attempt, reason, self.now()))
+        else:
+            self.feed(RegistrationSucceeded(effect.resource, effect.attempt, self.now()))
+
+    def _remove_stale_sockets(self) -> None:
+        """Drop `dp-*.sock` files that no process listens on any more."""
+        for path in self.plugin_dir.glob("dp-*.sock"):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    _log.info("stale-socket-removed", extra={"dp_fields": {"path": str(path)}})
+            finally:
+                probe.close()
+
+    # -- host ------------------------------------------------------------------------
+
+    def rescan(self) -> None:
+        shared_paths = [device.path for device in self.config.enabled_shared_devices]
+        snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
+        self.feed(HostObserved(snapshot, self.now()))
+        self._next_rescan = self.now() + self.settings.rescan_interval
+
+    async def _poll_pod_resources(self) -> None:
+        self._last_pod_poll = self.now()
+        self._next_pod_poll = None
+        channel = Channel(path=self.settings.pod_resources_socket)
+        try:
+            stub = podresources.PodResourcesListerStub(channel)
+            response = await stub.list(podresources.ListPodResourcesRequest(), timeout=5)
+        except (TimeoutError, GRPCError, OSError, StreamTerminatedError) as error:
+            if not self._pod_poll_warned:
+                _log.warning(
+                    "pod-resources-unavailable",
+                    extra={
+                        "dp_fields": {
+                            "socket": self.settings.pod_resources_socket,
+                            "reason": _describe(error),
+                            "effect": "IOMMU group reservations are kept until it answers",
+                        }
+                    },
+                )
+                self._pod_poll_warned = True
+            return
+        finally:
+            channel.close()
+        self._pod_poll_warned = False
+        held: dict[str, set[str]] = {}
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    held.setdefault(devices.resource_name, set()).update(devices.device_ids)
+        self.feed(AllocationsObserved({k: frozenset(v) for k, v in held.items()}, self.now()))
+
+    # -- loops -------------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        candidates = [self._next_rescan]
+        node_deadline = self.node.next_deadline()
+        if node_deadline is not None:
+            candidates.append(node_deadline)
+        if self.node.allocations.all():
+            release = self.node.allocations.next_release_check() or self.now()
+            regular = max(release, self._last_pod_poll + self.settings.pod_resources_interval)
+            candidates.append(regular)
+        if self._next_pod_poll is not None:
+            candidates.append(self._next_pod_poll)
+        return min(candidates)
+
+    async def _timer_loop(self) -> None:
+        while not self._stopping:
+            timeout = max(0.0, self._deadline() - self.now())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            if self._stopping:
+                return
+            now = self.now()
+            node_deadline = self.node.next_deadline()
+            if node_deadline is not None and node_deadline <= now:
+                self.feed(Tick(now))
+            if self._next_rescan <= now:
+                self._safely(self.rescan)
+            if self._deadline() <= now and (
+                self._next_pod_poll is not None or self.node.allocations.all()
+            ):
+                if now - self._last_pod_poll >= self.settings.pod_resources_min_gap:
+                    self._spawn(self._poll_pod_resources())
+
+    def _safely(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception:  # one bad rescan must not stop the server
+            _log.exception("rescan-failed")
+            self._next_rescan = self.now() + self.settings.rescan_interval
+
+    async def _watch_files(self) -> None:
+        paths = [str(self.plugin_dir)]
+        vfio = Path(self.settings.dev) / "vfio"
+        if vfio.is_dir():
+            paths.append(str(vfio))
+        async for changes in awatch(
+            *paths, stop_event=self._stop, debounce=200, step=10, recursive=False
+        ):
+            changed = {Path(path).parent for _, path in changes}
+            if self.plugin_dir in changed:
+                await self._check_sockets()
+            if vfio in changed:
+                self._safely(self.rescan)
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until `stop()`; then end streams, close and remove sockets."""
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_sockets()
+        self.rescan()
+        if self.settings.socket_mode is SocketMode.SINGLE:
+            await self._ensure_listener(endpoint_name(self.node.endpoint_prefix, None), None)
+        self._spawn(self._watch_files())
+        self._spawn(self._timer_loop())
+        await self._check_sockets()
+        self.ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._stop.set()
+        self._wake.set()
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        for slot in self._streams.values():
+            slot.end("the device plugin is shutting down")
+        self._close_kubelet_channel()
+        for listener in self._listeners.values():
+            listener.server.close()
+        for listener in self._listeners.values():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(listener.server.wait_closed(), 2.0)
+            if _socket_inode(listener.path) == listener.inode:
+                with contextlib.suppress(OSError):
+                    os.unlink(listener.path)
+        self._listeners.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        _log.info("stopped")
+
+    @property
+    def socket_paths(self) -> list[Path]:
+        return [listener.path for listener in self._listeners.values()]
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, GRPCError):
+        return f"{error.status.name}: {error.message}"
+    if isinstance(error, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(error).__name__}: {error}"
