@@ -1,0 +1,524 @@
+"""Registration and one-socket attribution (DESIGN.md §3, §4).
+
+First the `Registrar` alone, as a table of event scripts and the phases they
+end in; then the same behaviour through `Node`, as inputs and the effects
+they produce.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from core_builders import (
+    GPU_RESOURCE,
+    VF_RESOURCE,
+    effects_of,
+    gpu_config,
+    one,
+    started_node,
+    two_gpus_and_vfs,
+    without_logs,
+)
+
+from dp_core import (
+    Backoff,
+    BindConnection,
+    ConfigApplied,
+    ConnectionClosed,
+    ConnectionOpened,
+    EndStream,
+    HostObserved,
+    KubeletStarted,
+    KubeletStopped,
+    Log,
+    Node,
+    OptionsRequested,
+    Phase,
+    PluginOptions,
+    Register,
+    RegistrationFailed,
+    RegistrationSucceeded,
+    Reject,
+    Reply,
+    SharedDevice,
+    SocketMode,
+    StatusCode,
+    Tick,
+    Timing,
+    UsageError,
+    WatchStarted,
+    endpoint_name,
+)
+from dp_core.registration import Registrar
+
+# ---------------------------------------------------------------------------
+# Registrar: scripts of events -> phases
+
+
+class Script:
+    """Runs steps on a Registrar tracking resources "a", "b", "c".
+
+    A step is `verb[:arg,arg][@now]`; after each, due registrations start.
+    """
+
+    def __init__(self, mode: SocketMode, names: tuple[str, ...] = ("a", "b", "c")) -> None:
+        self.registrar = Registrar(mode, dial_wait=3.0, backoff=Backoff(0.1, 5.0, 10.0))
+        self.registrar.track(names, 0.0)
+        self.started: list[str] = []
+        self.attributed: list[str | None] = []
+
+    def run(self, steps: str) -> Script:
+        for step in steps.split():
+            step, _, at = step.partition("@")
+            verb, _, rest = step.partition(":")
+            args = rest.split(",") if rest else []
+            now = float(at) if at else 0.0
+            self.apply(verb, args, now)
+            self.start_due(now)
+        return self
+
+    def apply(self, verb: str, args: list[str], now: float) -> None:
+        r = self.registrar
+        if verb == "kubelet":
+            r.kubelet_started(now)
+        elif verb == "stopped":
+            r.kubelet_stopped()
+        elif verb == "ok":
+            assert r.succeeded(args[0], r.get(args[0]).attempt, now)
+        elif verb == "fail":
+            assert r.failed(args[0], r.get(args[0]).attempt, now)
+        elif verb == "open":
+            r.opened(int(args[0]), args[1] if len(args) > 1 else None, now)
+        elif verb == "rpc":
+            self.attributed.append(r.attribute(int(args[0]), now))
+        elif verb == "orphan":
+            r.orphan_seen(now)
+        elif verb == "close":
+            r.closed(int(args[0]), now)
+        elif verb == "tick":
+            r.expire(now)
+        else:
+            raise AssertionError(f"unknown step {verb}")
+
+    def start_due(self, now: float) -> None:
+        for reg in self.registrar.due(now):
+            self.registrar.start(reg)
+            self.started.append(reg.name)
+
+    def phases(self) -> str:
+        return " ".join(f"{n}={p.value}" for n, p in sorted(self.registrar.phases().items()))
+
+
+SINGLE_SCRIPTS = [
+    pytest.param("", "a=waiting b=waiting c=waiting", [], id="nothing-before-kubelet"),
+    pytest.param("kubelet", "a=registering b=waiting c=waiting", ["a"], id="one-at-a-time"),
+    pytest.param("kubelet open:1 rpc:1", "a=registering b=waiting c=waiting", ["a"],
+                 id="rpc-in-flight-binds-but-waits-for-reply"),
+    pytest.param("kubelet open:1 rpc:1 ok:a", "a=live b=registering c=waiting", ["a", "b"],
+                 id="modern-kubelet-next-after-reply"),
+    pytest.param("kubelet ok:a", "a=awaiting-dial b=waiting c=waiting", ["a"],
+                 id="old-kubelet-waits-for-dial"),
+    pytest.param("kubelet ok:a open:1 rpc:1", "a=live b=registering c=waiting", ["a", "b"],
+                 id="old-kubelet-dial-binds-then-next"),
+    pytest.param("kubelet ok:a tick@2.9", "a=awaiting-dial b=waiting c=waiting", ["a"],
+                 id="dial-wait-not-over"),
+    pytest.param("kubelet ok:a tick@3.0", "a=unbound b=registering c=waiting", ["a", "b"],
+                 id="dial-timeout-unbound-then-next"),
+    pytest.param("kubelet ok:a tick@3 open:9@3.5 rpc:9@3.5", "a=unbound b=registering c=waiting",
+                 ["a", "b"], id="late-dial-after-timeout-goes-to-the-next-in-flight"),
+    pytest.param("kubelet fail:a@1", "a=waiting b=registering c=waiting", ["a", "b"],
+                 id="failure-lets-others-go-first"),
+    pytest.param("kubelet open:1 rpc:1 ok:a close:1@1", "a=waiting b=registering c=waiting",
+                 ["a", "b"], id="close-requeues-but-waits-for-b-in-flight"),
+    pytest.param("kubelet open:1 rpc:1 ok:a close:1@1 open:2@1 rpc:2@1 ok:b@1",
+                 "a=waiting b=live c=registering", ["a", "b", "c"],
+                 id="longest-waiting-goes-first"),
+    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b close:1@1",
+                 "a=waiting b=live c=registering", ["a", "b", "c"],
+                 id="close-waits-while-c-in-flight"),
+    pytest.param("kubelet open:1 rpc:1 ok:a kubelet@1", "a=registering b=waiting c=waiting",
+                 ["a", "b", "a"], id="restart-starts-over"),
+    pytest.param("stopped kubelet", "a=registering b=waiting c=waiting", ["a"],
+                 id="stop-then-start"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("steps", "phases", "started"), SINGLE_SCRIPTS)
+def test_single_socket_scripts(steps: str, phases: str, started: list[str]) -> None:
+    script = Script(SocketMode.SINGLE).run(steps)
+    assert script.phases() == phases
+    assert script.started == started
+    in_flight = [p for p in script.registrar.phases().values() if p in _IN_FLIGHT]
+    assert len(in_flight) <= 1
+
+
+_IN_FLIGHT = (Phase.REGISTERING, Phase.AWAITING_DIAL)
+
+
+PER_RESOURCE_SCRIPTS = [
+    pytest.param("kubelet", "a=registering b=registering c=registering", ["a", "b", "c"],
+                 id="all-at-once"),
+    pytest.param("kubelet open:1,a ok:a", "a=live b=registering c=registering",
+                 ["a", "b", "c"], id="listener-binds"),
+    pytest.param("kubelet ok:b", "a=registering b=awaiting-dial c=registering",
+                 ["a", "b", "c"], id="old-kubelet"),
+    pytest.param("kubelet ok:b open:1,b", "a=registering b=live c=registering",
+                 ["a", "b", "c"], id="old-kubelet-late-dial"),
+    pytest.param("kubelet ok:b tick@3", "a=registering b=unbound c=registering",
+                 ["a", "b", "c"], id="dial-timeout"),
+    pytest.param("kubelet fail:c@1", "a=registering b=registering c=waiting",
+                 ["a", "b", "c"], id="failure-backs-off"),
+    pytest.param("kubelet fail:c@1 tick@1.1", "a=registering b=registering c=registering",
+                 ["a", "b", "c", "c"], id="failure-retries"),
+    pytest.param("kubelet open:1,a ok:a close:1@2", "a=registering b=registering c=registering",
+                 ["a", "b", "c", "a"], id="close-reregisters-alongside-others"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("steps", "phases", "started"), PER_RESOURCE_SCRIPTS)
+def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> None:
+    script = Script(SocketMode.PER_RESOURCE).run(steps)
+    assert script.phases() == phases
+    assert script.started == started
+
+
+@pytest.mark.parametrize(
+    ("steps", "attributed"),
+    [
+        ("kubelet open:1 rpc:1 rpc:1", ["a", "a"]),
+        ("kubelet open:1 rpc:1 ok:a rpc:1", ["a", "a"]),
+        ("kubelet open:1 rpc:1 ok:a open:2 rpc:2", ["a", "b"]),
+        ("kubelet ok:a tick@3 open:2 rpc:2", ["b"]),  # b is in flight by then
+    ],
+)
+def test_attribution(steps: str, attributed: list[str | None]) -> None:
+    assert Script(SocketMode.SINGLE).run(steps).attributed == attributed
+
+
+def test_rpc_with_nothing_in_flight_is_unattributed() -> None:
+    script = Script(SocketMode.SINGLE, names=("a",)).run("kubelet ok:a tick@3 open:2@4 rpc:2@4")
+    assert script.attributed == [None]
+    assert script.phases() == "a=unbound"
+    assert script.registrar.orphan_seen(4.0) == ["a"]
+    assert script.phases() == "a=waiting"
+    assert [r.name for r in script.registrar.due(4.0)] == ["a"]
+
+
+def test_orphan_requeues_only_unbound_resources() -> None:
+    script = Script(SocketMode.SINGLE, names=("a", "b")).run(
+        "kubelet open:1 rpc:1 ok:a ok:b tick@3"
+    )
+    assert script.phases() == "a=live b=unbound"
+    assert script.registrar.orphan_seen(5.0) == ["b"]
+
+
+def test_stale_replies_are_ignored() -> None:
+    r = Registrar(SocketMode.SINGLE)
+    r.track(["a"], 0.0)
+    r.kubelet_started(0.0)
+    (reg,) = r.due(0.0)
+    first = r.start(reg)
+    r.kubelet_started(1.0)
+    (reg,) = r.due(1.0)
+    second = r.start(reg)
+    assert second != first
+    assert not r.succeeded("a", first, 1.5)
+    assert not r.failed("a", first, 1.5)
+    assert not r.succeeded("unknown", second, 1.5)
+    assert r.phases() == {"a": Phase.REGISTERING}
+    assert r.succeeded("a", second, 2.0)
+    assert not r.succeeded("a", second, 2.0)  # a second reply for the same attempt
+
+
+def test_untracked_resource_is_a_usage_error() -> None:
+    r = Registrar(SocketMode.SINGLE)
+    with pytest.raises(UsageError, match="not tracked"):
+        r.get("nope")
+    with pytest.raises(UsageError):
+        r.opened(1, "nope", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay"),
+    [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.4), (4, 0.8), (6, 3.2), (7, 5.0), (50, 5.0)],
+)
+def test_backoff_delays(failures: int, delay: float) -> None:
+    assert Backoff(first=0.1, cap=5.0).delay(failures) == pytest.approx(delay)
+
+
+# ---------------------------------------------------------------------------
+# Through Node: inputs -> effects
+
+A, B = VF_RESOURCE, GPU_RESOURCE  # "intel.com/qat_vf" sorts first
+
+
+def registers(effects: list[object]) -> list[tuple[str, int]]:
+    return [(e.resource, e.attempt) for e in effects if isinstance(e, Register)]
+
+
+def test_node_registers_nothing_until_the_kubelet_is_there() -> None:
+    node = Node(gpu_config(shared_devices=()))
+    effects = node.handle(HostObserved(two_gpus_and_vfs(), 0.0))
+    effects += node.handle(Tick(1.0))
+    assert effects_of(effects, Register) == []
+    effects = node.handle(KubeletStarted(2.0))
+    assert registers(effects) == [(A, 1)]
+
+
+def test_single_socket_register_options_and_endpoint() -> None:
+    node, effects = started_node()
+    register = one(effects, Register)
+    assert register == Register(A, "dp.sock", PluginOptions(False, True), 1, own_socket=False)
+    assert node.next_deadline() is None  # nothing to wait for but the reply
+
+
+def test_shared_resources_do_not_offer_preferred_allocation() -> None:
+    node, effects = started_node(gpu_config())  # default shared devices sort first
+    register = one(effects, Register)
+    assert register.resource == "devices.kubevirt.io/kvm"
+    assert register.options == PluginOptions(False, False)
+
+
+def test_modern_kubelet_handshake() -> None:
+    node, effects = started_node()
+    assert registers(effects) == [(A, 1)]
+    assert node.handle(ConnectionOpened(1, 0.1)) == []
+    effects = node.handle(OptionsRequested(1, 77, 0.1))
+    assert effects == [BindConnection(1, A), Reply(77, PluginOptions(False, True))]
+    effects = node.handle(RegistrationSucceeded(A, 1, 0.2))
+    assert registers(effects) == [(B, 2)]
+    # Later RPCs on the connection are served for A without binding again.
+    effects = node.handle(WatchStarted(1, 500, 0.3))
+    assert [type(e) for e in effects] == [type(effects[0])]
+    assert effects[0].resource == A  # type: ignore[union-attr]
+    # And a second connection during Register(B) goes to B.
+    node.handle(ConnectionOpened(2, 0.3))
+    effects = node.handle(OptionsRequested(2, 78, 0.3))
+    assert effects[0] == BindConnection(2, B)
+
+
+def test_old_kubelet_dials_after_the_reply() -> None:
+    node, effects = started_node()
+    effects = node.handle(RegistrationSucceeded(A, 1, 1.0))
+    assert registers(effects) == []
+    assert node.next_deadline() == pytest.approx(4.0)  # dial_wait 3 s
+    node.handle(ConnectionOpened(1, 1.5))
+    effects = node.handle(OptionsRequested(1, 5, 1.5))
+    assert effects[:2] == [BindConnection(1, A), Reply(5, PluginOptions(False, True))]
+    assert registers(effects) == [(B, 2)]
+
+
+def test_dial_timeout_gives_up_and_registers_the_next() -> None:
+    node, _ = started_node()
+    node.handle(RegistrationSucceeded(A, 1, 1.0))
+    assert registers(node.handle(Tick(3.99))) == []
+    effects = node.handle(Tick(4.0))
+    assert registers(effects) == [(B, 2)]
+    warning = one(effects, Log)
+    assert warning.level == "warning" and warning.event == "registration-unattributed"
+    assert node.registrar.phases()[A] is Phase.UNBOUND
+
+
+def test_rpc_on_unattributed_connection_is_rejected_and_unbound_reregister() -> None:
+    node, _ = started_node()
+    node.handle(RegistrationSucceeded(A, 1, 1.0))
+    node.handle(Tick(4.0))  # A unbound, B registering
+    node.handle(ConnectionOpened(1, 4.1))
+    node.handle(OptionsRequested(1, 1, 4.1))  # binds to B
+    node.handle(RegistrationSucceeded(B, 2, 4.2))
+    node.handle(ConnectionOpened(9, 5.0))
+    effects = node.handle(OptionsRequested(9, 42, 5.0))
+    reject = effects[0]
+    assert isinstance(reject, Reject)
+    assert reject.call == 42 and reject.status is StatusCode.UNAVAILABLE
+    assert "connection 9" in reject.message and A in reject.message
+    assert registers(effects) == [(A, 3)]
+    assert effects_of(effects, Reply) == []
+
+
+def test_watch_on_unattributed_connection_is_ended() -> None:
+    node, _ = started_node()
+    node.handle(RegistrationSucceeded(A, 1, 1.0))
+    node.handle(Tick(4.0))
+    node.handle(ConnectionOpened(1, 4.1))
+    node.handle(OptionsRequested(1, 1, 4.1))
+    node.handle(RegistrationSucceeded(B, 2, 4.2))
+    node.handle(ConnectionOpened(9, 5.0))
+    effects = node.handle(WatchStarted(9, 600, 5.0))
+    end = effects[0]
+    assert isinstance(end, EndStream) and end.stream == 600
+    assert node.streams(A) == [] and node.streams(B) == []
+
+
+def test_registration_failure_backs_off() -> None:
+    node, _ = started_node(timing=Timing(backoff=Backoff(first=0.1, cap=0.5)))
+    node.handle(RegistrationFailed(A, 1, "kubelet said no", 10.0))
+    # B goes first while A waits.
+    node.handle(RegistrationSucceeded(B, 2, 10.0))
+    node.handle(ConnectionOpened(1, 10.0))
+    node.handle(OptionsRequested(1, 1, 10.0))  # B was awaiting dial: now live
+    attempt = 2
+    now = 10.0
+    for expected_delay in (0.1, 0.2, 0.4, 0.5, 0.5):
+        deadline = node.next_deadline()
+        assert deadline == pytest.approx(now + expected_delay)
+        assert registers(node.handle(Tick(deadline - 0.01))) == []
+        effects = node.handle(Tick(deadline))
+        attempt += 1
+        assert registers(effects) == [(A, attempt)]
+        now = deadline
+        effects = node.handle(RegistrationFailed(A, attempt, "still no", now))
+        log = one(effects, Log)
+        assert log.event == "registration-failed"
+        assert ("reason", "still no") in log.fields
+
+
+def test_failure_of_a_stale_attempt_changes_nothing() -> None:
+    node, _ = started_node()
+    node.handle(KubeletStarted(1.0))  # A registers again as attempt 2
+    assert node.handle(RegistrationFailed(A, 1, "old", 1.1)) == []
+    assert node.handle(RegistrationSucceeded(A, 1, 1.1)) == []
+    assert node.registrar.phases()[A] is Phase.REGISTERING
+
+
+def make_live(node: Node, resource: str, attempt: int, connection: int, now: float) -> None:
+    node.handle(ConnectionOpened(connection, now))
+    node.handle(OptionsRequested(connection, connection, now))
+    node.handle(RegistrationSucceeded(resource, attempt, now))
+    assert node.registrar.phases()[resource] is Phase.LIVE
+
+
+def test_losing_the_last_connection_reregisters_with_backoff_when_flapping() -> None:
+    node, _ = started_node(timing=Timing(backoff=Backoff(first=0.1, cap=5.0, healthy_after=10.0)))
+    make_live(node, A, 1, connection=1, now=0.0)
+    make_live(node, B, 2, connection=2, now=0.0)
+    # A's connection drops: A registers again at once.
+    effects = node.handle(ConnectionClosed(1, 1.0))
+    assert registers(effects) == [(A, 3)]
+    assert one(effects, Log).event == "connection-lost"
+    make_live(node, A, 3, connection=3, now=1.0)
+    # It keeps dropping soon after each registration: A waits 0.1 s, then 0.2 s.
+    effects = node.handle(ConnectionClosed(3, 2.0))
+    assert registers(effects) == []
+    assert node.next_deadline() == pytest.approx(2.1)
+    assert registers(node.handle(Tick(2.09))) == []
+    assert registers(node.handle(Tick(2.1))) == [(A, 4)]
+    make_live(node, A, 4, connection=4, now=2.1)
+    node.handle(ConnectionClosed(4, 3.0))
+    assert node.next_deadline() == pytest.approx(3.2)
+    assert registers(node.handle(Tick(3.2))) == [(A, 5)]
+    make_live(node, A, 5, connection=5, now=3.2)
+    # A connection that lived `healthy_after` resets the backoff: at once again.
+    effects = node.handle(ConnectionClosed(5, 13.2))
+    assert registers(effects) == [(A, 6)]
+
+
+def test_a_second_connection_keeps_the_resource_live() -> None:
+    node, _ = started_node()
+    node.handle(ConnectionOpened(1, 0.0))
+    node.handle(OptionsRequested(1, 1, 0.0))
+    node.handle(ConnectionOpened(2, 0.0))
+    node.handle(OptionsRequested(2, 2, 0.0))
+    node.handle(RegistrationSucceeded(A, 1, 0.0))
+    node.handle(RegistrationSucceeded(B, 2, 0.0))  # awaiting dial
+    assert registers(node.handle(ConnectionClosed(1, 1.0))) == []
+    assert node.registrar.phases()[A] is Phase.LIVE
+    effects = node.handle(ConnectionClosed(2, 1.0))
+    assert registers(effects) == []  # B is still awaiting its dial
+    assert node.registrar.phases()[A] is Phase.WAITING
+    assert one(effects, Log).event == "connection-lost"
+
+
+def test_closing_an_unknown_connection_does_nothing() -> None:
+    node, _ = started_node()
+    assert node.handle(ConnectionClosed(12345, 1.0)) == []
+
+
+def test_register_ends_the_resources_old_streams_first() -> None:
+    node, _ = started_node()
+    make_live(node, A, 1, connection=1, now=0.0)
+    node.handle(WatchStarted(1, 100, 0.0))
+    node.handle(WatchStarted(1, 101, 0.0))
+    assert sorted(node.streams(A)) == [100, 101]
+    effects = without_logs(node.handle(KubeletStarted(1.0)))
+    assert [type(e) for e in effects] == [EndStream, EndStream, Register]
+    assert {e.stream for e in effects_of(effects, EndStream)} == {100, 101}
+    assert node.streams(A) == []
+
+
+def test_kubelet_restart_resets_everything() -> None:
+    node, _ = started_node(timing=Timing(backoff=Backoff(first=1.0, cap=60.0)))
+    make_live(node, A, 1, connection=1, now=0.0)
+    node.handle(RegistrationFailed(B, 2, "no", 0.0))
+    node.handle(Tick(1.0))
+    node.handle(RegistrationFailed(B, 3, "no", 1.0))  # B now backs off 2 s
+    effects = node.handle(KubeletStarted(1.5))
+    assert registers(effects) == [(A, 4)]
+    # Old connections are forgotten: an RPC on one binds to what is in flight.
+    effects = node.handle(OptionsRequested(1, 9, 1.6))
+    assert effects[0] == BindConnection(1, A)
+    # Replies to attempts before the restart are ignored.
+    assert node.handle(RegistrationSucceeded(A, 1, 1.7)) == []
+    assert node.handle(RegistrationFailed(B, 3, "late", 1.7)) == []
+    # B's backoff (until 3.0) is gone: it goes as soon as A is done.
+    effects = node.handle(RegistrationSucceeded(A, 4, 1.8))
+    assert registers(effects) == [(B, 5)]
+
+
+def test_kubelet_stopped_holds_registration_until_started() -> None:
+    node, _ = started_node()
+    node.handle(KubeletStopped(0.5))
+    node.handle(RegistrationFailed(A, 1, "connection refused", 1.0))
+    assert node.next_deadline() is None
+    for now in (2.0, 10.0, 100.0):
+        assert registers(node.handle(Tick(now))) == []
+    assert registers(node.handle(KubeletStarted(101.0))) == [(A, 2)]
+
+
+def test_per_resource_mode_registers_everything_at_once() -> None:
+    node, effects = started_node(mode=SocketMode.PER_RESOURCE)
+    found = effects_of(effects, Register)
+    assert [(r.resource, r.attempt) for r in found] == [(A, 1), (B, 2)]
+    assert all(r.own_socket for r in found)
+    assert [r.endpoint for r in found] == [endpoint_name("dp", A), endpoint_name("dp", B)]
+    assert found[0].endpoint == "dp-intel.com_qat_vf.sock"
+    assert found[1].endpoint == "dp-nvidia.com_T4.sock"
+
+
+def test_per_resource_connection_binds_on_accept() -> None:
+    node, _ = started_node(mode=SocketMode.PER_RESOURCE)
+    assert node.handle(ConnectionOpened(7, 0.1, listener=B)) == [BindConnection(7, B)]
+    assert node.handle(OptionsRequested(7, 1, 0.1)) == [Reply(1, PluginOptions(False, True))]
+    node.handle(RegistrationSucceeded(B, 2, 0.2))
+    assert node.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
+
+
+def test_per_resource_connection_for_unknown_listener_is_a_usage_error() -> None:
+    node, _ = started_node(mode=SocketMode.PER_RESOURCE)
+    with pytest.raises(UsageError, match="unknown resource"):
+        node.handle(ConnectionOpened(7, 0.1, listener="example.com/nothing"))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "resource", "expected"),
+    [
+        ("dp", None, "dp.sock"),
+        ("dp", "nvidia.com/T4", "dp-nvidia.com_T4.sock"),
+        ("kv", "devices.kubevirt.io/vhost-net", "kv-devices.kubevirt.io_vhost-net.sock"),
+        ("dp", "a.io/x y:z", "dp-a.io_x_y_z.sock"),
+    ],
+)  # fmt: skip
+def test_endpoint_name(prefix: str, resource: str | None, expected: str) -> None:
+    assert endpoint_name(prefix, resource) == expected
+
+
+def test_new_resource_registers_when_it_appears() -> None:
+    node, _ = started_node()
+    make_live(node, A, 1, connection=1, now=0.0)
+    make_live(node, B, 2, connection=2, now=0.0)
+    kvm = SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm", 2)
+    config = attrs.evolve(gpu_config(), shared_devices=(kvm,))
+    effects = node.handle(ConfigApplied(config, 1.0))
+    assert registers(effects) == [("devices.kubevirt.io/kvm", 3)]
+    discovered = [e for e in effects_of(effects, Log) if e.event == "resource-discovered"]
+    assert [dict(e.fields)["resource"] for e in discovered] == ["devices.kubevirt.io/kvm"]
