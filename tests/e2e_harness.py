@@ -1,0 +1,99 @@
+"""The real runtime on the fixture node, against the grpcio kubelet emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dp_core import Backoff, Config, SocketMode, Timing
+from dp_server.config_file import parse_config
+from dp_server.demo import DEMO_CONFIG
+from dp_server.emulator import KubeletEmulator
+from dp_server.runtime import Runtime, Settings
+from dp_server.topology import fixture_topology, write_sysfs
+
+GPU = "nvidia.com/TU104GL_Tesla_T4"
+QAT = "intel.com/qat_vf"
+NVME = "devices.kubevirt.io/nvme"
+VGPU = "nvidia.com/GRID_RTX6000-4Q"
+KVM = "devices.kubevirt.io/kvm"
+TUN = "devices.kubevirt.io/tun"
+VHOST = "devices.kubevirt.io/vhost-net"
+ALL = (KVM, NVME, TUN, VHOST, QAT, VGPU, GPU)
+
+FAST = Timing(dial_wait=1.0, backoff=Backoff(first=0.05, cap=0.5), release_grace=0.2)
+
+
+class Harness:
+    """Owns a temp dir with a fixture host, an emulator and a runtime."""
+
+    def __init__(self) -> None:
+        # Unix socket paths are limited to 108 bytes: keep the directory short.
+        self.root = Path(tempfile.mkdtemp(prefix="dp-t-"))
+        self.sysfs, self.dev = write_sysfs(fixture_topology(), self.root / "host")
+        self.plugin_dir = self.root / "dp"
+        self.pod_resources = self.root / "pr.sock"
+        self.emulator: KubeletEmulator | None = None
+        self.runtime: Runtime | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    def settings(self, **overrides: Any) -> Settings:
+        base = Settings(
+            sysfs=str(self.sysfs),
+            dev=str(self.dev),
+            device_plugin_dir=str(self.plugin_dir),
+            pod_resources_socket=str(self.pod_resources),
+            rescan_interval=3600.0,
+            pod_resources_interval=0.2,
+            pod_resources_min_gap=0.05,
+            timing=FAST,
+        )
+        return attrs.evolve(base, **overrides)
+
+    def start_kubelet(self, **kwargs: Any) -> KubeletEmulator:
+        kwargs.setdefault("pod_resources_socket", self.pod_resources)
+        self.emulator = KubeletEmulator(self.plugin_dir, **kwargs).start()
+        return self.emulator
+
+    async def start_server(
+        self,
+        config: Config | None = None,
+        socket_mode: SocketMode = SocketMode.SINGLE,
+        **overrides: Any,
+    ) -> Runtime:
+        config = config or parse_config(DEMO_CONFIG, "<demo>")
+        self.runtime = Runtime(self.settings(socket_mode=socket_mode, **overrides), config)
+        self._serving = asyncio.create_task(self.runtime.run())
+        await asyncio.wait_for(self.runtime.ready.wait(), 5)
+        return self.runtime
+
+    async def wait(self, predicate: Callable[[KubeletEmulator], bool], timeout: float = 5) -> bool:
+        assert self.emulator is not None
+        return await asyncio.to_thread(self.emulator.wait_for, predicate, timeout)
+
+    async def registered(self, names: tuple[str, ...] = ALL, timeout: float = 5) -> bool:
+        assert self.emulator is not None
+        return await asyncio.to_thread(self.emulator.wait_registered, names, timeout, listed=True)
+
+    async def kubelet(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a blocking emulator method off the loop the server runs on."""
+        assert self.emulator is not None
+        return await asyncio.to_thread(getattr(self.emulator, method), *args, **kwargs)
+
+    def sockets(self) -> list[str]:
+        return sorted(p.name for p in self.plugin_dir.iterdir() if p.is_socket())
+
+    async def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.stop()
+        if self._serving is not None:
+            await asyncio.wait_for(self._serving, 10)
+        if self.emulator is not None:
+            await asyncio.to_thread(self.emulator.stop)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,307 @@
+"""The server end to end, through the grpcio kubelet emulator (DESIGN.md §3, §4)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
+
+from dp_core import SocketMode
+from dp_server.emulator._rpc import dp
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    h = Harness()
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+async def serving(harness: Harness, **kwargs: object) -> Harness:
+    harness.start_kubelet(**kwargs)  # type: ignore[arg-type]
+    await harness.start_server()
+    assert await harness.registered(), harness.emulator.resources()  # type: ignore[union-attr]
+    return harness
+
+
+def device_ids(harness: Harness, resource: str) -> list[str]:
+    assert harness.emulator is not None
+    return sorted(harness.emulator.resources()[resource].devices)
+
+
+# -- registration and attribution ------------------------------------------------
+
+
+async def test_every_resource_registers_through_one_socket(harness: Harness) -> None:
+    await serving(harness)
+    ours = [name for name in harness.sockets() if name != "kubelet.sock"]
+    assert len(ours) == 1 and ours[0].startswith("dp-")
+    emulator = harness.emulator
+    assert emulator is not None
+    endpoints = {emulator.resources()[name].endpoint for name in ALL}
+    assert endpoints == {ours[0]}
+    # Attribution put each resource's own devices on its own connection.
+    assert device_ids(harness, GPU) == ["0000:3b:00.0", "0000:af:00.0", "0000:d8:00.0"]
+    assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
+    assert len(device_ids(harness, KVM)) == 1000
+    # The kubelet dialled and asked for options inside each Register call.
+    for name in ALL:
+        kinds = [e.kind for e in emulator.events if e.resource == name]
+        assert kinds.index("dial") < kinds.index("options") < kinds.index("replied")
+    assert emulator.options(GPU).get_preferred_allocation_available  # type: ignore[union-attr]
+    assert not emulator.options(KVM).get_preferred_allocation_available  # type: ignore[union-attr]
+
+
+async def test_socket_name_changes_with_each_start(harness: Harness) -> None:
+    harness.start_kubelet()
+    first = await harness.start_server()
+    assert await harness.registered()
+    name = first.socket_paths[0].name
+    first.stop()
+    assert harness._serving is not None
+    await harness._serving
+    assert name not in harness.sockets()
+    second = await harness.start_server()
+    assert await harness.registered()
+    assert second.socket_paths[0].name != name
+
+
+async def test_per_resource_mode_uses_one_socket_each_on_one_loop(harness: Harness) -> None:
+    harness.start_kubelet()
+    runtime = await harness.start_server(socket_mode=SocketMode.PER_RESOURCE)
+    assert await harness.registered()
+    ours = [name for name in harness.sockets() if name != "kubelet.sock"]
+    assert len(ours) == len(ALL) == len(runtime.socket_paths)
+    assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
+    response = await harness.kubelet("allocate", GPU, ["0000:af:00.0"])
+    assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0"
+
+
+async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
+    await serving(harness, dial_mode="after-reply")
+    assert device_ids(harness, GPU) == ["0000:3b:00.0", "0000:af:00.0", "0000:d8:00.0"]
+    assert device_ids(harness, QAT) == [f"0000:6b:00.{i}" for i in range(1, 5)]
+    assert len(device_ids(harness, TUN)) == 110
+    response = await harness.kubelet("allocate", QAT, ["0000:6b:00.2"])
+    assert response.envs["PCI_RESOURCE_INTEL_COM_QAT_VF"] == "0000:6b:00.2"
+
+
+async def test_unattributed_connection_is_refused_with_unavailable(harness: Harness) -> None:
+    runtime = (await serving(harness)).runtime
+    assert runtime is not None
+    target = f"unix://{runtime.socket_paths[0]}"
+    with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        options = ch.unary_unary(
+            "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+            request_serializer=dp.Empty.SerializeToString,
+            response_deserializer=dp.DevicePluginOptions.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            await asyncio.to_thread(options, dp.Empty(), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "not attributed" in caught.value.details()
+    # Every resource still has its own connection and keeps being served.
+    response = await harness.kubelet("allocate", GPU, ["0000:3b:00.0"])
+    assert response.envs
+
+
+async def test_kubelet_started_after_the_server(harness: Harness) -> None:
+    await harness.start_server()
+    await asyncio.sleep(0.2)
+    assert [n for n in harness.sockets() if n != "kubelet.sock"]
+    harness.start_kubelet()
+    assert await harness.registered(timeout=5)
+
+
+async def test_kubelet_restart_reregisters_everything(harness: Harness) -> None:
+    await serving(harness)
+    emulator = harness.emulator
+    assert emulator is not None
+    before = {name: emulator.registration_count(name) for name in ALL}
+    await harness.kubelet("restart")
+    assert await harness.wait(
+        lambda e: (
+            all(e.registration_count(n) > before[n] for n in ALL)
+            and all(e.resources()[n].registered for n in ALL)
+        ),
+        timeout=5,
+    )
+    assert await harness.registered()
+    ours = [name for name in harness.sockets() if name != "kubelet.sock"]
+    assert len(ours) == 1  # the deleted socket was created again
+    response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
+    assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == "0000:5e:01.0"
+
+
+async def test_register_refused_is_retried_with_backoff(harness: Harness) -> None:
+    refusals = {"count": 0}
+
+    def refuse(request: dp.RegisterRequest) -> str | None:
+        if request.resource_name == GPU and refusals["count"] < 3:
+            refusals["count"] += 1
+            return "resource name already taken"
+        return None
+
+    await serving(harness, refuse=refuse)
+    assert refusals["count"] == 3
+    assert device_ids(harness, GPU)
+
+
+# -- allocation ---------------------------------------------------------------------
+
+
+async def test_allocate_for_each_class_of_device(harness: Harness) -> None:
+    await serving(harness)
+    gpu = await harness.kubelet("allocate", GPU, ["0000:af:00.0", "0000:3b:00.0"])
+    assert gpu.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0,0000:3b:00.0"
+    paths = [(d.host_path, d.container_path, d.permissions) for d in gpu.devices]
+    assert paths == [
+        ("/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"),
+        ("/dev/vfio/175", "/dev/vfio/175", "mrw"),
+        ("/dev/vfio/59", "/dev/vfio/59", "mrw"),
+    ]
+    uuid = device_ids(harness, VGPU)[0]
+    mdev = await harness.kubelet("allocate", VGPU, [uuid])
+    assert mdev.envs["MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_RTX6000-4Q"] == uuid
+    assert [d.host_path for d in mdev.devices][0] == "/dev/vfio/vfio"
+    kvm = await harness.kubelet("allocate", KVM, device_ids(harness, KVM)[:2])
+    # Host paths are the host's, not the --dev root the server scanned.
+    assert [(d.host_path, d.permissions) for d in kvm.devices] == [("/dev/kvm", "rw")]
+    assert not any(str(harness.dev) in d.host_path for d in gpu.devices)
+
+
+async def test_unknown_device_id_is_invalid_argument(harness: Harness) -> None:
+    await serving(harness)
+    with pytest.raises(grpc.RpcError) as caught:
+        await harness.kubelet("allocate", GPU, ["0000:00:00.0"])
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "'0000:00:00.0'" in caught.value.details() and GPU in caught.value.details()
+    response = await harness.kubelet("allocate", GPU, ["0000:3b:00.0"])
+    assert response.envs
+
+
+async def test_device_id_of_ten_thousand_characters(harness: Harness) -> None:
+    await serving(harness)
+    huge = "x" * 10_000
+    with pytest.raises(grpc.RpcError) as caught:
+        await harness.kubelet("allocate", QAT, [huge])
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "10000 characters" in caught.value.details()
+    assert len(caught.value.details()) < 400
+    response = await harness.kubelet("allocate", QAT, ["0000:6b:00.1"])
+    assert response.envs
+
+
+async def test_preferred_allocation_keeps_numa_and_must_include(harness: Harness) -> None:
+    await serving(harness)
+    healthy = ["0000:3b:00.0", "0000:af:00.0"]
+    picked = await harness.kubelet("preferred_allocation", GPU, healthy, ["0000:af:00.0"], 1)
+    assert picked == ["0000:af:00.0"]
+    qat = [f"0000:6b:00.{i}" for i in range(1, 4)]
+    two = await harness.kubelet("preferred_allocation", QAT, qat, [], 2)
+    assert len(two) == 2 and set(two) <= set(qat)
+
+
+async def test_list_and_watch_carries_numa_topology(harness: Harness) -> None:
+    await serving(harness)
+    assert harness.emulator is not None
+    devices = harness.emulator.resources()[GPU].devices
+    assert devices["0000:3b:00.0"].numa_nodes == (0,)
+    assert devices["0000:af:00.0"].numa_nodes == (1,)
+    assert devices["0000:d8:00.0"].health == "Unhealthy"
+    assert harness.emulator.resources()[KVM].devices["kvm-000"].numa_nodes == ()
+
+
+async def test_a_host_change_resends_only_the_touched_resource(harness: Harness) -> None:
+    await serving(harness)
+    emulator = harness.emulator
+    assert emulator is not None
+    lists_before = {name: emulator.resources()[name].lists for name in ALL}
+    (harness.dev / "vfio" / "109").unlink()  # QAT VF 0000:6b:00.2 loses its group node
+    assert await harness.wait(
+        lambda e: e.resources()[QAT].devices["0000:6b:00.2"].health == "Unhealthy"
+    )
+    await asyncio.sleep(0.3)
+    lists_after = {name: emulator.resources()[name].lists for name in ALL}
+    assert lists_after[QAT] == lists_before[QAT] + 1
+    assert {n: lists_after[n] for n in ALL if n != QAT} == {
+        n: lists_before[n] for n in ALL if n != QAT
+    }
+
+
+async def test_group_reservation_until_pod_resources_release(harness: Harness) -> None:
+    await serving(harness)
+    await harness.kubelet("admit", "vm-a", "compute", {NVME: 1})
+    assert await harness.wait(
+        lambda e: sum(not d.healthy for d in e.resources()[NVME].devices.values()) == 1
+    )
+    assert harness.emulator is not None
+    held = next(d for d, s in harness.emulator.resources()[NVME].devices.items() if s.healthy)
+    sibling = next(d for d in device_ids(harness, NVME) if d != held)
+    with pytest.raises(grpc.RpcError) as caught:
+        await harness.kubelet("allocate", NVME, [sibling])
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "IOMMU group 93" in caught.value.details() and held in caught.value.details()
+    await harness.kubelet("remove_pod", "vm-a")
+    # The PodResources API no longer lists the pod: the group is free again.
+    assert await harness.wait(
+        lambda e: all(d.healthy for d in e.resources()[NVME].devices.values())
+    )
+    response = await harness.kubelet("allocate", NVME, [sibling])
+    assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == sibling
+
+
+# -- bad input ---------------------------------------------------------------------
+
+
+async def test_garbage_bytes_on_the_plugin_socket(harness: Harness) -> None:
+    runtime = (await serving(harness)).runtime
+    assert runtime is not None
+
+    def send_garbage() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(runtime.socket_paths[0]))
+            raw.sendall(os.urandom(4096) + b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(512))
+            raw.settimeout(2)
+            try:
+                while raw.recv(4096):
+                    pass
+            except OSError:
+                pass
+
+    await asyncio.to_thread(send_garbage)
+    response = await harness.kubelet("allocate", GPU, ["0000:3b:00.0"])
+    assert response.envs
+    assert harness.emulator is not None
+    assert all(harness.emulator.resources()[n].registered for n in ALL)
+
+
+async def test_client_that_disconnects_mid_stream(harness: Harness) -> None:
+    await serving(harness)
+    assert harness.emulator is not None
+    stream = harness.emulator.call(GPU, "ListAndWatch", dp.Empty())
+    first = await asyncio.to_thread(next, stream)
+    assert {d.ID for d in first.devices} == set(device_ids(harness, GPU))
+    stream.cancel()
+    await asyncio.sleep(0.2)
+    response = await harness.kubelet("allocate", GPU, ["0000:af:00.0"])
+    assert response.envs
+    assert harness.emulator.resources()[GPU].registered
+
+
+async def test_kubelet_socket_missing_keeps_the_server_up(harness: Harness) -> None:
+    runtime = await harness.start_server()
+    await asyncio.sleep(0.3)
+    assert runtime.node.registrar.kubelet_present is False
+    assert runtime.socket_paths and runtime.socket_paths[0].exists()
+    harness.start_kubelet()
+    assert await harness.registered()
