@@ -3,17 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from core_builders import (
-    AUDIO,
-    BRIDGE_CLASS,
-    GPU,
-    GPU_RESOURCE,
-    VF,
-    VF_RESOURCE,
-    gpu_config,
-    pci,
-    snapshot,
-)
 
 from dp_core import (
     AdvertisedDevice,
@@ -30,6 +19,18 @@ from dp_core import (
     PermittedHostDevices,
     SharedDevice,
     build_inventory,
+)
+
+from core_builders import (
+    AUDIO,
+    BRIDGE_CLASS,
+    GPU,
+    GPU_RESOURCE,
+    VF,
+    VF_RESOURCE,
+    gpu_config,
+    pci,
+    snapshot,
 )
 
 NO_SHARED: tuple[SharedDevice, ...] = ()

@@ -9,16 +9,6 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from core_builders import (
-    GPU_RESOURCE,
-    VF_RESOURCE,
-    effects_of,
-    gpu_config,
-    one,
-    started_node,
-    two_gpus_and_vfs,
-    without_logs,
-)
 
 from dp_core import (
     Backoff,
@@ -50,6 +40,17 @@ from dp_core import (
     endpoint_name,
 )
 from dp_core.registration import Registrar
+
+from core_builders import (
+    GPU_RESOURCE,
+    VF_RESOURCE,
+    effects_of,
+    gpu_config,
+    one,
+    started_node,
+    two_gpus_and_vfs,
+    without_logs,
+)
 
 # ---------------------------------------------------------------------------
 # Registrar: scripts of events -> phases
