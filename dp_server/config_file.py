@@ -129,18 +129,6 @@ class _FieldError(ValueError):
     """A value of the wrong shape, found while structuring."""
 
 
-class _LocatedError(ValueError):
-    """An error that knows its path below the object being structured."""
-
-    def __init__(self, segments: Sequence[Segment], message: str) -> None:
-        super().__init__(message)
-        self.segments = tuple(segments)
-
-
-class _CrossFieldError(ValueError):
-    """Marks a core error raised while constructing an object from valid fields."""
-
-
 def _show(value: object) -> str:
     """A value as the operator wrote it, short enough for one line."""
     if value is None:
@@ -196,7 +184,7 @@ def _flatten(
             attr_note = _note(sub, AttributeValidationNote)
             if attr_note is not None:
                 out += _flatten(sub, (*path, keys.get(attr_note.name, attr_note.name)))
-            elif isinstance(sub, ValueError) and not isinstance(sub, _FieldError | _LocatedError):
+            elif isinstance(sub, ValueError) and not isinstance(sub, _FieldError):
                 # Raised by the class itself once every field was valid: a rule
                 # across fields, such as a selector listed twice.
                 out.append((path, str(sub), True))
@@ -213,16 +201,19 @@ def _flatten(
     if isinstance(exc, ForbiddenExtraKeysError):
         allowed = [*_KEYS.get(exc.cl, {}).values(), *_IGNORED_KEYS.get(exc.cl, ())]
         return [
-            ((*path, key), _suggest(key, allowed), False)
+            ((*path, _segment(key)), _suggest(key, allowed), False)
             for key in sorted(exc.extra_fields, key=str)
         ]
-    if isinstance(exc, _LocatedError):
-        return [((*path, *exc.segments), str(exc), False)]
     if isinstance(exc, KeyError):
         return [(path, "is required", False)]
     if isinstance(exc, ValueError | TypeError):
         return [(path, str(exc), False)]
     return [(path, f"unexpected error: {exc!r}", False)]
+
+
+def _segment(key: object) -> Segment:
+    """A mapping key as a path segment (ints are list indices, so show other keys)."""
+    return key if isinstance(key, str) else _show(key)
 
 
 _PLAIN_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -365,7 +356,7 @@ def _structure_shared_devices(value: object, _type: object) -> tuple[SharedDevic
         except Exception as exc:
             exc.add_note(
                 IterableValidationNote(
-                    f"Structuring sharedDevices @ key {key!r}", key, SharedDevice
+                    f"Structuring sharedDevices @ key {key!r}", _segment(key), SharedDevice
                 )
             )
             errors.append(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from dp_server.config_file import (
 )
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 
 def problems(text: str, source: str = "test.yaml") -> list[str]:
@@ -881,3 +883,20 @@ def configs(draw: st.DrawFn) -> Config:
 @given(configs())
 def test_round_trip_generated(config: Config) -> None:
     assert parse_config(yaml.safe_dump(dump_config(config))) == config
+
+
+def test_docs_error_example_is_what_the_parser_says() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    match = re.search(
+        r"For example, with this file:\n\n```yaml\n(.*?)```\n\n```\n(.*?)```", text, re.S
+    )
+    assert match is not None
+    assert problems(match[1], "node.yaml") == match[2].splitlines()
+
+
+def test_docs_first_example_parses() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    match = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert match is not None
+    config = parse_config(match[1])
+    assert config.permitted_host_devices is not None
