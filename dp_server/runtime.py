@@ -165,15 +165,20 @@ class _Listener:
     path: Path
     resource: str | None
     server: _TrackedServer
-    inode: int
+    identity: tuple[int, int] | None
 
 
-def _socket_inode(path: Path) -> int | None:
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    """Inode and change time of a socket file: a file created again differs.
+
+    The inode alone is not enough, since a deleted socket's inode is often
+    reused at once by the next one.
+    """
     try:
         info = path.stat()
     except OSError:
         return None
-    return info.st_ino if stat.S_ISSOCK(info.st_mode) else None
+    return (info.st_ino, info.st_ctime_ns) if stat.S_ISSOCK(info.st_mode) else None
 
 
 class Runtime:
@@ -209,7 +214,7 @@ class Runtime:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._stopping = False
-        self._kubelet_inode: int | None = None
+        self._kubelet_identity: tuple[int, int] | None = None
         self._kubelet_channel: Channel | None = None
         self._listener_lock = asyncio.Lock()
         self._next_rescan = 0.0
@@ -325,7 +330,7 @@ class Runtime:
         async with self._listener_lock:
             path = self.plugin_dir / endpoint
             listener = self._listeners.get(endpoint)
-            if listener is not None and _socket_inode(path) == listener.inode:
+            if listener is not None and _socket_identity(path) == listener.identity:
                 return
             if listener is not None:
                 # The kubelet deleted our socket (it does on every restart).
@@ -335,19 +340,19 @@ class Runtime:
                 path.unlink()
             server = _TrackedServer([self._service], self, resource)
             await server.start(path=str(path))
-            self._listeners[endpoint] = _Listener(path, resource, server, _socket_inode(path) or 0)
+            self._listeners[endpoint] = _Listener(path, resource, server, _socket_identity(path))
 
     async def _check_sockets(self) -> None:
         """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
         for endpoint, listener in list(self._listeners.items()):
-            if _socket_inode(listener.path) != listener.inode:
+            if _socket_identity(listener.path) != listener.identity:
                 await self._ensure_listener(endpoint, listener.resource)
-        inode = _socket_inode(self.kubelet_socket)
-        if inode == self._kubelet_inode:
+        identity = _socket_identity(self.kubelet_socket)
+        if identity == self._kubelet_identity:
             return
-        self._kubelet_inode = inode
+        self._kubelet_identity = identity
         self._close_kubelet_channel()
-        if inode is None:
+        if identity is None:
             self.feed(KubeletStopped(self.now()))
         else:
             self.feed(KubeletStarted(self.now()))
@@ -521,7 +526,7 @@ class Runtime:
         for listener in self._listeners.values():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(listener.server.wait_closed(), 2.0)
-            if _socket_inode(listener.path) == listener.inode:
+            if _socket_identity(listener.path) == listener.identity:
                 with contextlib.suppress(OSError):
                     os.unlink(listener.path)
         self._listeners.clear()

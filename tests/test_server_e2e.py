@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 
 from dp_core import SocketMode
 from dp_server.emulator._rpc import dp
+
+from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 
 pytestmark = pytest.mark.asyncio
 

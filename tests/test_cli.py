@@ -1,0 +1,184 @@
+"""`dp-server scan`, `serve` and `demo` as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dp_server.cli import main
+from dp_server.demo import DEMO_CONFIG
+from dp_server.emulator import KubeletEmulator
+from dp_server.topology import fixture_topology, write_sysfs
+
+from e2e_harness import ALL
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> tuple[Path, Path]:
+    return write_sysfs(fixture_topology(), tmp_path / "host")
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(DEMO_CONFIG)
+    return path
+
+
+def test_scan_json_lists_every_resource_with_health(
+    host: tuple[Path, Path], config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sysfs, dev = host
+    code = main(
+        [
+            "scan",
+            "--sysfs",
+            str(sysfs),
+            "--dev",
+            str(dev),
+            "--config",
+            str(config_file),
+            "--format",
+            "json",
+        ]
+    )
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in document["resources"]}
+    assert sorted(by_name) == sorted(ALL)
+    gpus = {d["id"]: d for d in by_name["nvidia.com/TU104GL_Tesla_T4"]["devices"]}
+    assert gpus["0000:3b:00.0"] == {
+        "id": "0000:3b:00.0",
+        "health": "Healthy",
+        "numa_node": 0,
+        "iommu_group": 59,
+        "driver": "vfio-pci",
+        "host_paths": ["/dev/vfio/vfio", "/dev/vfio/59"],
+    }
+    assert gpus["0000:d8:00.0"]["health"] == "Unhealthy"
+    assert "snd_hda_intel" in gpus["0000:d8:00.0"]["reason"]
+    skipped = {s["id"]: s for s in document["skipped"]}
+    assert "0000:6b:00.0" not in by_name["intel.com/qat_vf"]  # the PF is not a VF
+    assert all(s["reason"] for s in skipped.values())
+
+
+def test_scan_changes_nothing_on_the_host(host: tuple[Path, Path], config_file: Path) -> None:
+    sysfs, dev = host
+
+    def state() -> dict[str, object]:
+        found: dict[str, object] = {}
+        for root in (sysfs, dev):
+            for path in sorted(root.rglob("*")):
+                found[str(path)] = (
+                    os.readlink(path)
+                    if path.is_symlink()
+                    else path.read_bytes()
+                    if path.is_file()
+                    else "dir"
+                )
+        return found
+
+    before = state()
+    assert (
+        main(["scan", "--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config_file)]) == 0
+    )
+    assert state() == before
+
+
+def test_scan_table_names_reasons(
+    host: tuple[Path, Path], config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sysfs, dev = host
+    assert (
+        main(["scan", "--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config_file)]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "nvidia.com/TU104GL_Tesla_T4  (pci, 2/3 healthy)" in out
+    assert "/dev/vfio/111 does not exist" in out
+
+
+def test_bad_config_exits_2_naming_the_field(
+    tmp_path: Path, host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "permittedHostDevices:\n  pciHostDevices:\n"
+        "    - pciVendorSelector: 'ZZZZ:1EB8'\n      resourceName: nvidia.com/x\n"
+    )
+    sysfs, dev = host
+    code = main(["scan", "--sysfs", str(sysfs), "--dev", str(dev), "--config", str(bad)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "permittedHostDevices.pciHostDevices[0].pciVendorSelector" in err
+    assert "'ZZZZ:1EB8' is not VVVV:DDDD hex" in err
+
+
+def test_demo_prints_node_and_sample_allocations(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "Capacity:" in out and "Allocatable:" in out
+    assert "devices.kubevirt.io/kvm:        1000" in out
+    assert "PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4=" in out
+    assert "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_RTX6000-4Q=" in out
+    assert "FAILED_PRECONDITION: IOMMU group 93" in out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_cleanly_on_signal(
+    signum: int, host: tuple[Path, Path], config_file: Path
+) -> None:
+    import tempfile
+
+    sysfs, dev = host
+    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-s-"))
+    emulator = KubeletEmulator(plugin_dir).start()
+    command = [
+        sys.executable,
+        "-m",
+        "dp_server.cli",
+        "serve",
+        "--sysfs",
+        str(sysfs),
+        "--dev",
+        str(dev),
+        "--config",
+        str(config_file),
+        "--device-plugin-dir",
+        str(plugin_dir),
+        "--pod-resources-socket",
+        str(plugin_dir / "none.sock"),
+        "--log-format",
+        "json",
+    ]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert emulator.wait_registered(ALL, 20, listed=True)
+        ours = [p for p in plugin_dir.iterdir() if p.name.startswith("dp-")]
+        assert len(ours) == 1
+        started = time.monotonic()
+        server.send_signal(signum)
+        code = server.wait(timeout=10)
+        elapsed = time.monotonic() - started
+        assert code == 0
+        assert elapsed < 5
+        assert not ours[0].exists()
+        events = [json.loads(line) for line in server.stderr.read().splitlines() if line]  # type: ignore[union-attr]
+        registered = {e["resource"] for e in events if e["event"] == "registered"}
+        assert registered == set(ALL)
+        assert any(e["event"] == "health-changed" for e in events)
+        assert events[-1]["event"] == "stopped"
+        # The kubelet saw the streams end, as it does when a plugin goes away.
+        assert emulator.wait_for(lambda e: all(not e.resources()[n].registered for n in ALL), 5)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        emulator.stop()
