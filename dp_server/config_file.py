@@ -315,8 +315,10 @@ def _validated_hook(field: attrs.Attribute[Any], base: Hook) -> Hook:
                 validator(None, field, result)
             except ValueError:
                 raise
-            except Exception:  # noqa: S110 - a validator that needs the instance
-                pass  # runs again in __init__, where the error is reported
+            except Exception:
+                # A validator that needs the real instance: it runs again in
+                # __init__, and cattrs reports what it raises there.
+                pass
         return result
 
     return structure_field
@@ -643,7 +645,7 @@ def _warn_ignored(permitted: object, prefix: tuple[Segment, ...], source: str) -
 def parse_config(text: str, source: str = "<config>") -> Config:
     """The Config that a YAML document describes, or ConfigFileError listing every problem."""
     try:
-        document = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigFileError([_yaml_error_line(source, exc)]) from None
     if document is None:

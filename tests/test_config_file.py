@@ -900,3 +900,62 @@ def test_docs_first_example_parses() -> None:
     assert match is not None
     config = parse_config(match[1])
     assert config.permitted_host_devices is not None
+
+
+# Any document at all: a Config or a ConfigFileError, never another exception.
+
+_keys = st.sampled_from(
+    [
+        "permittedHostDevices",
+        "pciHostDevices",
+        "mediatedDevices",
+        "usb",
+        "pciVendorSelector",
+        "mdevNameSelector",
+        "resourceName",
+        "externalResourceProvider",
+        "sharedDevices",
+        "devices.kubevirt.io/kvm",
+        "example.com/fuse",
+        "path",
+        "count",
+        "permissions",
+        "enabled",
+        "naming",
+        "source",
+        "domain",
+        "pciIdsPath",
+        "apiVersion",
+        "kind",
+        "spec",
+        "configuration",
+    ]
+)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.sampled_from(["10DE:1EB8", "/dev/fuse", "rw", "pci-ids", "kubevirt.io/v1", "KubeVirt"])
+    | st.text(max_size=10)
+)
+_documents = st.recursive(
+    _scalars,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(_keys | st.integers(0, 3), children, max_size=5)
+    ),
+    max_leaves=25,
+)
+
+
+@given(_documents)
+def test_any_document_gives_config_or_config_file_error(document: object) -> None:
+    text = yaml.safe_dump(document)
+    try:
+        result = parse_config(text)
+    except ConfigFileError as exc:
+        assert exc.problems
+        assert all(line.startswith("<config>: ") for line in exc.problems)
+    else:
+        assert isinstance(result, Config)
