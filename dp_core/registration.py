@@ -176,6 +176,11 @@ class Registrar:
         if reg.bound_this_attempt or self.mode is SocketMode.PER_RESOURCE and reg.connections:
             self._move(reg, Step.SUCCEEDED_BOUND)
             reg.live_since = now
+            if not reg.connections:
+                # The kubelet dialled during Register, but that connection closed
+                # before the reply arrived: nothing serves the resource, and the
+                # kubelet never redials, so it must register again.
+                self._lose(reg, now)
         else:
             self._move(reg, Step.SUCCEEDED_UNBOUND)
             reg.dial_deadline = now + self.dial_wait
@@ -248,13 +253,17 @@ class Registrar:
         reg.connections.discard(connection)
         if reg.connections or reg.phase not in (Phase.LIVE, Phase.UNBOUND, Phase.AWAITING_DIAL):
             return None
+        self._lose(reg, now)
+        return name
+
+    def _lose(self, reg: ResourceRegistration, now: float) -> None:
+        """The resource's last connection is gone: register again, backing off if flapping."""
         if reg.live_since is not None and now - reg.live_since >= self.backoff.healthy_after:
             reg.failures = 0
         self._move(reg, Step.LOST)
         reg.failures += 1
         reg.live_since = None
         reg.next_attempt_at = now + self.backoff.delay(reg.failures - 1)
-        return name
 
     # -- kubelet life cycle and timers -------------------------------------
 

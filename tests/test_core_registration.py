@@ -523,3 +523,29 @@ def test_new_resource_registers_when_it_appears() -> None:
     assert registers(effects) == [("devices.kubevirt.io/kvm", 3)]
     discovered = [e for e in effects_of(effects, Log) if e.event == "resource-discovered"]
     assert [dict(e.fields)["resource"] for e in discovered] == ["devices.kubevirt.io/kvm"]
+
+
+@pytest.mark.parametrize("mode", [SocketMode.SINGLE, SocketMode.PER_RESOURCE])
+def test_connection_lost_while_register_in_flight_registers_again(mode: SocketMode) -> None:
+    """The kubelet dialled inside Register, then the connection closed before the reply.
+
+    The resource must not count as live with no connection: the kubelet never
+    redials, so only a new Register brings it back.
+    """
+    node, effects = started_node(mode=mode)
+    register = effects_of(effects, Register)[0]
+    listener = register.resource if mode is SocketMode.PER_RESOURCE else None
+    node.handle(ConnectionOpened(1, 0.0, listener))
+    node.handle(OptionsRequested(1, 1, 0.0))
+    assert node.handle(ConnectionClosed(1, 0.1)) == []
+    effects = node.handle(RegistrationSucceeded(register.resource, register.attempt, 0.2))
+    phase = node.registrar.phases()[register.resource]
+    if mode is SocketMode.PER_RESOURCE:
+        assert phase is Phase.REGISTERING
+        assert registers(effects) == [(register.resource, 3)]
+    else:
+        # Single socket: B (waiting since 0.0) goes first, then A again.
+        assert phase is Phase.WAITING
+        assert registers(effects) == [(B, 2)]
+        make_live(node, B, 2, connection=2, now=0.3)
+        assert node.registrar.phases()[A] is Phase.REGISTERING
