@@ -117,8 +117,9 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         pod_resources_socket=args.pod_resources_socket,
         socket_mode=SocketMode(args.socket_mode),
         rescan_interval=args.rescan_interval,
+        config_path=args.config,
     )
-    runtime = Runtime(settings, config, pci_names=names)
+    runtime = Runtime(settings, config, pci_names=names, reload=lambda: load_settings(args.config))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runtime.stop)

@@ -34,6 +34,7 @@ from dp_core import (
     AllocationsObserved,
     BindConnection,
     Config,
+    ConfigApplied,
     ConnectionClosed,
     ConnectionOpened,
     Effect,
@@ -89,6 +90,8 @@ class Settings:
     pod_resources_min_gap: float = 1.0
     endpoint_prefix: str | None = None
     timing: Timing = Timing()
+    # Watched for changes when set; a ConfigMap update swaps a symlink in its directory.
+    config_path: str | None = None
 
 
 class _TrackedProtocol(H2Protocol):
@@ -191,9 +194,11 @@ class Runtime:
         *,
         pci_names: dict[PciId, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        reload: Callable[[], tuple[Config, dict[PciId, str]]] | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
+        self._reload = reload
         self._clock = clock
         prefix = settings.endpoint_prefix or f"dp-{secrets.token_hex(3)}"
         self.node = Node(
@@ -479,11 +484,35 @@ class Runtime:
             _log.exception("rescan-failed")
             self._next_rescan = self.now() + self.settings.rescan_interval
 
+    def reload_config(self) -> None:
+        """Apply the config file again; a broken one is logged and the old one kept."""
+        if self._reload is None:
+            return
+        try:
+            config, names = self._reload()
+        except Exception as error:  # noqa: BLE001 - every failure keeps the old config
+            _log.error(
+                "config-rejected",
+                extra={"dp_fields": {"error": str(error), "kept": "the previous config"}},
+            )
+            return
+        if config == self.config:
+            return
+        self.config = config
+        self.feed(ConfigApplied(config, self.now(), names))
+        _log.info("config-applied", extra={"dp_fields": {"path": self.settings.config_path}})
+        self.rescan()
+
     async def _watch_files(self) -> None:
         paths = [str(self.plugin_dir)]
         vfio = Path(self.settings.dev) / "vfio"
         if vfio.is_dir():
             paths.append(str(vfio))
+        config_dir = None
+        if self.settings.config_path is not None and self._reload is not None:
+            config_dir = Path(self.settings.config_path).absolute().parent
+            if config_dir.is_dir() and config_dir not in (self.plugin_dir, vfio):
+                paths.append(str(config_dir))
         async for changes in awatch(
             *paths, stop_event=self._stop, debounce=200, step=10, recursive=False
         ):
@@ -492,6 +521,8 @@ class Runtime:
                 await self._check_sockets()
             if vfio in changed:
                 self._safely(self.rescan)
+            if config_dir is not None and config_dir in changed:
+                self.reload_config()
 
     # -- life cycle ----------------------------------------------------------------------
 

@@ -11,7 +11,10 @@ import grpc
 import pytest
 
 from dp_core import SocketMode
+from dp_server.cli import load_settings
+from dp_server.demo import DEMO_CONFIG
 from dp_server.emulator._rpc import dp
+from dp_server.runtime import Runtime
 
 from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 
@@ -306,3 +309,38 @@ async def test_kubelet_socket_missing_keeps_the_server_up(harness: Harness) -> N
     assert runtime.socket_paths and runtime.socket_paths[0].exists()
     harness.start_kubelet()
     assert await harness.registered()
+
+
+async def test_config_file_change_is_applied_and_a_broken_one_is_kept_out(
+    harness: Harness,
+) -> None:
+    config_dir = harness.root / "cfg"
+    config_dir.mkdir()
+    path = config_dir / "config.yaml"
+    path.write_text(DEMO_CONFIG)
+    config, _ = load_settings(str(path))
+    harness.start_kubelet()
+    # As `dp-server serve --config` runs it: the config file is watched.
+    harness.runtime = Runtime(
+        harness.settings(config_path=str(path)), config, reload=lambda: load_settings(str(path))
+    )
+    harness._serving = asyncio.create_task(harness.runtime.run())
+    await harness.runtime.ready.wait()
+    assert await harness.registered()
+
+    path.write_text("permittedHostDevices: [unclosed\n")
+    await asyncio.sleep(0.5)
+    assert harness.runtime.config == config  # the broken file changed nothing
+    path.write_text(
+        DEMO_CONFIG.replace("{count: 1000}", "{count: 50}")
+        + "  example.com/fuse: {path: /dev/kvm, count: 3}\n"
+    )
+    assert await harness.wait(
+        lambda e: (
+            len(e.resources()[KVM].devices) == 50
+            and "example.com/fuse" in e.resources()
+            and e.resources()["example.com/fuse"].registered
+        )
+    )
+    response = await harness.kubelet("allocate", GPU, ["0000:3b:00.0"])
+    assert response.envs
