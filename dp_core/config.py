@@ -12,7 +12,7 @@ from typing import Literal
 
 import attrs
 
-from .names import DEFAULT_DOMAIN, resource_name_error
+from .names import DEFAULT_DOMAIN, env_var_name, resource_name_error
 from .pci import PciId
 
 __all__ = [
@@ -64,7 +64,7 @@ class MediatedDevice:
     @mdev_name_selector.validator
     def _check_selector(self, attribute: attrs.Attribute[str], value: str) -> None:
         if not value.strip():
-            raise ConfigError("mdevNameSelector must not be empty")
+            raise ConfigError(f"{value!r} is empty; give an mdev type name such as 'GRID T4-1Q'")
 
 
 # attrs' mypy plugin cannot type a generic converter, so each field gets its own.
@@ -115,7 +115,8 @@ class SharedDevice:
 
     @path.validator
     def _check_path(self, attribute: attrs.Attribute[str], value: str) -> None:
-        if not value.startswith("/dev/") or "/../" in value or value.endswith("/.."):
+        name = value.removeprefix("/dev/")
+        if not value.startswith("/dev/") or not name.strip("/") or ".." in name.split("/"):
             raise ConfigError(f"{value!r} is not an absolute path under /dev/")
 
     @count.validator
@@ -155,7 +156,7 @@ class Naming:
     def _check_domain(self, attribute: attrs.Attribute[str], value: str) -> None:
         error = resource_name_error(f"{value}/x")
         if error is not None:
-            raise ConfigError(f"{value!r} is not a usable resource domain")
+            raise ConfigError(f"{value!r} is not a usable resource domain: {error}")
 
 
 @attrs.frozen
@@ -188,6 +189,17 @@ class Config:
         }
         for clash in sorted((pci_names & mdev_names) | ((pci_names | mdev_names) & set(names))):
             raise ConfigError(f"resource {clash!r} is named for two kinds of device")
+        # KubeVirt's env var names fold '/' and '.' to '_', so two names can
+        # collide, and the kubelet keeps only one of two equal env keys.
+        seen: dict[str, str] = {}
+        for name in sorted(pci_names | mdev_names):
+            folded = env_var_name("", name)
+            if folded in seen:
+                raise ConfigError(
+                    f"resources {seen[folded]!r} and {name!r} would share the env var "
+                    f"suffix {folded!r}"
+                )
+            seen[folded] = name
 
     @property
     def enabled_shared_devices(self) -> tuple[SharedDevice, ...]:

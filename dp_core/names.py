@@ -39,6 +39,8 @@ def resource_name_error(name: str) -> str | None:
     domain, _, short = name.partition("/")
     if "kubernetes.io/" in name:
         return f"{name!r} is in the kubernetes.io namespace, which is reserved"
+    if name.startswith(_REQUESTS_PREFIX):
+        return f"{name!r} starts with 'requests.', which Kubernetes reserves for quota names"
     if not domain or len(_REQUESTS_PREFIX + domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
         return f"{name!r}: domain {domain!r} is not a DNS-1123 subdomain"
     if not short or len(short) > 63 or not _QUALIFIED_NAME_PART.match(short):

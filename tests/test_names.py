@@ -79,11 +79,6 @@ def test_invalid_resource_names(name: str, fragment: str) -> None:
     assert repr(name) in error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core gap: the kubelet's IsExtendedResourceName refuses names that start "
-    "with 'requests.'; dp_core.names.resource_name_error accepts them",
-)
 def test_requests_prefix_is_refused() -> None:
     assert resource_name_error("requests.example.com/foo") is not None
 
@@ -127,8 +122,6 @@ def candidate_names(draw: st.DrawFn) -> str:
 
 @given(candidate_names())
 def test_resource_name_error_agrees_with_the_kubelet(name: str) -> None:
-    # The 'requests.' prefix is the one known gap (see the xfail above).
-    assume(not name.startswith("requests."))
     assert (resource_name_error(name) is None) == kubelet_accepts(name)
 
 
