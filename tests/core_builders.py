@@ -5,19 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
+import attrs
+from hypothesis import strategies as st
+
 from dp_core import (
     AllocateRequested,
+    AllocationsObserved,
     Config,
+    ConnectionClosed,
     ConnectionOpened,
+    ContainerPreference,
     Effect,
+    EndStream,
     HostObserved,
     HostSnapshot,
     Input,
     IommuGroup,
     KubeletStarted,
+    KubeletStopped,
     Log,
     MdevDevice,
     MdevType,
+    MediatedDevice,
+    Naming,
     Node,
     OptionsRequested,
     PciAddress,
@@ -25,14 +35,21 @@ from dp_core import (
     PciHostDevice,
     PciId,
     PermittedHostDevices,
+    PreferredAllocationRequested,
+    PreStartRequested,
     Register,
+    RegistrationFailed,
     RegistrationSucceeded,
+    SharedDevice,
     SocketMode,
+    Tick,
     Timing,
+    WatchEnded,
     WatchStarted,
 )
 
 E = TypeVar("E")
+T = TypeVar("T")
 
 GPU = PciId(0x10DE, 0x1EB8)
 AUDIO = PciId(0x10DE, 0x10F8)
@@ -244,3 +261,271 @@ def live_node(
     kubelet = Kubelet(node)
     kubelet.register_all(effects)
     return node, kubelet
+
+
+# ---------------------------------------------------------------------------
+# Hypothesis: small generated hosts and configs
+
+PCI_IDS = (GPU, AUDIO, VF, QAT_GROUPED, NVME)
+PCI_NAMES = {GPU: "TU104GL [Tesla T4]", VF: "C62x Chipset QuickAssist Technology VF"}
+MDEV_TYPE_NAMES = ("GRID T4-1Q", "GRID T4-2Q")
+SHARED_CHOICES = (
+    ("devices.kubevirt.io/kvm", "/dev/kvm"),
+    ("devices.kubevirt.io/tun", "/dev/net/tun"),
+    ("example.org/" + "s" * 63, "/dev/vhost-net"),
+)
+_DRIVERS = ["vfio-pci"] * 6 + [None, "nvidia", "snd_hda_intel"]
+_CLASS_OF = {GPU: 0x030200, AUDIO: 0x040300, VF: 0x0B4000, QAT_GROUPED: 0x0B4000, NVME: 0x010802}
+
+
+@st.composite
+def host_snapshots(draw: st.DrawFn, max_groups: int = 5, min_groups: int = 0) -> HostSnapshot:
+    """A small host: a few IOMMU groups of 1-3 functions, maybe mdevs, maybe missing nodes."""
+    devices: list[PciDevice] = []
+    group_numbers: list[int] = []
+    for index in range(draw(st.integers(min_groups, max_groups))):
+        group = None if draw(st.integers(0, 9)) == 0 else 10 + index
+        if group is not None:
+            group_numbers.append(group)
+        members = draw(st.sampled_from([1, 2, 2, 3]))
+        bridged = members > 1 and draw(st.integers(0, 3)) == 0
+        # Half the groups are like SR-IOV VFs or multi-port cards: one ID throughout.
+        same_id = draw(st.sampled_from(PCI_IDS)) if draw(st.booleans()) else None
+        for function in range(members):
+            pci_id = same_id or draw(st.sampled_from(PCI_IDS))
+            is_bridge = bridged and function == 0
+            devices.append(
+                pci(
+                    f"0000:{index + 1:02x}:00.{function}",
+                    pci_id,
+                    group,
+                    driver=draw(st.sampled_from(_DRIVERS)),
+                    numa=draw(st.sampled_from([None, 0, 1])),
+                    class_code=BRIDGE_CLASS if is_bridge else _CLASS_OF[pci_id],
+                )
+            )
+    parent = PciAddress.parse("0000:3b:00.0")
+    mdev_types = tuple(MdevType(parent, f"nvidia-{i}", n) for i, n in enumerate(MDEV_TYPE_NAMES))
+    mdevs = []
+    for index in range(draw(st.integers(0, 3))):
+        group = None if draw(st.integers(0, 9)) == 0 else 100 + index
+        if group is not None:
+            group_numbers.append(group)
+        mdevs.append(
+            MdevDevice(
+                f"00000000-0000-4000-8000-{index:012d}",
+                parent,
+                f"nvidia-{draw(st.integers(0, len(MDEV_TYPE_NAMES) - 1))}",
+                group,
+            )
+        )
+    candidates = ["/dev/vfio/vfio", "/dev/kvm", "/dev/net/tun"]
+    candidates += [f"/dev/vfio/{g}" for g in group_numbers]
+    missing = [path for path in candidates if draw(st.integers(0, 15)) == 0]
+    return snapshot(
+        devices, mdev_types=mdev_types, mdevs=tuple(mdevs), missing_nodes=tuple(missing)
+    )
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    shared = tuple(
+        SharedDevice(name, path, draw(st.integers(1, 4)), enabled=draw(st.booleans()))
+        for name, path in SHARED_CHOICES
+        if draw(st.booleans())
+    )
+    naming = Naming(source=draw(st.sampled_from(["vendor-device", "pci-ids"])))
+    if draw(st.booleans()):
+        return Config(None, shared, naming)
+    pci_entries = tuple(
+        PciHostDevice(
+            pci_id,
+            draw(st.sampled_from([None, "example.com/pci-a", "example.com/pci-b"])),
+            external_resource_provider=draw(st.integers(0, 5)) == 0,
+        )
+        for pci_id in PCI_IDS
+        if draw(st.integers(0, 3))
+    )
+    mdev_entries = tuple(
+        MediatedDevice(name, draw(st.sampled_from([None, "example.com/mdev"])))
+        for name in MDEV_TYPE_NAMES
+        if draw(st.booleans())
+    )
+    return Config(PermittedHostDevices(pci_entries, mdev_entries), shared, naming)
+
+
+# ---------------------------------------------------------------------------
+# Hypothesis: a kubelet (and host) doing random things to a Node
+
+RPC_INPUTS = (
+    OptionsRequested,
+    AllocateRequested,
+    PreferredAllocationRequested,
+    PreStartRequested,
+)
+ACTIONS = (
+    "dial",
+    "dial",
+    "open",
+    "succeed",
+    "succeed",
+    "fail",
+    "stale",
+    "close",
+    "options",
+    "watch",
+    "watch_end",
+    "allocate",
+    "allocate",
+    "allocate",
+    "preferred",
+    "prestart",
+    "observe",
+    "tick",
+    "restart",
+    "stop",
+    "rescan",
+)
+
+
+class RandomKubelet:
+    """Feeds a Node inputs chosen from its current state, recording them.
+
+    Time only moves forward. `containers` is the largest number of container
+    requests one Allocate carries (the kubelet sends one).
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        host: HostSnapshot,
+        data: st.DataObject,
+        *,
+        containers: int = 1,
+    ) -> None:
+        self.node = node
+        self.host = host
+        self.data = data
+        self.containers = containers
+        self.now = 0.0
+        self.next_id = 0
+        self.inputs: list[Input] = []
+        self.outstanding: list[Register] = []
+        self.answered: list[Register] = []
+        self.connections: list[int] = []
+        self.streams: list[int] = []
+        self.kubelet_up = True
+
+    def draw(self, strategy: st.SearchStrategy[T]) -> T:
+        return self.data.draw(strategy)
+
+    def fresh(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def feed(self, event: Input) -> list[Effect]:
+        self.inputs.append(event)
+        effects = self.node.handle(event)
+        self.outstanding += effects_of(effects, Register)
+        for end in effects_of(effects, EndStream):
+            if end.stream in self.streams:
+                self.streams.remove(end.stream)
+        return effects
+
+    def start(self) -> list[tuple[Input, list[Effect]]]:
+        return [
+            (event, self.feed(event))
+            for event in (HostObserved(self.host, 0.0), KubeletStarted(0.0))
+        ]
+
+    def step(self) -> list[tuple[Input, list[Effect]]]:
+        """Do one random thing; returns each input fed with its effects."""
+        self.now += self.draw(st.sampled_from([0.0, 0.0, 0.05, 0.5, 3.0, 11.0, 31.0]))
+        action = self.draw(st.sampled_from(ACTIONS))
+        return [(event, self.feed(event)) for event in self._events(action)]
+
+    def _events(self, action: str) -> list[Input]:
+        now = self.now
+        names = list(self.node.resource_names())
+        if action in ("succeed", "fail") and self.outstanding:
+            register = self.outstanding.pop(self.draw(st.integers(0, len(self.outstanding) - 1)))
+            self.answered.append(register)
+            if action == "succeed":
+                return [RegistrationSucceeded(register.resource, register.attempt, now)]
+            return [RegistrationFailed(register.resource, register.attempt, "refused", now)]
+        if action == "stale" and self.answered:
+            register = self.draw(st.sampled_from(self.answered))
+            return [RegistrationSucceeded(register.resource, register.attempt, now)]
+        if action in ("dial", "open"):
+            connection = self.fresh()
+            self.connections.append(connection)
+            listener = None
+            if self.node.socket_mode is SocketMode.PER_RESOURCE and names:
+                pending = [r.resource for r in self.outstanding] or names
+                listener = self.draw(st.sampled_from(pending))
+            events: list[Input] = [ConnectionOpened(connection, now, listener)]
+            if action == "dial":
+                events.append(OptionsRequested(connection, self.fresh(), now))
+            return events
+        if action == "close" and self.connections:
+            connection = self.connections.pop(self.draw(st.integers(0, len(self.connections) - 1)))
+            return [ConnectionClosed(connection, now)]
+        if action == "watch_end" and self.streams:
+            return [WatchEnded(self.streams.pop())]
+        if action == "observe":
+            held = {}
+            for allocation in self.node.allocations.all():
+                kept = [i for i in allocation.device_ids if self.draw(st.booleans())]
+                held.setdefault(allocation.resource, set()).update(kept)
+            return [AllocationsObserved({k: frozenset(v) for k, v in held.items()}, now)]
+        if action == "tick":
+            return [Tick(now)]
+        if action == "restart":
+            self.outstanding.clear()
+            return [KubeletStopped(now), KubeletStarted(now)]
+        if action == "stop":
+            return [KubeletStopped(now)]
+        if action == "rescan":
+            nodes = sorted(self.host.dev_nodes)
+            dropped = {path for path in nodes if self.draw(st.integers(0, 5)) == 0}
+            return [HostObserved(attrs.evolve(self.host, dev_nodes=set(nodes) - dropped), now)]
+        if action in ("options", "watch", "allocate", "preferred", "prestart"):
+            return [self._rpc(action, now)]
+        return [Tick(now)]
+
+    def _rpc(self, action: str, now: float) -> Input:
+        # Mostly a connection that serves a resource; now and then any other.
+        owned = [c for c in self.connections if self.node.registrar.owner(c) is not None]
+        choice = self.draw(st.integers(0, 7))
+        if owned and choice > 1:
+            connection = self.draw(st.sampled_from(owned))
+        elif self.connections and choice == 1:
+            connection = self.draw(st.sampled_from(self.connections))
+        else:
+            connection = 10_000 + self.fresh()
+        call = self.fresh()
+        if action == "options":
+            return OptionsRequested(connection, call, now)
+        if action == "watch":
+            self.streams.append(call)
+            return WatchStarted(connection, call, now)
+        owner = self.node.registrar.owner(connection)
+        pool = [d.id for d in self.node.advertised(owner)] if owner else []
+        pool.append("no-such-device")
+        if action == "prestart":
+            return PreStartRequested(connection, call, self._ids(pool), now)
+        if action == "preferred":
+            available = tuple(dict.fromkeys(self._ids(pool, 0, 4)))
+            must = tuple(i for i in available if self.draw(st.integers(0, 3)) == 0)
+            size = len(must) + self.draw(st.integers(0, 3))
+            return PreferredAllocationRequested(
+                connection, call, [ContainerPreference(available, must, size)], now
+            )
+        count = self.draw(st.integers(1, self.containers))
+        return AllocateRequested(connection, call, [self._ids(pool) for _ in range(count)], now)
+
+    def _ids(self, pool: list[str], low: int = 1, high: int = 3) -> tuple[str, ...]:
+        # Mostly real IDs; the sentinel and duplicates now and then.
+        weighted = st.sampled_from(pool[:-1]) if len(pool) > 1 else st.just(pool[-1])
+        one_id = st.one_of(weighted, weighted, weighted, st.sampled_from(pool))
+        return tuple(self.draw(st.lists(one_id, min_size=low, max_size=high)))

@@ -1,0 +1,351 @@
+"""Properties of dp_core over generated hosts, configs and event sequences.
+
+Hosts and configs come from `core_builders.host_snapshots()` / `configs()`;
+event sequences from `RandomKubelet`, which picks each next input from the
+node's current state (answering Register calls, dialling, closing, RPCs with
+real and bogus device IDs, ticks, restarts, rescans) with time only moving
+forward.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_core import (
+    VFIO_DRIVER,
+    AllocateAnswer,
+    AllocateRequested,
+    BindConnection,
+    Config,
+    DeviceKind,
+    Effect,
+    EndStream,
+    HostSnapshot,
+    Input,
+    KubeletStarted,
+    MediatedDevice,
+    Node,
+    PciHostDevice,
+    PermittedHostDevices,
+    Phase,
+    Publish,
+    Register,
+    Reject,
+    Reply,
+    SharedDevice,
+    SocketMode,
+    WatchStarted,
+    build_inventory,
+)
+from dp_core.names import resource_name_error
+
+from core_builders import (
+    PCI_NAMES,
+    RPC_INPUTS,
+    RandomKubelet,
+    configs,
+    effects_of,
+    host_snapshots,
+    qat_config,
+    shared_group_host,
+)
+
+MODES = st.sampled_from([SocketMode.SINGLE, SocketMode.PER_RESOURCE])
+_IN_FLIGHT = (Phase.REGISTERING, Phase.AWAITING_DIAL)
+
+
+# ---------------------------------------------------------------------------
+# The inventory of any host
+
+
+@settings(max_examples=150, deadline=None)
+@given(host_snapshots(), configs())
+def test_advertised_ids_are_unique_short_and_names_valid(
+    host: HostSnapshot, config: Config
+) -> None:
+    inventory = build_inventory(host, config, PCI_NAMES)
+    assert list(inventory.names) == sorted(set(inventory.names))
+    for resource in inventory.resources:
+        assert resource_name_error(resource.name) is None
+        ids = [device.id for device in resource.devices]
+        assert len(ids) == len(set(ids)), resource.name
+        assert all(0 < len(i) <= 63 for i in ids), resource.name
+
+
+@settings(max_examples=150, deadline=None)
+@given(host_snapshots(), configs())
+def test_healthy_pci_devices_are_safe_to_hand_out(host: HostSnapshot, config: Config) -> None:
+    """Healthy means: on vfio-pci, in a viable group whose /dev nodes exist."""
+    inventory = build_inventory(host, config, PCI_NAMES)
+    for resource in inventory.resources:
+        for device in resource.devices:
+            if not device.healthy:
+                assert device.reason
+                continue
+            assert device.reason == ""
+            assert all(host.has_dev_node(path) for path in device.host_paths)
+            if resource.kind is DeviceKind.PCI:
+                assert device.driver == VFIO_DRIVER
+                group = host.group(device.iommu_group)
+                assert group is not None and group.viability.viable
+                assert device.host_paths == ("/dev/vfio/vfio", f"/dev/vfio/{group.number}")
+
+
+@settings(max_examples=150, deadline=None)
+@given(host_snapshots(), configs())
+def test_every_selectable_device_is_advertised_or_skipped(
+    host: HostSnapshot, config: Config
+) -> None:
+    inventory = build_inventory(host, config, PCI_NAMES)
+    advertised = {d.id for r in inventory.resources for d in r.devices}
+    skipped = {s.id for s in inventory.skipped}
+    assert not advertised & skipped
+    for pci in host.pci_devices:
+        if pci.is_bridge:
+            assert str(pci.address) not in advertised | skipped
+        elif config.permitted_host_devices is None:
+            # Auto mode: exactly the functions on vfio-pci.
+            assert (str(pci.address) in advertised) == (pci.driver == VFIO_DRIVER)
+    # Every vfio-pci endpoint a selector names is served or skipped, never forgotten.
+    if config.permitted_host_devices is not None:
+        selected = {e.pci_vendor_selector for e in config.permitted_host_devices.pci_host_devices}
+        for pci in host.pci_devices:
+            if not pci.is_bridge and pci.pci_id in selected:
+                assert str(pci.address) in advertised | skipped
+
+
+# ---------------------------------------------------------------------------
+# Determinism
+
+
+@settings(max_examples=60, deadline=None)
+@given(host_snapshots(max_groups=4, min_groups=1), configs(), MODES, st.data())
+def test_same_inputs_give_same_effects(
+    host: HostSnapshot, config: Config, mode: SocketMode, data: st.DataObject
+) -> None:
+    first = Node(config, socket_mode=mode, pci_names=PCI_NAMES)
+    kubelet = RandomKubelet(first, host, data)
+    recorded: list[list[Effect]] = [effects for _, effects in kubelet.start()]
+    for _ in range(data.draw(st.integers(0, 40))):
+        recorded += [effects for _, effects in kubelet.step()]
+    second = Node(config, socket_mode=mode, pci_names=PCI_NAMES)
+    replayed = [second.handle(event) for event in kubelet.inputs]
+    assert replayed == recorded
+    assert second.next_deadline() == first.next_deadline()
+    assert second.describe() == first.describe()
+
+
+# ---------------------------------------------------------------------------
+# Invariants over random event sequences
+
+
+class Invariants:
+    """Checks that hold after every input, and across the inputs seen so far."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.bound: dict[int, str] = {}  # connection -> resource, since the last restart
+
+    def check(self, event: Input, effects: list[Effect]) -> None:
+        self.answers_exactly_the_call(event, effects)
+        self.registration(event, effects)
+        self.connections(event, effects)
+        self.allocations()
+        self.publishes(effects)
+
+    def answers_exactly_the_call(self, event: Input, effects: list[Effect]) -> None:
+        answers = [e for e in effects if isinstance(e, Reply | Reject)]
+        if isinstance(event, RPC_INPUTS):
+            assert [a.call for a in answers] == [event.call], (event, answers)
+            if isinstance(event, AllocateRequested) and isinstance(answers[0], Reply):
+                answer = answers[0].answer
+                assert isinstance(answer, AllocateAnswer)
+                assert len(answer.containers) == len(event.containers)
+        else:
+            assert answers == [], (event, answers)
+        if isinstance(event, WatchStarted):
+            opened = [p for p in effects_of(effects, Publish) if p.stream == event.stream]
+            ended = [e for e in effects_of(effects, EndStream) if e.stream == event.stream]
+            assert len(opened) <= 1 and len(ended) <= 1 and (opened or ended), (event, effects)
+            if opened and ended:
+                # Served, then ended because its resource registers again right away.
+                assert effects.index(ended[0]) > effects.index(opened[0])
+                assert opened[0].resource in {r.resource for r in effects_of(effects, Register)}
+
+    def registration(self, event: Input, effects: list[Effect]) -> None:
+        phases = self.node.registrar.phases()
+        registers = effects_of(effects, Register)
+        if self.node.socket_mode is SocketMode.SINGLE:
+            in_flight = [n for n, p in phases.items() if p in _IN_FLIGHT]
+            assert len(in_flight) <= 1, phases
+            assert len(registers) <= 1
+        for register in registers:
+            assert phases[register.resource] is Phase.REGISTERING
+            assert register.own_socket is (self.node.socket_mode is SocketMode.PER_RESOURCE)
+            # Its old streams were ended before it registered.
+            assert self.node.streams(register.resource) == []
+        for name, phase in phases.items():
+            registration = self.node.registrar.get(name)
+            if phase is Phase.LIVE:
+                assert registration.connections, f"{name} is live with no connection"
+
+    def connections(self, event: Input, effects: list[Effect]) -> None:
+        if isinstance(event, KubeletStarted):
+            self.bound.clear()
+        for bind in effects_of(effects, BindConnection):
+            previous = self.bound.setdefault(bind.connection, bind.resource)
+            assert previous == bind.resource, f"connection {bind.connection} bound twice"
+        holders: Counter[int] = Counter()
+        for name in self.node.registrar.phases():
+            for connection in self.node.registrar.get(name).connections:
+                holders[connection] += 1
+                assert self.node.registrar.owner(connection) == name
+        assert all(count == 1 for count in holders.values()), holders
+
+    def allocations(self) -> None:
+        seen: dict[int, int] = {}
+        for allocation in self.node.allocations.all():
+            for group in allocation.groups:
+                other = seen.setdefault(group, allocation.serial)
+                assert other == allocation.serial, (
+                    f"IOMMU group {group} held by allocations #{other} and #{allocation.serial}"
+                )
+        reserved = self.node.allocations.reserved_groups()
+        for name in self.node.resource_names():
+            for device in self.node.advertised(name):
+                if not device.healthy or device.iommu_group not in reserved:
+                    continue
+                holder = reserved[device.iommu_group]
+                assert holder.resource == name and device.id in holder.device_ids, (
+                    f"{device.id} of {name} is Healthy in group {device.iommu_group}, "
+                    f"held by {holder.describe()}"
+                )
+
+    def publishes(self, effects: list[Effect]) -> None:
+        ended = {e.stream for e in effects_of(effects, EndStream)}
+        for publish in effects_of(effects, Publish):
+            # Only on a stream that is open for that resource (or ended right after).
+            assert publish.stream in self.node.streams(publish.resource) or (
+                publish.stream in ended
+            )
+            assert publish.devices == self.node.advertised(publish.resource)
+            ids = [d.id for d in publish.devices]
+            assert len(ids) == len(set(ids))
+
+
+def run_invariants(
+    host: HostSnapshot, config: Config, mode: SocketMode, data: st.DataObject, containers: int
+) -> RandomKubelet:
+    node = Node(config, socket_mode=mode, pci_names=PCI_NAMES)
+    kubelet = RandomKubelet(node, host, data, containers=containers)
+    invariants = Invariants(node)
+    for event, effects in kubelet.start():
+        invariants.check(event, effects)
+    for _ in range(data.draw(st.integers(0, 60))):
+        for event, effects in kubelet.step():
+            invariants.check(event, effects)
+    return kubelet
+
+
+@settings(max_examples=100, deadline=None)
+@given(host_snapshots(max_groups=4, min_groups=1), configs(), MODES, st.data())
+def test_invariants_hold_over_random_sequences(
+    host: HostSnapshot, config: Config, mode: SocketMode, data: st.DataObject
+) -> None:
+    run_invariants(host, config, mode, data, containers=1)
+
+
+@pytest.mark.parametrize("mode", [SocketMode.SINGLE, SocketMode.PER_RESOURCE])
+def test_random_kubelet_reaches_the_interesting_states(mode: SocketMode) -> None:
+    """Guard against a vacuous property: the driver does allocate and reserve groups."""
+    reached: Counter[str] = Counter()
+
+    @settings(max_examples=50, deadline=None, database=None)
+    @given(st.data())
+    def explore(data: st.DataObject) -> None:
+        kubelet = run_invariants(
+            shared_group_host(), qat_config(shared_devices=()), mode, data, containers=1
+        )
+        node = kubelet.node
+        if any(p is Phase.LIVE for p in node.registrar.phases().values()):
+            reached["live"] += 1
+        if len(node.allocations):
+            reached["allocated"] += 1
+        if any(not d.healthy for d in node.advertised("intel.com/qat")):
+            reached["sibling-reserved"] += 1
+
+    explore()
+    assert reached["live"] and reached["allocated"] and reached["sibling-reserved"], reached
+
+
+# ---------------------------------------------------------------------------
+# The same properties over dp_server's generated topologies, when present
+
+try:
+    from dp_server.strategies import snapshots as server_snapshots
+    from dp_server.topology import fixture_topology, to_snapshot
+except ImportError:  # pragma: no cover - the strategies module is optional here
+    server_snapshots = None
+
+needs_server_strategies = pytest.mark.skipif(
+    server_snapshots is None, reason="dp_server.strategies is not available"
+)
+
+
+def select_everything(host: HostSnapshot) -> Config:
+    """A KubeVirt-style config that names every endpoint ID on the host."""
+    ids = sorted({d.pci_id for d in host.pci_devices if not d.is_bridge})
+    return Config(
+        PermittedHostDevices(
+            pci_host_devices=[PciHostDevice(pci_id) for pci_id in ids],
+            mediated_devices=[
+                MediatedDevice(name) for name in sorted({t.name for t in host.mdev_types})
+            ],
+        ),
+        shared_devices=[SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm", 3)],
+    )
+
+
+@st.composite
+def server_hosts(draw: st.DrawFn, max_devices: int) -> tuple[HostSnapshot, Config]:
+    assert server_snapshots is not None
+    host = draw(server_snapshots(max_devices=max_devices))
+    auto = Config(shared_devices=[SharedDevice("devices.kubevirt.io/tun", "/dev/net/tun", 2)])
+    config = auto if draw(st.booleans()) else select_everything(host)
+    return host, config
+
+
+@needs_server_strategies
+@settings(max_examples=60, deadline=None)
+@given(st.deferred(lambda: server_hosts(40)))
+def test_server_topologies_inventory(case: tuple[HostSnapshot, Config]) -> None:
+    host, config = case
+    test_advertised_ids_are_unique_short_and_names_valid.hypothesis.inner_test(host, config)
+    test_healthy_pci_devices_are_safe_to_hand_out.hypothesis.inner_test(host, config)
+    test_every_selectable_device_is_advertised_or_skipped.hypothesis.inner_test(host, config)
+
+
+@needs_server_strategies
+@settings(max_examples=60, deadline=None)
+@given(st.deferred(lambda: server_hosts(12)), MODES, st.data())
+def test_server_topologies_invariants(
+    case: tuple[HostSnapshot, Config], mode: SocketMode, data: st.DataObject
+) -> None:
+    host, config = case
+    run_invariants(host, config, mode, data, containers=1)
+
+
+@needs_server_strategies
+def test_fixture_host_inventory() -> None:
+    host = to_snapshot(fixture_topology())
+    for config in (Config(), select_everything(host)):
+        inventory = build_inventory(host, config)
+        assert inventory.resources, "the fixture host serves something"
+        for resource in inventory.resources:
+            ids = [d.id for d in resource.devices]
+            assert len(ids) == len(set(ids)) and all(len(i) <= 63 for i in ids)
+        test_healthy_pci_devices_are_safe_to_hand_out.hypothesis.inner_test(host, config)
