@@ -54,6 +54,9 @@ _log = logging.getLogger("dp.scanner")
 UNKNOWN_DRIVER = "(unknown)"  # parentheses: no real driver can be named this
 UNKNOWN_CLASS = 0x000000  # PCI base class 0x00, "unclassified": an endpoint
 
+_CLASS_UNKNOWN = f"class treated as unknown ({UNKNOWN_CLASS:#08x})"
+_DRIVER_UNKNOWN = f"driver treated as unknown ({UNKNOWN_DRIVER})"
+
 # Problems already logged, so that a periodic rescan does not repeat its lines.
 # Bounded: after this many distinct problems it starts over, and a line may repeat.
 _LOGGED_PROBLEMS: set[tuple[str, str]] = set()
@@ -74,8 +77,8 @@ def _read_attribute(path: str, dir_fd: int | None = None) -> str:
     """The stripped text of one small sysfs attribute.
 
     With `dir_fd`, the file opened is the last component of `path` relative to
-    that directory: the kernel then walks one name instead of the whole path
-    (and the `bus/pci/devices` symlink), which is most of the cost of a read.
+    that directory, so the kernel does not walk the whole path (and the
+    `bus/pci/devices` symlink) again for every attribute of a function.
     `path` stays the full path, for messages and for tests, which replace this
     function to simulate unreadable files (they run as root, so permission bits
     would not stop a read). A sysfs attribute is at most one page and is
@@ -260,7 +263,7 @@ class _Scan:
         """Read one function through `fd`, an open descriptor of its directory."""
         skip = "function skipped"
         try:
-            present = os.listdir(fd)
+            present = set(os.listdir(fd))
         except OSError as exc:
             self.problem(base, f"cannot list: {_why(exc)}; {skip}")
             return None
@@ -270,9 +273,7 @@ class _Scan:
         device = self.hex_field(f"{base}/device", 0xFFFF, skip, fd)
         if device is None:
             return None
-        class_code = self.hex_field(
-            f"{base}/class", 0xFFFFFF, f"class treated as unknown ({UNKNOWN_CLASS:#08x})", fd
-        )
+        class_code = self.hex_field(f"{base}/class", 0xFFFFFF, _CLASS_UNKNOWN, fd)
         if class_code is None:
             class_code = UNKNOWN_CLASS
 
@@ -297,8 +298,8 @@ class _Scan:
                 f"{base}/driver",
                 fd,
                 known_drivers,
-                lambda n: n != "",
-                f"driver treated as unknown ({UNKNOWN_DRIVER})",
+                bool,
+                _DRIVER_UNKNOWN,
             )
             if driver is None:
                 driver = UNKNOWN_DRIVER
@@ -584,7 +585,9 @@ def scan_host(
     by number, mdev types by parent and id, mdevs by UUID, problems by path), so
     two scans of an unchanged host compare equal.
     """
-    scan = _Scan(os.fspath(sysfs_root), os.fspath(dev_root))
+    # Without a trailing slash, so problem paths read `/sys/bus/...`, not `/sys//bus`;
+    # "/" becomes "", which joins to the same absolute paths.
+    scan = _Scan(os.fspath(sysfs_root).rstrip("/"), os.fspath(dev_root).rstrip("/"))
     kernel_groups = scan.kernel_groups()
     known_groups = None if kernel_groups is None else frozenset(map(str, kernel_groups))
     devices = scan.pci_functions(known_groups)
