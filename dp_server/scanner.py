@@ -508,6 +508,8 @@ def _groups(
     another group, or its member list was unreadable: a group with an unknown
     member has unknown viability, and leaving it out makes every function in it
     look group-less to the core, which is the safe reading.
+
+    `devices` must be in address order, so members come out sorted.
     """
     groups_dir = f"{scan.sys}/kernel/iommu_groups"
     mdev_names = {m.uuid for m in mdevs}
@@ -522,38 +524,39 @@ def _groups(
     result = []
     for number in sorted(numbers):
         claimed = claims.get(number, {})
-        members = dict(claimed)
-        trusted = True
         if kernel_groups is not None and number in kernel_groups:
             listed = kernel_groups[number]
             if listed is None:
                 continue  # unreadable member list, already reported
+            trusted = True
+            confirmed = 0
             for name in listed:
-                path = f"{groups_dir}/{number}/devices/{name}"
                 member = devices.get(name)
+                if member is not None and member.iommu_group == number:
+                    confirmed += 1
+                    continue
+                if member is None and name in mdev_names:
+                    continue
                 if member is None:
-                    if name in mdev_names:
-                        continue
-                    scan.problem(
-                        path, "member is not a readable device; group left out of the snapshot"
-                    )
-                    trusted = False
-                elif member.iommu_group != number:
-                    scan.problem(
-                        path,
-                        f"member's own iommu_group link names {member.iommu_group}; "
-                        "group left out of the snapshot",
-                    )
-                    trusted = False
-            listed_names = set(listed)
-            for name in claimed:
-                if name not in listed_names:
-                    scan.problem(
-                        f"{scan.paths[name]}/iommu_group",
-                        f"names group {number}, which does not list it; counted as a member",
-                    )
-        if trusted:
-            result.append(IommuGroup(number, sorted(members.values(), key=_by_address)))
+                    reason = "member is not a readable device"
+                else:
+                    reason = f"member's own iommu_group link names {member.iommu_group}"
+                scan.problem(
+                    f"{groups_dir}/{number}/devices/{name}",
+                    f"{reason}; group left out of the snapshot",
+                )
+                trusted = False
+            if confirmed != len(claimed):
+                listed_names = set(listed)
+                for name in claimed:
+                    if name not in listed_names:
+                        scan.problem(
+                            f"{scan.paths[name]}/iommu_group",
+                            f"names group {number}, which does not list it; counted as a member",
+                        )
+            if not trusted:
+                continue
+        result.append(IommuGroup(number, tuple(claimed.values())))
     return result
 
 
@@ -590,13 +593,14 @@ def scan_host(
     scan = _Scan(os.fspath(sysfs_root).rstrip("/"), os.fspath(dev_root).rstrip("/"))
     kernel_groups = scan.kernel_groups()
     known_groups = None if kernel_groups is None else frozenset(map(str, kernel_groups))
-    devices = scan.pci_functions(known_groups)
+    found = scan.pci_functions(known_groups)
+    devices = dict(sorted(found.items(), key=lambda item: _by_address(item[1])))
     mdevs = scan.mdevs(known_groups)
     groups = _groups(scan, kernel_groups, devices, mdevs)
     dev_nodes = scan.dev_nodes(dev_paths)
 
     return HostSnapshot(
-        pci_devices=sorted(devices.values(), key=_by_address),
+        pci_devices=tuple(devices.values()),
         iommu_groups=groups,
         mdev_types=sorted(scan.mdev_types, key=_type_key),
         mdevs=sorted(mdevs, key=lambda m: m.uuid),
