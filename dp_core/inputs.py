@@ -156,7 +156,7 @@ class PreferredAllocationRequested:
     connection: int
     call: int
     containers: tuple[ContainerPreference, ...] = attrs.field(converter=_preferences)
-    now: float = 0.0
+    now: float
 
 
 @attrs.frozen
@@ -166,7 +166,7 @@ class AllocateRequested:
     connection: int
     call: int
     containers: tuple[tuple[str, ...], ...] = attrs.field(converter=_id_lists)
-    now: float = 0.0
+    now: float
 
 
 @attrs.frozen
@@ -174,7 +174,7 @@ class PreStartRequested:
     connection: int
     call: int
     device_ids: tuple[str, ...] = attrs.field(converter=_ids)
-    now: float = 0.0
+    now: float
 
 
 @attrs.frozen
@@ -182,7 +182,7 @@ class AllocationsObserved:
     """What the PodResources API says active pods hold, per resource."""
 
     held: Mapping[str, frozenset[str]] = attrs.field(converter=_frozen_mapping, eq=False)
-    now: float = 0.0
+    now: float
 
 
 @attrs.frozen

@@ -419,6 +419,7 @@ class Node:
                     f"resource {resource_name} has no devices on this node any more",
                 )
             planned = []
+            groups_in_call: dict[int, str] = {}  # group -> a device of an earlier container
             for container in event.containers:
                 devices = self._lookup(resource_name, container)
                 inventory_devices = [resource.device(d.id) or d for d in devices]
@@ -432,6 +433,18 @@ class Node:
                 if conflict is not None:
                     logs.append(RefreshAllocations(conflict))
                     raise _Rejection(StatusCode.FAILED_PRECONDITION, conflict)
+                groups = {
+                    d.iommu_group: d.id for d in inventory_devices if d.iommu_group is not None
+                }
+                for group, device_id in groups.items():
+                    if group in groups_in_call:
+                        raise _Rejection(
+                            StatusCode.FAILED_PRECONDITION,
+                            f"IOMMU group {group} of device {device_id} is also requested by "
+                            f"another container ({groups_in_call[group]}) in this Allocate; "
+                            "VFIO cannot split a group between containers",
+                        )
+                groups_in_call.update(groups)
                 planned.append(inventory_devices)
             answers: list[ContainerAllocation] = []
             for devices in planned:

@@ -423,6 +423,7 @@ def test_preferred_allocation_through_node() -> None:
                 ContainerPreference(vfs, (), 2),
                 ContainerPreference(vfs, ("0000:3d:01.3",), 2),
             ],
+            kubelet.now,
         )
     )
     assert effects == [
@@ -437,7 +438,9 @@ def test_preferred_allocation_rejects_unknown_ids() -> None:
     node, kubelet = live_node()
     connection = kubelet.connection_of[GPU_RESOURCE]
     effects = node.handle(
-        PreferredAllocationRequested(connection, 6, [ContainerPreference((T4_A, "bogus"), (), 1)])
+        PreferredAllocationRequested(
+            connection, 6, [ContainerPreference((T4_A, "bogus"), (), 1)], kubelet.now
+        )
     )
     assert rejection(effects).status is StatusCode.INVALID_ARGUMENT
     assert "bogus" in rejection(effects).message
@@ -519,3 +522,14 @@ def test_preferred_devices_use_fewest_whole_groups(
         covered += group_size
         fewest += 1
     assert len(used) == fewest
+
+
+def test_two_containers_of_one_allocate_cannot_split_a_group() -> None:
+    """Each container is checked against the others of the same call, not only the book."""
+    node, kubelet = live_node(qat_config(shared_devices=()), shared_group_host())
+    effects = kubelet.allocate(QAT_RESOURCE, ("0000:3f:01.0",), ("0000:3f:01.1",))
+    assert effects_of(effects, Reply) == []
+    (reject,) = effects_of(effects, Reject)
+    assert reject.status is StatusCode.FAILED_PRECONDITION
+    assert "IOMMU group 40" in reject.message
+    assert len(node.allocations) == 0

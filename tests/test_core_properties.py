@@ -349,3 +349,11 @@ def test_fixture_host_inventory() -> None:
             ids = [d.id for d in resource.devices]
             assert len(ids) == len(set(ids)) and all(len(i) <= 63 for i in ids)
         test_healthy_pci_devices_are_safe_to_hand_out.hypothesis.inner_test(host, config)
+
+
+@settings(max_examples=100, deadline=None)
+@given(host_snapshots(max_groups=4, min_groups=1), configs(), MODES, st.data())
+def test_invariants_hold_with_multi_container_allocates(
+    host: HostSnapshot, config: Config, mode: SocketMode, data: st.DataObject
+) -> None:
+    run_invariants(host, config, mode, data, containers=3)

@@ -227,11 +227,11 @@ def test_core_values_are_frozen(instance: object) -> None:
 
 def test_input_id_lists_are_copied_into_tuples() -> None:
     ids = ["a", "b"]
-    event = dp_core.PreStartRequested(1, 1, ids)
+    event = dp_core.PreStartRequested(1, 1, ids, 0.0)
     ids.append("c")
     assert event.device_ids == ("a", "b")
     held = {"example.com/r": {"a"}}
-    observed = dp_core.AllocationsObserved(held)  # type: ignore[arg-type]
+    observed = dp_core.AllocationsObserved(held, 0.0)  # type: ignore[arg-type]
     held["example.com/r"].add("b")
     assert observed.held["example.com/r"] == frozenset({"a"})
     with pytest.raises(TypeError):
