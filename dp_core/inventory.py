@@ -114,7 +114,13 @@ def build_inventory(
     skipped: list[SkippedDevice] = []
 
     def add(name: str, kind: DeviceKind, device: AdvertisedDevice, permissions: str) -> None:
-        collected.setdefault(name, (kind, [], permissions))[1].append(device)
+        entry = collected.setdefault(name, (kind, [], permissions))
+        if entry[0] is not kind:
+            # Derived names can meet an explicit one; one resource never mixes kinds.
+            reason = f"resource {name} is already served for {entry[0].value} devices"
+            skipped.append(SkippedDevice(device.id, reason, name, device.driver))
+            return
+        entry[1].append(device)
 
     for pci in sorted(snapshot.pci_devices, key=lambda d: d.address):
         decision = _select_pci(pci, config, pci_names or {})

@@ -467,3 +467,16 @@ def test_inventory_is_a_pure_function_of_its_inputs() -> None:
         dev_nodes=host.dev_nodes,
     )
     assert build_inventory(reordered, config) == build_inventory(host, config)
+
+
+def test_a_derived_name_never_mixes_two_kinds_of_device() -> None:
+    # Auto mode names this GPU devices.kubevirt.io/10de_1eb8; a shared device
+    # configured under the same name must not be merged into that resource.
+    clash = SharedDevice("devices.kubevirt.io/10de_1eb8", "/dev/kvm", count=2)
+    host = snapshot([pci("0000:3b:00.0", GPU, 10)])
+    inventory = build_inventory(host, Config(shared_devices=(clash,)))
+    resource = inventory.resource("devices.kubevirt.io/10de_1eb8")
+    assert resource is not None and resource.kind is DeviceKind.PCI
+    assert [d.id for d in resource.devices] == ["0000:3b:00.0"]
+    skipped = {s.id: s.reason for s in inventory.skipped}
+    assert "already served for pci devices" in skipped["10de_1eb8-0"]
