@@ -21,6 +21,7 @@ from dp_core.names import (
     resource_name_error,
 )
 from dp_server.config_file import ConfigFileError
+from dp_server.emulator._rpc import is_extended_resource_name
 from dp_server.pci_ids import PCI_IDS_SEARCH_PATHS, find_pci_ids, load_pci_names
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "pci.ids"
@@ -85,20 +86,9 @@ def test_requests_prefix_is_refused() -> None:
 
 # The kubelet's rule (k8s.io/kubernetes pkg/apis/core/v1/helper IsExtendedResourceName
 # and apimachinery IsQualifiedName), written out independently as an oracle.
-_K8S_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_K8S_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-
-
-def kubelet_accepts(name: str) -> bool:
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    parts = ("requests." + name).split("/")
-    if len(parts) != 2:
-        return False
-    prefix, short = parts
-    if not prefix or len(prefix) > 253 or not _K8S_SUBDOMAIN.match(prefix):
-        return False
-    return 0 < len(short) <= 63 and bool(_K8S_NAME.match(short))
+# The emulator's copy of the kubelet's rule is written independently of
+# dp_core.names, so it serves as the oracle here.
+kubelet_accepts = is_extended_resource_name
 
 
 _labels = st.sampled_from(
