@@ -9,12 +9,12 @@ the ListAndWatch streams. The shell feeds it and executes what it returns.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from .allocation import AllocationBook, container_allocation, preferred_devices
+from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
 from .config import Config
 from .effects import (
     AllocateAnswer,
@@ -86,6 +86,16 @@ def _show(device_id: str) -> str:
     return f"{device_id[:_SHOWN_ID_LENGTH]!r}... ({len(device_id)} characters)"
 
 
+def _repeated(items: Sequence[str]) -> set[str]:
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for item in items:
+        if item in seen:
+            repeated.add(item)
+        seen.add(item)
+    return repeated
+
+
 class _Rejection(Exception):
     def __init__(self, status: StatusCode, message: str) -> None:
         super().__init__(message)
@@ -118,6 +128,10 @@ class Node:
         self.allocations = AllocationBook(self.timing.release_grace)
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
+        self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
+        self._by_name: dict[str, Resource] = {}
+        self._inventory_ids: dict[str, dict[str, AdvertisedDevice]] = {}
+        self._group_resources: dict[int, set[str]] = {}
         self._now = 0.0
         self._handlers: dict[type[Any], Callable[[Any], list[Effect]]] = {
             HostObserved: self._host_observed,
@@ -180,10 +194,27 @@ class Node:
 
     def _rebuild(self) -> list[Effect]:
         self.inventory = build_inventory(self.snapshot, self.config, self.pci_names)
+        self._by_name = {r.name: r for r in self.inventory.resources}
+        self._inventory_ids = {
+            r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
+        }
+        self._group_resources = {}
+        for resource in self.inventory.resources:
+            for device in resource.devices:
+                if device.iommu_group is not None:
+                    self._group_resources.setdefault(device.iommu_group, set()).add(resource.name)
         return self._refresh()
 
-    def _effective(self, resource: Resource) -> tuple[AdvertisedDevice, ...]:
-        reserved = self.allocations.reserved_groups()
+    def _resources_sharing(self, groups: Iterable[int]) -> set[str]:
+        """The resources with a device in any of `groups`: all an allocation can touch."""
+        names: set[str] = set()
+        for group in groups:
+            names |= self._group_resources.get(group, set())
+        return names
+
+    def _effective(
+        self, resource: Resource, reserved: Mapping[int, Allocation]
+    ) -> tuple[AdvertisedDevice, ...]:
         if not reserved or resource.kind is DeviceKind.SHARED:
             return resource.devices
         devices = []
@@ -203,23 +234,31 @@ class Node:
             devices.append(device)
         return tuple(devices)
 
-    def _refresh(self) -> list[Effect]:
-        """Publish every resource whose advertised list changed, and only those."""
+    def _refresh(self, only: Iterable[str] | None = None) -> list[Effect]:
+        """Publish every resource whose advertised list changed, and only those.
+
+        `only` limits the work to resources an allocation change can touch;
+        without it every resource is recomputed (after a scan or a config).
+        """
         effects: list[Effect] = []
-        current = {r.name: self._effective(r) for r in self.inventory.resources}
-        # A resource whose devices all vanished stays registered with an empty
-        # list: the kubelet has no way to unregister one.
-        for name in self._published:
-            current.setdefault(name, ())
-        added = self.registrar.track(sorted(current), self._now)
-        for name in added:
-            effects.append(Log.info("resource-discovered", resource=name))
+        reserved = self.allocations.reserved_groups()
+        names = self._by_name if only is None else [n for n in only if n in self._by_name]
+        current = {name: self._effective(self._by_name[name], reserved) for name in names}
+        if only is None:
+            # A resource whose devices all vanished stays registered with an
+            # empty list: the kubelet has no way to unregister one.
+            for name in self._published:
+                current.setdefault(name, ())
+            added = self.registrar.track(sorted(current), self._now)
+            for name in added:
+                effects.append(Log.info("resource-discovered", resource=name))
         for name, devices in sorted(current.items()):
             previous = self._published.get(name)
             if previous == devices:
                 continue
             effects.extend(self._health_changes(name, previous or (), devices))
             self._published[name] = devices
+            self._published_ids[name] = {device.id: device for device in devices}
             for stream in self.streams(name):
                 effects.append(Publish(stream, name, devices))
         return effects
@@ -379,7 +418,7 @@ class Node:
     # -- allocation -------------------------------------------------------------
 
     def _lookup(self, resource: str, device_ids: Sequence[str]) -> list[AdvertisedDevice]:
-        published = {d.id: d for d in self._published.get(resource, ())}
+        published = self._published_ids.get(resource, {})
         found = []
         for device_id in device_ids:
             device = published.get(device_id)
@@ -389,7 +428,7 @@ class Node:
                     f"unknown device ID {_show(device_id)} for resource {resource}",
                 )
             found.append(device)
-        duplicates = sorted({i for i in device_ids if list(device_ids).count(i) > 1})
+        duplicates = sorted(_repeated(device_ids))
         if duplicates:
             raise _Rejection(
                 StatusCode.INVALID_ARGUMENT,
@@ -410,9 +449,10 @@ class Node:
 
     def _allocate_requested(self, event: AllocateRequested) -> list[Effect]:
         logs: list[Effect] = []
+        touched: set[int] = set()
 
         def work(resource_name: str) -> Answer:
-            resource = self.inventory.resource(resource_name)
+            resource = self._by_name.get(resource_name)
             if resource is None:
                 raise _Rejection(
                     StatusCode.FAILED_PRECONDITION,
@@ -422,7 +462,9 @@ class Node:
             groups_in_call: dict[int, str] = {}  # group -> a device of an earlier container
             for container in event.containers:
                 devices = self._lookup(resource_name, container)
-                inventory_devices = [resource.device(d.id) or d for d in devices]
+                # Health before reservations: a reserved group is judged by conflict().
+                by_id = self._inventory_ids[resource_name]
+                inventory_devices = [by_id.get(d.id, d) for d in devices]
                 for device in inventory_devices:
                     if not device.healthy:
                         raise _Rejection(
@@ -449,6 +491,9 @@ class Node:
             answers: list[ContainerAllocation] = []
             for devices in planned:
                 allocation = self.allocations.record(resource_name, devices, event.now)
+                touched.update(allocation.groups)
+                for replaced in self.allocations.last_replaced:
+                    touched.update(replaced.groups)
                 answers.append(container_allocation(resource, devices))
                 logs.append(
                     Log.info(
@@ -463,7 +508,7 @@ class Node:
         effects = self._answer(event.call, event.connection, work)
         effects.extend(logs)
         if any(isinstance(e, Reply) for e in effects):
-            effects.extend(self._refresh())
+            effects.extend(self._refresh(self._resources_sharing(touched)))
         return effects
 
     def _prestart_requested(self, event: PreStartRequested) -> list[Effect]:
@@ -485,7 +530,8 @@ class Node:
             for allocation in released
         ]
         if released:
-            effects.extend(self._refresh())
+            groups = {group for allocation in released for group in allocation.groups}
+            effects.extend(self._refresh(self._resources_sharing(groups)))
         return effects
 
     def _tick(self, event: Tick) -> list[Effect]:

@@ -55,7 +55,6 @@ from core_builders import (
 )
 
 MODES = st.sampled_from([SocketMode.SINGLE, SocketMode.PER_RESOURCE])
-_IN_FLIGHT = (Phase.REGISTERING, Phase.AWAITING_DIAL)
 
 
 # ---------------------------------------------------------------------------
@@ -180,8 +179,7 @@ class Invariants:
         phases = self.node.registrar.phases()
         registers = effects_of(effects, Register)
         if self.node.socket_mode is SocketMode.SINGLE:
-            in_flight = [n for n, p in phases.items() if p in _IN_FLIGHT]
-            assert len(in_flight) <= 1, phases
+            assert len(self.node.registrar.awaiting_attribution()) <= 1, phases
             assert len(registers) <= 1
         for register in registers:
             assert phases[register.resource] is Phase.REGISTERING
