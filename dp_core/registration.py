@@ -110,6 +110,9 @@ class Registrar:
         self.kubelet_present = False
         self._resources: dict[str, ResourceRegistration] = {}
         self._owner: dict[int, str | None] = {}  # connection -> resource (None: unattributed)
+        # Attempts from before a kubelet restart whose call has not ended yet
+        # and whose connection was never seen (single-socket mode waits them out).
+        self._stale_unbound: set[int] = set()
         self._attempts = 0
 
     # -- resources -------------------------------------------------------
@@ -140,11 +143,24 @@ class Registrar:
 
     # -- registration attempts -------------------------------------------
 
+    def awaiting_attribution(self) -> list[ResourceRegistration]:
+        """Registrations a new connection could belong to: at most one in single mode.
+
+        A Register whose connection is already bound no longer counts: the
+        kubelet opens one connection per Register, so the next new connection
+        belongs to the next registration, which may therefore start while the
+        bound one's reply is still on its way.
+        """
+        return [
+            reg
+            for reg in self._resources.values()
+            if reg.phase is Phase.AWAITING_DIAL
+            or (reg.phase is Phase.REGISTERING and not reg.bound_this_attempt)
+        ]
+
     def in_flight(self) -> ResourceRegistration | None:
-        for reg in self._resources.values():
-            if reg.phase in (Phase.REGISTERING, Phase.AWAITING_DIAL):
-                return reg
-        return None
+        pending = self.awaiting_attribution()
+        return pending[0] if pending else None
 
     def due(self, now: float) -> list[ResourceRegistration]:
         """Resources whose Register call should start now."""
@@ -157,7 +173,7 @@ class Registrar:
         ready = [r for r in waiting if r.next_attempt_at <= now]
         if self.mode is SocketMode.PER_RESOURCE:
             return ready
-        if self.in_flight() is not None:
+        if self.in_flight() is not None or self._stale_unbound:
             return []
         return ready[:1]
 
@@ -170,6 +186,7 @@ class Registrar:
 
     def succeeded(self, name: str, attempt: int, now: float) -> bool:
         """Record a Register reply; False when it belongs to a stale attempt."""
+        self._stale_unbound.discard(attempt)
         reg = self._resources.get(name)
         if reg is None or reg.attempt != attempt or reg.phase is not Phase.REGISTERING:
             return False
@@ -187,6 +204,7 @@ class Registrar:
         return True
 
     def failed(self, name: str, attempt: int, now: float) -> bool:
+        self._stale_unbound.discard(attempt)
         reg = self._resources.get(name)
         if reg is None or reg.attempt != attempt or reg.phase is not Phase.REGISTERING:
             return False
@@ -272,6 +290,10 @@ class Registrar:
         self.kubelet_present = True
         self._owner.clear()
         for reg in self._resources.values():
+            if reg.phase is Phase.REGISTERING and not reg.bound_this_attempt:
+                # Its Register call may still reach the new kubelet and make it
+                # dial; until that call ends, a new connection could be its.
+                self._stale_unbound.add(reg.attempt)
             reg.connections.clear()
             if reg.phase is not Phase.WAITING:
                 self._move(reg, Step.LOST)
@@ -303,7 +325,8 @@ class Registrar:
             for reg in self._resources.values()
             if reg.phase is Phase.AWAITING_DIAL and reg.dial_deadline is not None
         ]
-        if self.kubelet_present and (self.mode is SocketMode.PER_RESOURCE or not self.in_flight()):
+        blocked = self.in_flight() is not None or bool(self._stale_unbound)
+        if self.kubelet_present and (self.mode is SocketMode.PER_RESOURCE or not blocked):
             deadlines += [
                 reg.next_attempt_at
                 for reg in self._resources.values()

@@ -88,6 +88,8 @@ class Script:
             assert r.succeeded(args[0], r.get(args[0]).attempt, now)
         elif verb == "fail":
             assert r.failed(args[0], r.get(args[0]).attempt, now)
+        elif verb == "end":  # a stale call ends: nothing to record but that it ended
+            assert not r.failed(args[0], r.get(args[0]).attempt, now)
         elif verb == "open":
             r.opened(int(args[0]), args[1] if len(args) > 1 else None, now)
         elif verb == "rpc":
@@ -113,8 +115,8 @@ class Script:
 SINGLE_SCRIPTS = [
     pytest.param("", "a=waiting b=waiting c=waiting", [], id="nothing-before-kubelet"),
     pytest.param("kubelet", "a=registering b=waiting c=waiting", ["a"], id="one-at-a-time"),
-    pytest.param("kubelet open:1 rpc:1", "a=registering b=waiting c=waiting", ["a"],
-                 id="rpc-in-flight-binds-but-waits-for-reply"),
+    pytest.param("kubelet open:1 rpc:1", "a=registering b=registering c=waiting", ["a", "b"],
+                 id="once-bound-the-next-starts-before-the-reply"),
     pytest.param("kubelet open:1 rpc:1 ok:a", "a=live b=registering c=waiting", ["a", "b"],
                  id="modern-kubelet-next-after-reply"),
     pytest.param("kubelet ok:a", "a=awaiting-dial b=waiting c=waiting", ["a"],
@@ -125,8 +127,9 @@ SINGLE_SCRIPTS = [
                  id="dial-wait-not-over"),
     pytest.param("kubelet ok:a tick@3.0", "a=unbound b=registering c=waiting", ["a", "b"],
                  id="dial-timeout-unbound-then-next"),
-    pytest.param("kubelet ok:a tick@3 open:9@3.5 rpc:9@3.5", "a=unbound b=registering c=waiting",
-                 ["a", "b"], id="late-dial-after-timeout-goes-to-the-next-in-flight"),
+    pytest.param("kubelet ok:a tick@3 open:9@3.5 rpc:9@3.5",
+                 "a=unbound b=registering c=registering", ["a", "b", "c"],
+                 id="late-dial-after-timeout-goes-to-the-next-in-flight"),
     pytest.param("kubelet fail:a@1", "a=waiting b=registering c=waiting", ["a", "b"],
                  id="failure-lets-others-go-first"),
     pytest.param("kubelet open:1 rpc:1 ok:a close:1@1", "a=waiting b=registering c=waiting",
@@ -137,8 +140,10 @@ SINGLE_SCRIPTS = [
     pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b close:1@1",
                  "a=waiting b=live c=registering", ["a", "b", "c"],
                  id="close-waits-while-c-in-flight"),
-    pytest.param("kubelet open:1 rpc:1 ok:a kubelet@1", "a=registering b=waiting c=waiting",
-                 ["a", "b", "a"], id="restart-starts-over"),
+    pytest.param("kubelet open:1 rpc:1 ok:a kubelet@1", "a=waiting b=waiting c=waiting",
+                 ["a", "b"], id="restart-waits-for-the-unbound-call"),
+    pytest.param("kubelet open:1 rpc:1 ok:a kubelet@1 end:b@1", "a=registering b=waiting c=waiting",
+                 ["a", "b", "a"], id="restart-starts-over-once-it-ends"),
     pytest.param("stopped kubelet", "a=registering b=waiting c=waiting", ["a"],
                  id="stop-then-start"),
 ]  # fmt: skip
@@ -149,11 +154,7 @@ def test_single_socket_scripts(steps: str, phases: str, started: list[str]) -> N
     script = Script(SocketMode.SINGLE).run(steps)
     assert script.phases() == phases
     assert script.started == started
-    in_flight = [p for p in script.registrar.phases().values() if p in _IN_FLIGHT]
-    assert len(in_flight) <= 1
-
-
-_IN_FLIGHT = (Phase.REGISTERING, Phase.AWAITING_DIAL)
+    assert len(script.registrar.awaiting_attribution()) <= 1
 
 
 PER_RESOURCE_SCRIPTS = [
@@ -220,7 +221,11 @@ def test_stale_replies_are_ignored() -> None:
     (reg,) = r.due(0.0)
     first = r.start(reg)
     r.kubelet_started(1.0)
-    (reg,) = r.due(1.0)
+    # The first call never saw its connection, so the new kubelet might still
+    # dial for it: nothing starts until that call has ended.
+    assert r.due(1.0) == []
+    assert not r.failed("a", first, 1.2)
+    (reg,) = r.due(1.2)
     second = r.start(reg)
     assert second != first
     assert not r.succeeded("a", first, 1.5)
@@ -285,9 +290,12 @@ def test_modern_kubelet_handshake() -> None:
     assert registers(effects) == [(A, 1)]
     assert node.handle(ConnectionOpened(1, 0.1)) == []
     effects = node.handle(OptionsRequested(1, 77, 0.1))
-    assert effects == [BindConnection(1, A), Reply(77, PluginOptions(False, True))]
-    effects = node.handle(RegistrationSucceeded(A, 1, 0.2))
+    assert effects[:2] == [BindConnection(1, A), Reply(77, PluginOptions(False, True))]
+    # A's connection is attributed, so B need not wait for A's reply.
     assert registers(effects) == [(B, 2)]
+    effects = node.handle(RegistrationSucceeded(A, 1, 0.2))
+    assert registers(effects) == []
+    assert node.registrar.phases()[A] is Phase.LIVE
     # Later RPCs on the connection are served for A without binding again.
     effects = node.handle(WatchStarted(1, 500, 0.3))
     assert [type(e) for e in effects] == [type(effects[0])]
@@ -374,10 +382,13 @@ def test_registration_failure_backs_off() -> None:
         assert ("reason", "still no") in log.fields
 
 
-def test_failure_of_a_stale_attempt_changes_nothing() -> None:
+def test_a_stale_unbound_attempt_holds_the_socket_until_it_ends() -> None:
     node, _ = started_node()
-    node.handle(KubeletStarted(1.0))  # A registers again as attempt 2
-    assert node.handle(RegistrationFailed(A, 1, "old", 1.1)) == []
+    # Attempt 1 might still make the new kubelet dial: A waits for it to end.
+    assert registers(node.handle(KubeletStarted(1.0))) == []
+    effects = node.handle(RegistrationFailed(A, 1, "old", 1.1))
+    assert registers(effects) == [(A, 2)]
+    assert not any(isinstance(e, Log) and e.event == "registration-failed" for e in effects)
     assert node.handle(RegistrationSucceeded(A, 1, 1.1)) == []
     assert node.registrar.phases()[A] is Phase.REGISTERING
 
@@ -415,18 +426,15 @@ def test_losing_the_last_connection_reregisters_with_backoff_when_flapping() -> 
 
 
 def test_a_second_connection_keeps_the_resource_live() -> None:
-    node, _ = started_node()
-    node.handle(ConnectionOpened(1, 0.0))
-    node.handle(OptionsRequested(1, 1, 0.0))
-    node.handle(ConnectionOpened(2, 0.0))
-    node.handle(OptionsRequested(2, 2, 0.0))
-    node.handle(RegistrationSucceeded(A, 1, 0.0))
-    node.handle(RegistrationSucceeded(B, 2, 0.0))  # awaiting dial
+    node, effects = started_node(mode=SocketMode.PER_RESOURCE)
+    attempt = {r.resource: r.attempt for r in effects_of(effects, Register)}[A]
+    node.handle(ConnectionOpened(1, 0.0, A))
+    node.handle(ConnectionOpened(2, 0.0, A))
+    node.handle(RegistrationSucceeded(A, attempt, 0.0))
     assert registers(node.handle(ConnectionClosed(1, 1.0))) == []
     assert node.registrar.phases()[A] is Phase.LIVE
     effects = node.handle(ConnectionClosed(2, 1.0))
-    assert registers(effects) == []  # B is still awaiting its dial
-    assert node.registrar.phases()[A] is Phase.WAITING
+    assert [name for name, _ in registers(effects)] == [A]  # the last one: at once
     assert one(effects, Log).event == "connection-lost"
 
 
@@ -441,7 +449,9 @@ def test_register_ends_the_resources_old_streams_first() -> None:
     node.handle(WatchStarted(1, 100, 0.0))
     node.handle(WatchStarted(1, 101, 0.0))
     assert sorted(node.streams(A)) == [100, 101]
-    effects = without_logs(node.handle(KubeletStarted(1.0)))
+    # B's call was in flight and unbound: A waits for it to end.
+    assert without_logs(node.handle(KubeletStarted(1.0))) == []
+    effects = without_logs(node.handle(RegistrationFailed(B, 2, "kubelet restarted", 1.1)))
     assert [type(e) for e in effects] == [EndStream, EndStream, Register]
     assert {e.stream for e in effects_of(effects, EndStream)} == {100, 101}
     assert node.streams(A) == []
@@ -458,12 +468,13 @@ def test_kubelet_restart_resets_everything() -> None:
     # Old connections are forgotten: an RPC on one binds to what is in flight.
     effects = node.handle(OptionsRequested(1, 9, 1.6))
     assert effects[0] == BindConnection(1, A)
+    # B's backoff (until 3.0) is gone: it goes as soon as A's connection is bound.
+    assert registers(effects) == [(B, 5)]
     # Replies to attempts before the restart are ignored.
     assert node.handle(RegistrationSucceeded(A, 1, 1.7)) == []
     assert node.handle(RegistrationFailed(B, 3, "late", 1.7)) == []
-    # B's backoff (until 3.0) is gone: it goes as soon as A is done.
-    effects = node.handle(RegistrationSucceeded(A, 4, 1.8))
-    assert registers(effects) == [(B, 5)]
+    assert registers(node.handle(RegistrationSucceeded(A, 4, 1.8))) == []
+    assert node.registrar.phases()[A] is Phase.LIVE
 
 
 def test_kubelet_stopped_holds_registration_until_started() -> None:
@@ -544,8 +555,9 @@ def test_connection_lost_while_register_in_flight_registers_again(mode: SocketMo
         assert phase is Phase.REGISTERING
         assert registers(effects) == [(register.resource, 3)]
     else:
-        # Single socket: B (waiting since 0.0) goes first, then A again.
+        # Single socket: B started once A's connection was attributed; A goes
+        # again after B's own connection is.
         assert phase is Phase.WAITING
-        assert registers(effects) == [(B, 2)]
+        assert registers(effects) == []
         make_live(node, B, 2, connection=2, now=0.3)
         assert node.registrar.phases()[A] is Phase.REGISTERING
