@@ -122,8 +122,9 @@ def build_inventory(
             return
         entry[1].append(device)
 
-    for pci in sorted(snapshot.pci_devices, key=lambda d: d.address):
-        decision = _select_pci(pci, config, pci_names or {})
+    entries = _pci_entries(config)
+    for pci in sorted(snapshot.pci_devices, key=_address_key):
+        decision = _select_pci(pci, config, pci_names or {}, entries)
         if decision is None:
             continue
         name, skip_reason = decision
@@ -153,12 +154,20 @@ def build_inventory(
     return Inventory(resources, tuple(skipped))
 
 
-def _matching_pci_entry(pci: PciDevice, config: Config) -> PciHostDevice | None:
-    assert config.permitted_host_devices is not None
-    for entry in config.permitted_host_devices.pci_host_devices:
-        if entry.pci_vendor_selector == pci.pci_id:
-            return entry
-    return None
+def _pci_entries(config: Config) -> dict[tuple[int, int], PciHostDevice]:
+    """Selector -> entry; selectors are unique (PermittedHostDevices checks)."""
+    if config.permitted_host_devices is None:
+        return {}
+    return {
+        (e.pci_vendor_selector.vendor, e.pci_vendor_selector.device): e
+        for e in config.permitted_host_devices.pci_host_devices
+    }
+
+
+def _address_key(pci: PciDevice) -> tuple[int, int, int, int]:
+    # A plain tuple sorts far faster than attrs' generated ordering.
+    address = pci.address
+    return (address.domain, address.bus, address.slot, address.function)
 
 
 def _derived_pci_name(pci: PciDevice, config: Config, pci_names: Mapping[PciId, str]) -> str:
@@ -168,7 +177,10 @@ def _derived_pci_name(pci: PciDevice, config: Config, pci_names: Mapping[PciId, 
 
 
 def _select_pci(
-    pci: PciDevice, config: Config, pci_names: Mapping[PciId, str]
+    pci: PciDevice,
+    config: Config,
+    pci_names: Mapping[PciId, str],
+    entries: Mapping[tuple[int, int], PciHostDevice],
 ) -> tuple[str, str] | None:
     """(resource name, skip reason or "") for a selected device; None if unselected."""
     if pci.is_bridge:
@@ -178,7 +190,7 @@ def _select_pci(
         if pci.driver != VFIO_DRIVER:
             return None
         return _derived_pci_name(pci, config, pci_names), ""
-    entry = _matching_pci_entry(pci, config)
+    entry = entries.get((pci.vendor, pci.device))
     if entry is None:
         return None
     name = entry.resource_name or _derived_pci_name(pci, config, pci_names)
