@@ -115,7 +115,7 @@ class _TrackedProtocol(H2Protocol):
 
 class _TrackedServer(Server):
     def __init__(self, handlers: list[Any], runtime: Runtime, listener: str | None) -> None:
-        super().__init__(handlers)
+        super().__init__(handlers, codec=wire.PreEncodedCodec())
         self._dp_runtime = runtime
         self._dp_listener = listener
 
@@ -140,11 +140,11 @@ class _StreamSlot:
     """
 
     def __init__(self) -> None:
-        self.latest: pb.ListAndWatchResponse | None = None
+        self.latest: bytes | None = None
         self.ended: str | None = None
         self.ready = asyncio.Event()
 
-    def publish(self, message: pb.ListAndWatchResponse) -> None:
+    def publish(self, message: bytes) -> None:
         self.latest = message
         self.ready.set()
 
@@ -152,7 +152,7 @@ class _StreamSlot:
         self.ended = reason
         self.ready.set()
 
-    async def updates(self) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def updates(self) -> AsyncIterator[bytes]:
         while True:
             await self.ready.wait()
             self.ready.clear()
@@ -221,6 +221,8 @@ class Runtime:
         self._stopping = False
         self._kubelet_identity: tuple[int, int] | None = None
         self._kubelet_channel: Channel | None = None
+        self._channel_users: dict[Channel, int] = {}
+        self._last_list: tuple[object, bytes] = (None, b"")
         self._listener_lock = asyncio.Lock()
         self._next_rescan = 0.0
         self._next_pod_poll: float | None = None
@@ -244,7 +246,7 @@ class Runtime:
         if isinstance(effect, Publish):
             slot = self._streams.get(effect.stream)
             if slot is not None:
-                slot.publish(wire.device_list(effect.devices))
+                slot.publish(self._device_list(effect.devices))
         elif isinstance(effect, EndStream):
             slot = self._streams.get(effect.stream)
             if slot is not None:
@@ -262,6 +264,14 @@ class Runtime:
             _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
         elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
             pass  # answered by the caller of feed(); health is logged by a Log effect
+
+    def _device_list(self, devices: tuple[Any, ...]) -> bytes:
+        # Every stream of a resource is sent the same list: encode it once.
+        cached_devices, message = self._last_list
+        if cached_devices is not devices:
+            message = wire.encoded_device_list(devices)
+            self._last_list = (devices, message)
+        return message
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -303,7 +313,7 @@ class Runtime:
     @contextlib.asynccontextmanager
     async def watch(
         self, stream: grpclib.server.Stream[Any, Any]
-    ) -> AsyncIterator[AsyncIterator[pb.ListAndWatchResponse]]:
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
         connection = self._connection_of(stream)
         stream_id = next(self._ids)
         slot = self._streams[stream_id] = _StreamSlot()
@@ -356,39 +366,55 @@ class Runtime:
         if identity == self._kubelet_identity:
             return
         self._kubelet_identity = identity
-        self._close_kubelet_channel()
+        self._retire_kubelet_channel()
         if identity is None:
             self.feed(KubeletStopped(self.now()))
         else:
             self.feed(KubeletStarted(self.now()))
 
-    def _close_kubelet_channel(self) -> None:
-        if self._kubelet_channel is not None:
-            self._kubelet_channel.close()
-            self._kubelet_channel = None
+    def _retire_kubelet_channel(self) -> None:
+        """Stop using the channel to kubelet.sock; close it once no call uses it.
+
+        A Register still on its way must be let finish rather than cut off:
+        the kubelet may act on it (and dial) whatever happens to our side.
+        """
+        channel, self._kubelet_channel = self._kubelet_channel, None
+        if channel is not None and not self._channel_users.get(channel):
+            channel.close()
 
     async def _register(self, effect: Register) -> None:
+        channel: Channel | None = None
         try:
             await self._ensure_listener(
                 effect.endpoint, effect.resource if effect.own_socket else None
             )
             if self._kubelet_channel is None:
                 self._kubelet_channel = Channel(path=str(self.kubelet_socket))
-            stub = pb.RegistrationStub(self._kubelet_channel)
+            channel = self._kubelet_channel
+            self._channel_users[channel] = self._channel_users.get(channel, 0) + 1
             request = pb.RegisterRequest(
                 version="v1beta1",
                 endpoint=effect.endpoint,
                 resource_name=effect.resource,
                 options=wire.options_message(effect.options),
             )
-            await stub.register(request, timeout=self.settings.register_timeout)
-        except (TimeoutError, GRPCError, OSError, StreamTerminatedError) as error:
-            if not isinstance(error, GRPCError):
-                self._close_kubelet_channel()
+            await pb.RegistrationStub(channel).register(
+                request, timeout=self.settings.register_timeout
+            )
+        except Exception as error:  # noqa: BLE001 - every failure must reach the core
+            if not isinstance(error, GRPCError) and channel is self._kubelet_channel:
+                self._retire_kubelet_channel()
             reason = _describe(error)
             self.feed(RegistrationFailed(effect.resource, effect.attempt, reason, self.now()))
         else:
             self.feed(RegistrationSucceeded(effect.resource, effect.attempt, self.now()))
+        finally:
+            if channel is not None:
+                self._channel_users[channel] -= 1
+                if not self._channel_users[channel]:
+                    del self._channel_users[channel]
+                    if channel is not self._kubelet_channel:
+                        channel.close()
 
     def _remove_stale_sockets(self) -> None:
         """Drop `dp-*.sock` files that no process listens on any more."""
@@ -514,7 +540,7 @@ class Runtime:
             if config_dir.is_dir() and config_dir not in (self.plugin_dir, vfio):
                 paths.append(str(config_dir))
         async for changes in awatch(
-            *paths, stop_event=self._stop, debounce=200, step=10, recursive=False
+            *paths, stop_event=self._stop, debounce=200, step=50, recursive=False
         ):
             changed = {Path(path).parent for _, path in changes}
             if self.plugin_dir in changed:
@@ -551,7 +577,7 @@ class Runtime:
         self._stopping = True
         for slot in self._streams.values():
             slot.end("the device plugin is shutting down")
-        self._close_kubelet_channel()
+        self._retire_kubelet_channel()
         for listener in self._listeners.values():
             listener.server.close()
         for listener in self._listeners.values():

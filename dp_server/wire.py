@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from grpclib.const import Status
+from grpclib.encoding.proto import ProtoCodec
 
 from dp_core import (
     AdvertisedDevice,
@@ -19,6 +21,8 @@ from .proto import v1beta1 as pb
 
 __all__ = [
     "STATUS",
+    "PreEncodedCodec",
+    "encoded_device_list",
     "allocate_response",
     "device_list",
     "options_message",
@@ -27,6 +31,64 @@ __all__ = [
 ]
 
 STATUS: dict[StatusCode, Status] = {code: Status(code.value) for code in StatusCode}
+
+
+class PreEncodedCodec(ProtoCodec):
+    """ProtoCodec that also sends bytes as they are.
+
+    A device list goes to every stream of its resource unchanged, so it is
+    encoded once when it changes rather than once per stream and send.
+    """
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if isinstance(message, bytes):
+            return message
+        return super().encode(message, message_type)
+
+
+def encoded_device_list(devices: Iterable[AdvertisedDevice]) -> bytes:
+    """`ListAndWatchResponse` bytes, written directly.
+
+    The one message that is large and hot: a registration storm after a
+    kubelet restart encodes every resource's list, 1,000 devices for kvm.
+    betterproto2 takes about 30 us a device; this takes about 1 us and gives
+    the same bytes (tests compare the two, and decode with Google's runtime).
+    """
+    out = bytearray()
+    for device in devices:
+        body = _string_field(1, device.id) + _string_field(2, device.health)
+        if device.numa_node is not None:
+            node = _varint_field(1, device.numa_node) if device.numa_node else b""
+            body += _length_delimited(3, _length_delimited(1, node))
+        out += _length_delimited(1, body)
+    return bytes(out)
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64  # int64 on the wire: two's complement, ten bytes
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _varint_field(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value)
+
+
+def _string_field(number: int, text: str) -> bytes:
+    # proto3 leaves a field at its default (the empty string) off the wire.
+    return _length_delimited(number, text.encode()) if text else b""
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def device_list(devices: Iterable[AdvertisedDevice]) -> pb.ListAndWatchResponse:
