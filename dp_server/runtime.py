@@ -14,9 +14,9 @@ import contextlib
 import itertools
 import logging
 import os
-import secrets
 import socket
 import stat
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,7 +28,7 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler, Server
-from watchfiles import awatch
+from watchfiles import Change, watch
 
 from dp_core import (
     AllocationsObserved,
@@ -200,7 +200,7 @@ class Runtime:
         self.config = config
         self._reload = reload
         self._clock = clock
-        prefix = settings.endpoint_prefix or f"dp-{secrets.token_hex(3)}"
+        prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
         self.node = Node(
             config,
             socket_mode=settings.socket_mode,
@@ -218,6 +218,8 @@ class Runtime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         self._stopping = False
         self._kubelet_identity: tuple[int, int] | None = None
         self._kubelet_channel: Channel | None = None
@@ -497,6 +499,8 @@ class Runtime:
                 self.feed(Tick(now))
             if self._next_rescan <= now:
                 self._safely(self.rescan)
+                # Should a file event ever be missed, the periodic look catches it.
+                self._spawn(self._check_sockets())
             if self._deadline() <= now and (
                 self._next_pod_poll is not None or self.node.allocations.all()
             ):
@@ -539,9 +543,26 @@ class Runtime:
             config_dir = Path(self.settings.config_path).absolute().parent
             if config_dir.is_dir() and config_dir not in (self.plugin_dir, vfio):
                 paths.append(str(config_dir))
-        async for changes in awatch(
-            *paths, stop_event=self._stop, debounce=200, step=50, recursive=False
-        ):
+        changes_seen: asyncio.Queue[set[tuple[Change, str]]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def watch_in_thread() -> None:
+            # watchfiles' blocking watcher in a thread of our own rather than
+            # awatch: awatch needs anyio's asyncio backend, which insists on ssl.
+            for found in watch(
+                *paths,
+                stop_event=self._watch_stop,
+                debounce=200,
+                step=50,
+                recursive=False,
+                raise_interrupt=False,
+            ):
+                loop.call_soon_threadsafe(changes_seen.put_nowait, found)
+
+        self._watcher = threading.Thread(target=watch_in_thread, name="dp-watch", daemon=True)
+        self._watcher.start()
+        while True:
+            changes = await changes_seen.get()
             changed = {Path(path).parent for _, path in changes}
             if self.plugin_dir in changed:
                 await self._check_sockets()
@@ -569,6 +590,7 @@ class Runtime:
             await self._shutdown()
 
     def stop(self) -> None:
+        self._watch_stop.set()
         self._stopping = True
         self._stop.set()
         self._wake.set()
@@ -590,6 +612,9 @@ class Runtime:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=1.0)  # it looks at the stop event every 50 ms
         _log.info("stopped")
 
     @property

@@ -144,7 +144,7 @@ def test_serve_stops_cleanly_on_signal(
     command = [
         sys.executable,
         "-m",
-        "dp_server.cli",
+        "dp_server",
         "serve",
         "--sysfs",
         str(sysfs),
