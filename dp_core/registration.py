@@ -166,16 +166,15 @@ class Registrar:
         """Resources whose Register call should start now."""
         if not self.kubelet_present:
             return []
+        single = self.mode is SocketMode.SINGLE
+        if single and (self._stale_unbound or self.in_flight() is not None):
+            return []
         waiting = sorted(
             (r for r in self._resources.values() if r.phase is Phase.WAITING),
             key=lambda r: (r.next_attempt_at, r.name),
         )
         ready = [r for r in waiting if r.next_attempt_at <= now]
-        if self.mode is SocketMode.PER_RESOURCE:
-            return ready
-        if self.in_flight() is not None or self._stale_unbound:
-            return []
-        return ready[:1]
+        return ready[:1] if single else ready
 
     def start(self, reg: ResourceRegistration) -> int:
         self._attempts += 1

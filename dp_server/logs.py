@@ -71,3 +71,5 @@ def configure_logging(fmt: str = "text", level: str = "info") -> None:
     # grpclib logs every peer that hangs up mid-stream at error level; that is
     # ordinary kubelet behaviour, so keep it out of the operator's way.
     logging.getLogger("grpclib").setLevel(logging.CRITICAL)
+    # watchfiles logs every batch of changes at info; the runtime logs what it does about them.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
