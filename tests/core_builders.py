@@ -481,7 +481,8 @@ class RandomKubelet:
         if action == "tick":
             return [Tick(now)]
         if action == "restart":
-            self.outstanding.clear()
+            # Register calls in flight still end, one way or the other, as a
+            # real shell reports every call it made.
             return [KubeletStopped(now), KubeletStarted(now)]
         if action == "stop":
             return [KubeletStopped(now)]

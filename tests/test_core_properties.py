@@ -262,7 +262,8 @@ def test_random_kubelet_reaches_the_interesting_states(mode: SocketMode) -> None
     """Guard against a vacuous property: the driver does allocate and reserve groups."""
     reached: Counter[str] = Counter()
 
-    @settings(max_examples=50, deadline=None, database=None)
+    # Derandomized: a guard that must pass on every CI run, not most of them.
+    @settings(max_examples=50, deadline=None, database=None, derandomize=True)
     @given(st.data())
     def explore(data: st.DataObject) -> None:
         kubelet = run_invariants(
