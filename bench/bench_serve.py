@@ -347,7 +347,7 @@ def run_once(
         command = [
             sys.executable,
             "-m",
-            "dp_server.cli",
+            "dp_server",
             "serve",
             "--sysfs",
             str(host / "sys"),
