@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -438,6 +439,14 @@ class Runtime:
         snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
         self.feed(HostObserved(snapshot, self.now()))
         self._next_rescan = self.now() + self.settings.rescan_interval
+        # The host model is thousands of long-lived objects; left to the cyclic
+        # collector, each full collection walks them all, in the middle of some
+        # Allocate. Collect here instead, between requests, and keep what
+        # survives out of later collections (unfreezing first, so a cycle that
+        # died since the last rescan is still collected).
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
     async def _poll_pod_resources(self) -> None:
         self._last_pod_poll = self.now()
