@@ -262,7 +262,7 @@ class KubeletEmulator:
         self._pods: dict[str, Pod] = {}
         self._events: list[Event] = []
         # Dials in flight, so stop()/restart() can abort them instead of waiting 10 s.
-        self._pending: set[tuple[grpc.Channel, grpc.Future]] = set()
+        self._pending: set[grpc.Channel] = set()
         self._threads: set[threading.Thread] = set()
         self._server: grpc.Server | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
@@ -377,8 +377,7 @@ class KubeletEmulator:
             self._server = self._executor = None
             pending = list(self._pending)
         # Abort dials in flight first: their Register handlers then return quickly.
-        for channel, ready in pending:
-            ready.cancel()
+        for channel in pending:
             channel.close()
         if server is not None:
             server.stop(grace=None).wait(_JOIN_TIMEOUT)
@@ -512,46 +511,30 @@ class KubeletEmulator:
         name = request.resource_name
         target = self.plugin_dir / request.endpoint
         channel = grpc.insecure_channel(f"unix:{target}", options=list(PLUGIN_CHANNEL_OPTIONS))
-        ready = grpc.channel_ready_future(channel)
         with self._cond:
             if generation != self._generation:
                 channel.close()
                 raise _DialError(ERR_FAILED_TO_DIAL.format(reason="kubelet shutting down"))
-            self._pending.add((channel, ready))
+            # Closing the channel aborts the dial in flight (stop()/restart()).
+            self._pending.add(channel)
         try:
-            try:
-                ready.result(timeout=self.dial_timeout)
-            except grpc.FutureTimeoutError:
-                raise self._dial_failed(channel, name, "context deadline exceeded") from None
-            except grpc.FutureCancelledError:
-                raise self._dial_failed(channel, name, "context canceled") from None
-            self._event("dial", name, str(target))
             if self.dial_mode == "sync":
-                method = DEVICE_PLUGIN_METHODS["GetDevicePluginOptions"]
-                stub = channel.unary_unary(
-                    method.path,
-                    request_serializer=method.serialize,
-                    response_deserializer=method.deserialize,
-                )
-                try:
-                    options = _options_from_pb(stub(dp.Empty()))
-                except grpc.RpcError as exc:
-                    reason = f"{exc.code().name}: {exc.details()}"
-                    raise self._dial_failed(
-                        channel, name, reason, "GetDevicePluginOptions"
-                    ) from None
-                except ValueError:  # the channel was closed under us: stop()/restart()
-                    raise self._dial_failed(
-                        channel, name, "channel closed", "GetDevicePluginOptions"
-                    ) from None
-                self._event("options", name, str(options))
+                options = self._dial_and_get_options(channel, name, target)
             else:
+                ready = grpc.channel_ready_future(channel)
+                try:
+                    ready.result(timeout=self.dial_timeout)
+                except grpc.FutureTimeoutError:
+                    raise self._dial_failed(channel, name, "context deadline exceeded") from None
+                except grpc.FutureCancelledError:
+                    raise self._dial_failed(channel, name, "context canceled") from None
+                self._event("dial", name, str(target))
                 # Kubelets that dialled after replying used the request's options.
                 options = _options_from_pb(request.options)
                 self._event("options", name, f"from RegisterRequest: {options}")
         finally:
             with self._cond:
-                self._pending.discard((channel, ready))
+                self._pending.discard(channel)
         ep = _Endpoint(resource=name, endpoint=request.endpoint, channel=channel, options=options)
         with self._cond:
             if generation != self._generation:
@@ -572,6 +555,39 @@ class KubeletEmulator:
         if old is not None:
             self._event("replaced", name, f"old endpoint {old.endpoint!r} closed")
             old.close()
+
+    def _dial_and_get_options(
+        self, channel: grpc.Channel, name: str, target: Path
+    ) -> PluginOptions:
+        """The kubelet's blocking dial, then GetDevicePluginOptions.
+
+        A wait-for-ready call connects and asks in one step, as grpc-go's
+        blocking dial followed by the call does; grpcio's channel_ready_future
+        would add a polling thread and milliseconds to every registration.
+        """
+        method = DEVICE_PLUGIN_METHODS["GetDevicePluginOptions"]
+        stub = channel.unary_unary(
+            method.path,
+            request_serializer=method.serialize,
+            response_deserializer=method.deserialize,
+        )
+        try:
+            reply = stub(dp.Empty(), wait_for_ready=True, timeout=self.dial_timeout)
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise self._dial_failed(channel, name, "context deadline exceeded") from None
+            if exc.code() is grpc.StatusCode.CANCELLED:
+                raise self._dial_failed(channel, name, "context canceled") from None
+            reason = f"{exc.code().name}: {exc.details()}"
+            raise self._dial_failed(channel, name, reason, "GetDevicePluginOptions") from None
+        except ValueError:  # the channel was closed under us: stop()/restart()
+            raise self._dial_failed(
+                channel, name, "channel closed", "GetDevicePluginOptions"
+            ) from None
+        options = _options_from_pb(reply)
+        self._event("dial", name, str(target))
+        self._event("options", name, str(options))
+        return options
 
     def _dial_failed(
         self, channel: grpc.Channel, name: str, reason: str, rpc: str | None = None
