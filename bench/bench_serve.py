@@ -586,7 +586,7 @@ def thread_label(index: int, name: str) -> str:
     if name.startswith("notify-rs"):
         return f"{name} (watchfiles' Rust inotify thread)"
     if name == "python":
-        return "python (anyio worker running watchfiles' RustNotify.watch)"
+        return "python (dp-watch: watchfiles' blocking watcher)"
     return name
 
 
