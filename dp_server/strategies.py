@@ -18,12 +18,11 @@ from hypothesis import strategies as st
 
 from dp_core import VFIO_DRIVER, HostSnapshot
 
-from .topology import (
+from .generator import (
     BRIDGES,
     ENDPOINTS,
     GPU_AUDIO,
     GPUS,
-    SHARED_DEV_PATHS,
     SRIOV_CARDS,
     VGPU_TYPES,
     Bridged,
@@ -31,11 +30,10 @@ from .topology import (
     MdevParent,
     Multifunction,
     Sriov,
-    Topology,
     Unit,
     build_topology,
-    to_snapshot,
 )
+from .topology import SHARED_DEV_PATHS, Topology, to_snapshot
 
 __all__ = ["drivers", "numa_nodes", "snapshots", "topologies", "units"]
 

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 
 from dp_core import HostSnapshot, PciAddress
 from dp_server import scanner
+from dp_server.generator import generate_topology
 from dp_server.scanner import UNKNOWN_CLASS, UNKNOWN_DRIVER, scan_host
 from dp_server.strategies import topologies
 from dp_server.topology import (
     SHARED_DEV_PATHS,
     Topology,
     fixture_topology,
-    generate_topology,
     to_snapshot,
     write_sysfs,
 )

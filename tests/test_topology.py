@@ -12,21 +12,23 @@ import pytest
 from hypothesis import given, settings
 
 from dp_core import VFIO_DRIVER, HostSnapshot, PciAddress
-from dp_server.strategies import snapshots, topologies
-from dp_server.topology import (
-    SHARED_DEV_PATHS,
+from dp_server.generator import (
     Bridged,
-    FakeMdev,
-    FakeMdevType,
-    FakePci,
     Function,
     MdevParent,
     Multifunction,
     Sriov,
-    Topology,
     build_topology,
-    fixture_topology,
     generate_topology,
+)
+from dp_server.strategies import snapshots, topologies
+from dp_server.topology import (
+    SHARED_DEV_PATHS,
+    FakeMdev,
+    FakeMdevType,
+    FakePci,
+    Topology,
+    fixture_topology,
     to_snapshot,
     write_sysfs,
 )
