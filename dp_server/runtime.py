@@ -481,17 +481,23 @@ class Runtime:
 
     # -- loops -------------------------------------------------------------------------
 
-    def _deadline(self) -> float:
-        candidates = [self._next_rescan]
-        node_deadline = self.node.next_deadline()
-        if node_deadline is not None:
-            candidates.append(node_deadline)
-        if self.node.allocations.all():
+    def _pod_poll_at(self) -> float | None:
+        """When PodResources should be asked next; None while nothing is reserved."""
+        candidates = []
+        if len(self.node.allocations):
             release = self.node.allocations.next_release_check() or self.now()
-            regular = max(release, self._last_pod_poll + self.settings.pod_resources_interval)
-            candidates.append(regular)
+            candidates.append(
+                max(release, self._last_pod_poll + self.settings.pod_resources_interval)
+            )
         if self._next_pod_poll is not None:
             candidates.append(self._next_pod_poll)
+        return min(candidates) if candidates else None
+
+    def _deadline(self) -> float:
+        candidates = [self._next_rescan]
+        for deadline in (self.node.next_deadline(), self._pod_poll_at()):
+            if deadline is not None:
+                candidates.append(deadline)
         return min(candidates)
 
     async def _timer_loop(self) -> None:
@@ -510,9 +516,8 @@ class Runtime:
                 self._safely(self.rescan)
                 # Should a file event ever be missed, the periodic look catches it.
                 self._spawn(self._check_sockets())
-            if self._deadline() <= now and (
-                self._next_pod_poll is not None or self.node.allocations.all()
-            ):
+            poll_at = self._pod_poll_at()
+            if poll_at is not None and poll_at <= now:
                 if now - self._last_pod_poll >= self.settings.pod_resources_min_gap:
                     self._spawn(self._poll_pod_resources())
 
