@@ -295,7 +295,7 @@ class Node:
     # -- registration and connections -----------------------------------------
 
     def _options_for(self, resource: str) -> PluginOptions:
-        found = self.inventory.resource(resource)
+        found = self._by_name.get(resource)
         preferred = found is not None and found.kind is not DeviceKind.SHARED
         return PluginOptions(pre_start_required=False, get_preferred_allocation_available=preferred)
 
