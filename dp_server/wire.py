@@ -24,7 +24,6 @@ __all__ = [
     "PreEncodedCodec",
     "encoded_device_list",
     "allocate_response",
-    "device_list",
     "options_message",
     "preferences",
     "preferred_response",
@@ -89,23 +88,6 @@ def _string_field(number: int, text: str) -> bytes:
 
 def _length_delimited(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def device_list(devices: Iterable[AdvertisedDevice]) -> pb.ListAndWatchResponse:
-    return pb.ListAndWatchResponse(
-        devices=[
-            pb.Device(
-                id=device.id,
-                health=device.health,
-                topology=(
-                    pb.TopologyInfo(nodes=[pb.NumaNode(id=device.numa_node)])
-                    if device.numa_node is not None
-                    else None
-                ),
-            )
-            for device in devices
-        ]
-    )
 
 
 def options_message(options: PluginOptions) -> pb.DevicePluginOptions:
