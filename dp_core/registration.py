@@ -109,6 +109,11 @@ class Registrar:
         self.backoff = backoff or Backoff()
         self.kubelet_present = False
         self._resources: dict[str, ResourceRegistration] = {}
+        # The same registrations by phase, kept by `_move`: the per-RPC questions
+        # (who awaits a connection, what is due, the next deadline) then look at
+        # the few resources not live instead of walking every resource.
+        self._in_phase: dict[Phase, dict[str, ResourceRegistration]] = {p: {} for p in Phase}
+        self._rank: dict[str, int] = {}
         self._owner: dict[int, str | None] = {}  # connection -> resource (None: unattributed)
         # Attempts from before a kubelet restart whose call has not ended yet
         # and whose connection was never seen (single-socket mode waits them out).
@@ -121,7 +126,9 @@ class Registrar:
         """Start tracking new resource names; returns the ones that were new."""
         added = [name for name in names if name not in self._resources]
         for name in added:
-            self._resources[name] = ResourceRegistration(name, next_attempt_at=now)
+            reg = self._resources[name] = ResourceRegistration(name, next_attempt_at=now)
+            self._in_phase[reg.phase][name] = reg
+            self._rank[name] = len(self._rank)
         return added
 
     def get(self, name: str) -> ResourceRegistration:
@@ -135,11 +142,19 @@ class Registrar:
 
     def _move(self, reg: ResourceRegistration, step: Step) -> None:
         try:
-            reg.phase = _TRANSITIONS[(reg.phase, step)]
+            phase = _TRANSITIONS[(reg.phase, step)]
         except KeyError:
             raise UsageError(
                 f"{reg.name}: no transition from {reg.phase.value} on {step.value}"
             ) from None
+        if phase is not reg.phase:
+            del self._in_phase[reg.phase][reg.name]
+            self._in_phase[phase][reg.name] = reg
+            reg.phase = phase
+
+    def _phase_members(self, phase: Phase) -> list[ResourceRegistration]:
+        """The registrations in `phase`, in tracking order (a copy: callers move them)."""
+        return sorted(self._in_phase[phase].values(), key=lambda reg: self._rank[reg.name])
 
     # -- registration attempts -------------------------------------------
 
@@ -151,12 +166,11 @@ class Registrar:
         belongs to the next registration, which may therefore start while the
         bound one's reply is still on its way.
         """
-        return [
-            reg
-            for reg in self._resources.values()
-            if reg.phase is Phase.AWAITING_DIAL
-            or (reg.phase is Phase.REGISTERING and not reg.bound_this_attempt)
-        ]
+        registering = self._in_phase[Phase.REGISTERING].values()
+        pending = [*self._in_phase[Phase.AWAITING_DIAL].values()]
+        pending += [reg for reg in registering if not reg.bound_this_attempt]
+        pending.sort(key=lambda reg: self._rank[reg.name])
+        return pending
 
     def in_flight(self) -> ResourceRegistration | None:
         pending = self.awaiting_attribution()
@@ -170,8 +184,7 @@ class Registrar:
         if single and (self._stale_unbound or self.in_flight() is not None):
             return []
         waiting = sorted(
-            (r for r in self._resources.values() if r.phase is Phase.WAITING),
-            key=lambda r: (r.next_attempt_at, r.name),
+            self._in_phase[Phase.WAITING].values(), key=lambda r: (r.next_attempt_at, r.name)
         )
         ready = [r for r in waiting if r.next_attempt_at <= now]
         return ready[:1] if single else ready
@@ -252,11 +265,10 @@ class Registrar:
     def orphan_seen(self, now: float) -> list[str]:
         """An unattributable connection appeared: re-register the unbound."""
         requeued = []
-        for reg in self._resources.values():
-            if reg.phase is Phase.UNBOUND:
-                self._move(reg, Step.ORPHAN_SEEN)
-                reg.next_attempt_at = now
-                requeued.append(reg.name)
+        for reg in self._phase_members(Phase.UNBOUND):
+            self._move(reg, Step.ORPHAN_SEEN)
+            reg.next_attempt_at = now
+            requeued.append(reg.name)
         return requeued
 
     def closed(self, connection: int, now: float) -> str | None:
@@ -307,12 +319,8 @@ class Registrar:
     def expire(self, now: float) -> list[str]:
         """Apply dial timeouts; returns resources that gave up waiting."""
         expired = []
-        for reg in self._resources.values():
-            if (
-                reg.phase is Phase.AWAITING_DIAL
-                and reg.dial_deadline is not None
-                and now >= reg.dial_deadline
-            ):
+        for reg in self._phase_members(Phase.AWAITING_DIAL):
+            if reg.dial_deadline is not None and now >= reg.dial_deadline:
                 self._move(reg, Step.DIAL_TIMEOUT)
                 reg.dial_deadline = None
                 expired.append(reg.name)
@@ -321,14 +329,10 @@ class Registrar:
     def next_deadline(self) -> float | None:
         deadlines = [
             reg.dial_deadline
-            for reg in self._resources.values()
-            if reg.phase is Phase.AWAITING_DIAL and reg.dial_deadline is not None
+            for reg in self._in_phase[Phase.AWAITING_DIAL].values()
+            if reg.dial_deadline is not None
         ]
         blocked = self.in_flight() is not None or bool(self._stale_unbound)
         if self.kubelet_present and (self.mode is SocketMode.PER_RESOURCE or not blocked):
-            deadlines += [
-                reg.next_attempt_at
-                for reg in self._resources.values()
-                if reg.phase is Phase.WAITING
-            ]
+            deadlines += [reg.next_attempt_at for reg in self._in_phase[Phase.WAITING].values()]
         return min(deadlines) if deadlines else None

@@ -178,6 +178,15 @@ class Invariants:
     def registration(self, event: Input, effects: list[Effect]) -> None:
         phases = self.node.registrar.phases()
         registers = effects_of(effects, Register)
+        # The registrar answers from a phase index; it must agree with the definition.
+        registrar = self.node.registrar
+        awaiting = [
+            name
+            for name, phase in phases.items()
+            if phase is Phase.AWAITING_DIAL
+            or (phase is Phase.REGISTERING and not registrar.get(name).bound_this_attempt)
+        ]
+        assert [reg.name for reg in registrar.awaiting_attribution()] == awaiting, phases
         if self.node.socket_mode is SocketMode.SINGLE:
             assert len(self.node.registrar.awaiting_attribution()) <= 1, phases
             assert len(registers) <= 1
