@@ -131,7 +131,8 @@ class Node:
         self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
         self._by_name: dict[str, Resource] = {}
         self._inventory_ids: dict[str, dict[str, AdvertisedDevice]] = {}
-        self._group_resources: dict[int, set[str]] = {}
+        # IOMMU group -> (resource, position in its device list) of every member.
+        self._group_members: dict[int, list[tuple[str, int]]] = {}
         self._now = 0.0
         self._handlers: dict[type[Any], Callable[[Any], list[Effect]]] = {
             HostObserved: self._host_observed,
@@ -198,41 +199,37 @@ class Node:
         self._inventory_ids = {
             r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
         }
-        self._group_resources = {}
+        self._group_members = {}
         for resource in self.inventory.resources:
-            for device in resource.devices:
+            for index, device in enumerate(resource.devices):
                 if device.iommu_group is not None:
-                    self._group_resources.setdefault(device.iommu_group, set()).add(resource.name)
+                    members = self._group_members.setdefault(device.iommu_group, [])
+                    members.append((resource.name, index))
         return self._refresh()
-
-    def _resources_sharing(self, groups: Iterable[int]) -> set[str]:
-        """The resources with a device in any of `groups`: all an allocation can touch."""
-        names: set[str] = set()
-        for group in groups:
-            names |= self._group_resources.get(group, set())
-        return names
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
     ) -> tuple[AdvertisedDevice, ...]:
         if not reserved or resource.kind is DeviceKind.SHARED:
             return resource.devices
-        devices = []
-        for device in resource.devices:
-            holder = reserved.get(device.iommu_group) if device.iommu_group is not None else None
-            mine = (
-                holder is not None
-                and holder.resource == resource.name
-                and (device.id in holder.device_ids)
-            )
-            if holder is not None and not mine and device.healthy:
-                device = attrs.evolve(
-                    device,
-                    healthy=False,
-                    reason=f"IOMMU group {device.iommu_group} is held by {holder.describe()}",
-                )
-            devices.append(device)
-        return tuple(devices)
+        return tuple(_as_advertised(resource.name, device, reserved) for device in resource.devices)
+
+    def _refresh_groups(self, groups: Iterable[int]) -> list[Effect]:
+        """`_refresh` for an allocation change: only groups it touched can change
+        status, so look at their members alone and republish resources where
+        one did (an Allocate must not cost a walk of every device it shares a
+        resource with)."""
+        reserved = self.allocations.reserved_groups()
+        changed = set()
+        for group in groups:
+            for name, index in self._group_members.get(group, ()):
+                published = self._published.get(name, ())
+                device = self._by_name[name].devices[index]
+                if index >= len(published) or published[index] != _as_advertised(
+                    name, device, reserved
+                ):
+                    changed.add(name)
+        return self._refresh(changed) if changed else []
 
     def _refresh(self, only: Iterable[str] | None = None) -> list[Effect]:
         """Publish every resource whose advertised list changed, and only those.
@@ -508,7 +505,7 @@ class Node:
         effects = self._answer(event.call, event.connection, work)
         effects.extend(logs)
         if any(isinstance(e, Reply) for e in effects):
-            effects.extend(self._refresh(self._resources_sharing(touched)))
+            effects.extend(self._refresh_groups(touched))
         return effects
 
     def _prestart_requested(self, event: PreStartRequested) -> list[Effect]:
@@ -531,7 +528,7 @@ class Node:
         ]
         if released:
             groups = {group for allocation in released for group in allocation.groups}
-            effects.extend(self._refresh(self._resources_sharing(groups)))
+            effects.extend(self._refresh_groups(groups))
         return effects
 
     def _tick(self, event: Tick) -> list[Effect]:
@@ -546,3 +543,19 @@ class Node:
             ),
             self.inventory.skipped,
         )
+
+
+def _as_advertised(
+    resource: str, device: AdvertisedDevice, reserved: Mapping[int, Allocation]
+) -> AdvertisedDevice:
+    """`device` as `resource` advertises it while `reserved` groups are held."""
+    holder = reserved.get(device.iommu_group) if device.iommu_group is not None else None
+    if holder is None or not device.healthy:
+        return device
+    if holder.resource == resource and device.id in holder.device_ids:
+        return device
+    return attrs.evolve(
+        device,
+        healthy=False,
+        reason=f"IOMMU group {device.iommu_group} is held by {holder.describe()}",
+    )
