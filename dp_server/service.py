@@ -72,8 +72,10 @@ class DevicePluginService:
         await stream.send_message(wire.preferred_response(answer))
 
     async def allocate(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        request = await _receive(stream, pb.AllocateRequest)
-        containers = tuple(tuple(c.devices_ids) for c in request.container_requests)
+        try:
+            containers = wire.allocate_request(await _receive(stream, bytes))
+        except wire.WireError as error:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(error)) from None
         answer = self._runtime.call(
             stream,
             lambda conn, call, now: AllocateRequested(conn, call, containers, now),
@@ -113,7 +115,7 @@ class DevicePluginService:
             base + "Allocate": grpclib.const.Handler(
                 self.allocate,
                 Cardinality.UNARY_UNARY,
-                pb.AllocateRequest,
+                wire.Raw,
                 pb.AllocateResponse,
             ),
             base + "PreStartContainer": grpclib.const.Handler(

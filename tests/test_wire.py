@@ -1,11 +1,12 @@
-"""The hand-written ListAndWatch encoder against betterproto2 and Google's protobuf."""
+"""The hand-written protobuf on the hot paths against betterproto2 and Google's protobuf."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_core import AdvertisedDevice
+from dp_core import AdvertisedDevice, AllocateAnswer, ContainerAllocation, DeviceSpec, PluginOptions
 from dp_server import wire
 from dp_server.emulator._rpc import dp
 from dp_server.proto import v1beta1 as pb
@@ -59,5 +60,97 @@ def test_google_protobuf_reads_what_we_write(advertised: list[AdvertisedDevice])
 def test_pre_encoded_codec_passes_bytes_and_encodes_messages() -> None:
     codec = wire.PreEncodedCodec()
     assert codec.encode(b"\x0a\x00", object) == b"\x0a\x00"
-    message = wire.options_message(__import__("dp_core").PluginOptions(False, True))
+    message = pb.DevicePluginOptions(pre_start_required=True)
     assert codec.encode(message, type(message)) == bytes(message)
+    assert codec.decode(b"\x08\x01", wire.Raw) == b"\x08\x01"
+    assert codec.decode(b"\x08\x01", pb.DevicePluginOptions) == message
+
+
+text = st.text(max_size=40)
+pairs = st.lists(st.tuples(text, text), max_size=4, unique_by=lambda pair: pair[0]).map(tuple)
+answers = st.builds(
+    AllocateAnswer,
+    containers=st.lists(
+        st.builds(
+            ContainerAllocation,
+            envs=pairs,
+            devices=st.lists(st.builds(DeviceSpec, text, text, text), max_size=4).map(tuple),
+            mounts=st.lists(st.tuples(text, text, st.booleans()), max_size=3).map(tuple),
+            annotations=pairs,
+        ),
+        max_size=3,
+    ).map(tuple),
+)
+
+
+@given(answers)
+def test_google_protobuf_reads_our_allocate_response(answer: AllocateAnswer) -> None:
+    decoded = dp.AllocateResponse.FromString(wire.allocate_response(answer))
+    assert len(decoded.container_responses) == len(answer.containers)
+    for message, container in zip(decoded.container_responses, answer.containers, strict=True):
+        assert dict(message.envs) == dict(container.envs)
+        assert dict(message.annotations) == dict(container.annotations)
+        assert [(m.container_path, m.host_path, m.read_only) for m in message.mounts] == list(
+            container.mounts
+        )
+        assert [(d.container_path, d.host_path, d.permissions) for d in message.devices] == [
+            (s.container_path, s.host_path, s.permissions) for s in container.devices
+        ]
+
+
+@given(answers)
+def test_allocate_response_matches_betterproto2_semantically(answer: AllocateAnswer) -> None:
+    decoded = pb.AllocateResponse.parse(wire.allocate_response(answer))
+    assert [dict(c.envs) for c in decoded.container_responses] == [
+        dict(c.envs) for c in answer.containers
+    ]
+    assert [len(c.devices) for c in decoded.container_responses] == [
+        len(c.devices) for c in answer.containers
+    ]
+
+
+id_lists = st.lists(st.lists(st.text(max_size=30), max_size=5), max_size=4)
+
+
+@given(id_lists, st.binary(max_size=8))
+def test_allocate_request_reads_google_protobuf(containers: list[list[str]], junk: bytes) -> None:
+    request = dp.AllocateRequest(
+        container_requests=[dp.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
+    )
+    data = request.SerializeToString()
+    assert wire.allocate_request(data) == tuple(tuple(ids) for ids in containers)
+    # Fields this server does not know (a newer kubelet's) are skipped, wherever they are.
+    unknown = b"\x10\x96\x01" + b"\x1a" + bytes([len(junk)]) + junk + b"\x25\x00\x00\x00\x00"
+    assert wire.allocate_request(unknown + data + unknown) == wire.allocate_request(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\x0a", "truncated varint"),
+        (b"\x0a\x05\x0a\x01", "runs past the end"),
+        (b"\x0a\x03\x0a\x01\xff", "not valid UTF-8"),
+        (b"\x08\x01", "container_requests: expected a length-delimited field"),
+        (b"\x0b", "unsupported wire type 3"),
+        (b"\x10" + b"\xff" * 11, "longer than 10 bytes"),
+        (b"\x15\x00", "runs past the end"),
+    ],
+)
+def test_malformed_allocate_request_names_the_problem(data: bytes, problem: str) -> None:
+    with pytest.raises(wire.WireError, match=problem):
+        wire.allocate_request(data)
+
+
+@given(text, text, st.booleans(), st.booleans())
+def test_google_protobuf_reads_our_register_request(
+    endpoint: str, resource: str, pre_start: bool, preferred: bool
+) -> None:
+    data = wire.register_request(endpoint, resource, PluginOptions(pre_start, preferred))
+    decoded = dp.RegisterRequest.FromString(data)
+    assert (decoded.version, decoded.endpoint, decoded.resource_name) == (
+        "v1beta1",
+        endpoint,
+        resource,
+    )
+    assert decoded.options.pre_start_required is pre_start
+    assert decoded.options.get_preferred_allocation_available is preferred
