@@ -27,8 +27,6 @@ import attrs
 import grpclib.server
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-from grpclib.protocol import H2Protocol
-from grpclib.server import Handler, Server
 from watchfiles import Change, watch
 
 from dp_core import (
@@ -69,6 +67,7 @@ from .proto import v1 as podresources
 from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
+from .transport import ConnectionTracker, TrackedServer
 
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
 
@@ -93,44 +92,6 @@ class Settings:
     timing: Timing = Timing()
     # Watched for changes when set; a ConfigMap update swaps a symlink in its directory.
     config_path: str | None = None
-
-
-class _TrackedProtocol(H2Protocol):
-    """H2Protocol that tells the runtime when a kubelet connection comes and goes."""
-
-    def __init__(self, *args: Any, runtime: Runtime, listener: str | None) -> None:
-        super().__init__(*args)
-        self._runtime = runtime
-        self._listener = listener
-        self._dp_connection: int | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._dp_connection = self._runtime._connection_made(transport, self._listener)
-        super().connection_made(transport)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
-        if self._dp_connection is not None:
-            self._runtime._connection_lost(self._dp_connection)
-
-
-class _TrackedServer(Server):
-    def __init__(self, handlers: list[Any], runtime: Runtime, listener: str | None) -> None:
-        super().__init__(handlers, codec=wire.PreEncodedCodec())
-        self._dp_runtime = runtime
-        self._dp_listener = listener
-
-    def _protocol_factory(self) -> H2Protocol:
-        self.__gc_step__()
-        handler = Handler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
-        self._handlers.add(handler)
-        return _TrackedProtocol(
-            handler,
-            self._config,
-            self._h2_config,
-            runtime=self._dp_runtime,
-            listener=self._dp_listener,
-        )
 
 
 class _StreamSlot:
@@ -168,7 +129,7 @@ class _StreamSlot:
 class _Listener:
     path: Path
     resource: str | None
-    server: _TrackedServer
+    server: TrackedServer
     identity: tuple[int, int] | None
 
 
@@ -214,10 +175,12 @@ class Runtime:
         self._service = DevicePluginService(self)
         self._listeners: dict[str, _Listener] = {}
         self._connections: dict[int, int] = {}  # id(transport) -> connection
+        self._tracker = ConnectionTracker(self._connection_made, self._connection_lost)
         self._streams: dict[int, _StreamSlot] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
+        self._timer_deadline: float | None = None  # what the timer loop sleeps until
         self._stop = asyncio.Event()
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -242,7 +205,10 @@ class Runtime:
         effects = self.node.handle(event)
         for effect in effects:
             self._execute(effect)
-        self._wake.set()
+        # Waking the timer loop costs a task switch; most inputs (every Allocate)
+        # leave the deadlines alone, and a later one only makes a wake-up early.
+        if self._timer_deadline is None or self._deadline() < self._timer_deadline:
+            self._wake.set()
         return effects
 
     def _execute(self, effect: Effect) -> None:
@@ -356,7 +322,7 @@ class Runtime:
                 _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            server = _TrackedServer([self._service], self, resource)
+            server = TrackedServer([self._service], self._tracker, resource)
             await server.start(path=str(path))
             self._listeners[endpoint] = _Listener(path, resource, server, _socket_identity(path))
 
@@ -392,17 +358,15 @@ class Runtime:
                 effect.endpoint, effect.resource if effect.own_socket else None
             )
             if self._kubelet_channel is None:
-                self._kubelet_channel = Channel(path=str(self.kubelet_socket))
+                self._kubelet_channel = Channel(
+                    path=str(self.kubelet_socket), codec=wire.PreEncodedCodec()
+                )
             channel = self._kubelet_channel
             self._channel_users[channel] = self._channel_users.get(channel, 0) + 1
-            request = pb.RegisterRequest(
-                version="v1beta1",
-                endpoint=effect.endpoint,
-                resource_name=effect.resource,
-                options=wire.options_message(effect.options),
-            )
+            request = wire.register_request(effect.endpoint, effect.resource, effect.options)
             await pb.RegistrationStub(channel).register(
-                request, timeout=self.settings.register_timeout
+                request,  # type: ignore[arg-type]  # bytes: the channel's codec passes them on
+                timeout=self.settings.register_timeout,
             )
         except Exception as error:  # noqa: BLE001 - every failure must reach the core
             if not isinstance(error, GRPCError) and channel is self._kubelet_channel:
@@ -502,10 +466,12 @@ class Runtime:
 
     async def _timer_loop(self) -> None:
         while not self._stopping:
-            timeout = max(0.0, self._deadline() - self.now())
+            self._timer_deadline = self._deadline()
+            timeout = max(0.0, self._timer_deadline - self.now())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
+            self._timer_deadline = None
             if self._stopping:
                 return
             now = self.now()

@@ -1,0 +1,117 @@
+"""The grpclib server pieces that know about connections: who is connected, and
+how their bytes go out.
+
+grpclib writes each HTTP/2 step (response headers, message, trailers) to the
+socket as it happens, three sends and three wake-ups of the kubelet per unary
+call. Here the writes of one turn of the event loop go out as one send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from grpclib.protocol import H2Protocol
+from grpclib.server import Handler, Server
+
+from . import wire
+
+__all__ = ["CoalescingTransport", "ConnectionTracker", "TrackedServer"]
+
+
+class ConnectionTracker:
+    """Who to tell about connections: `made(transport, listener)` returns the
+    connection's id, `lost(id)` is called when it has closed."""
+
+    def __init__(
+        self,
+        made: Callable[[asyncio.BaseTransport, str | None], int],
+        lost: Callable[[int], None],
+    ) -> None:
+        self.made = made
+        self.lost = lost
+
+
+class CoalescingTransport:
+    """A write transport whose writes are sent together once the current callback ends.
+
+    Everything else (close, flow control, extra info) is the wrapped
+    transport's; close and abort send what is pending first, so nothing
+    written is lost.
+    """
+
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(bytes(data))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _TrackedProtocol(H2Protocol):
+    """H2Protocol that tells the tracker when a kubelet connection comes and goes."""
+
+    def __init__(self, *args: Any, tracker: ConnectionTracker, listener: str | None) -> None:
+        super().__init__(*args)
+        self._tracker = tracker
+        self._listener = listener
+        self._dp_connection: int | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        coalescing = CoalescingTransport(transport)
+        self._dp_connection = self._tracker.made(coalescing, self._listener)  # type: ignore[arg-type]
+        super().connection_made(coalescing)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self._dp_connection is not None:
+            self._tracker.lost(self._dp_connection)
+
+
+class TrackedServer(Server):
+    """A grpclib Server for the device plugin service on one listening socket."""
+
+    def __init__(
+        self, handlers: list[Any], tracker: ConnectionTracker, listener: str | None
+    ) -> None:
+        super().__init__(handlers, codec=wire.PreEncodedCodec())
+        self._dp_tracker = tracker
+        self._dp_listener = listener
+
+    def _protocol_factory(self) -> H2Protocol:
+        self.__gc_step__()
+        handler = Handler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
+        self._handlers.add(handler)
+        return _TrackedProtocol(
+            handler,
+            self._config,
+            self._h2_config,
+            tracker=self._dp_tracker,
+            listener=self._dp_listener,
+        )
