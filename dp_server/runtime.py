@@ -188,7 +188,7 @@ class Runtime:
         self._kubelet_identity: tuple[int, int] | None = None
         self._kubelet_channel: Channel | None = None
         self._channel_users: dict[Channel, int] = {}
-        self._last_list: tuple[object, bytes] = (None, b"")
+        self._encoded_lists: dict[str, tuple[object, bytes]] = {}
         self._listener_lock = asyncio.Lock()
         self._next_rescan = 0.0
         self._next_pod_poll: float | None = None
@@ -215,7 +215,7 @@ class Runtime:
         if isinstance(effect, Publish):
             slot = self._streams.get(effect.stream)
             if slot is not None:
-                slot.publish(self._device_list(effect.devices))
+                slot.publish(self._device_list(effect.resource, effect.devices))
         elif isinstance(effect, EndStream):
             slot = self._streams.get(effect.stream)
             if slot is not None:
@@ -234,12 +234,13 @@ class Runtime:
         elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
             pass  # answered by the caller of feed(); health is logged by a Log effect
 
-    def _device_list(self, devices: tuple[Any, ...]) -> bytes:
-        # Every stream of a resource is sent the same list: encode it once.
-        cached_devices, message = self._last_list
+    def _device_list(self, resource: str, devices: tuple[Any, ...]) -> bytes:
+        # Every stream of a resource is sent the same list, and after a kubelet
+        # restart the same list again: encode each list once, when it changes.
+        cached_devices, message = self._encoded_lists.get(resource, (None, b""))
         if cached_devices is not devices:
             message = wire.encoded_device_list(devices)
-            self._last_list = (devices, message)
+            self._encoded_lists[resource] = (devices, message)
         return message
 
     def _spawn(self, coroutine: Any) -> None:
