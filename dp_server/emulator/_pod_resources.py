@@ -22,7 +22,7 @@ import grpc
 from ._rpc import POD_RESOURCES_SERVICE, pr
 
 if TYPE_CHECKING:
-    from .kubelet import DeviceState, Pod
+    from ._state import DeviceState, Pod
 
 #: The kubelet's defaults: podresources.DefaultQPS and DefaultBurstTokens.
 DEFAULT_BURST = 10

@@ -1,0 +1,176 @@
+"""What the emulated kubelet knows: resources, devices, pods and its event log.
+
+The public snapshot types (`ResourceState`, `DeviceState`, ...) are what the
+emulator's queries return; `_Resource` and `KubeletState` are the mutable
+state behind them, shared by the registration machinery and the pod side and
+guarded by one condition variable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
+
+from ._rpc import HEALTHY, UNHEALTHY
+
+if TYPE_CHECKING:
+    from ._registration import _Endpoint
+
+
+class KubeletError(Exception):
+    """An error the kubelet itself raises (not a gRPC status from the plugin)."""
+
+
+class AdmissionError(KubeletError):
+    """A pod the kubelet would refuse to admit (UnexpectedAdmissionError and kin)."""
+
+
+class Event(NamedTuple):
+    """One thing the emulated kubelet did or saw, for ordering and timing asserts.
+
+    Kinds: "register" (request received), "rejected" (validation failed),
+    "refused" (the `refuse` hook said no), "dial", "dial-failed", "options",
+    "registered" (endpoint stored), "replied" (Register RPC finished server
+    side), "replaced" (a re-registration retired the old endpoint), "list",
+    "stream-ended", "stale-stream-ended" (stream of a retired endpoint),
+    "preferred", "allocate", "pre-start", "admit", "remove-pod", "restart",
+    "stop".
+    """
+
+    time: float
+    kind: str
+    resource: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """A device as the kubelet knows it: the last reported state, or Unhealthy."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        # The kubelet treats anything but exactly "Healthy" as unhealthy.
+        return self.health == HEALTHY
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """The options the kubelet holds for a registration."""
+
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = False
+
+
+@dataclass(frozen=True)
+class ResourceState:
+    """Snapshot of one extended resource as the emulated kubelet sees it."""
+
+    name: str
+    devices: Mapping[str, DeviceState]
+    #: True while a registration with a live ListAndWatch client exists.
+    registered: bool
+    #: Endpoint (socket name) of the current or last registration.
+    endpoint: str | None
+    options: PluginOptions | None
+    #: Successful registrations of this resource since the emulator was created.
+    registrations: int
+    #: ListAndWatch responses received for this resource, over all endpoints.
+    lists: int
+    #: time.monotonic() of the current registration, None when not registered.
+    registered_at: float | None
+
+    @property
+    def capacity(self) -> int:
+        return len(self.devices)
+
+    @property
+    def allocatable(self) -> int:
+        return sum(1 for d in self.devices.values() if d.healthy)
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """Devices one container holds, per resource, with their NUMA nodes then."""
+
+    devices: Mapping[str, tuple[DeviceState, ...]]
+
+
+@dataclass
+class Pod:
+    """The emulator's pod model: just enough for allocations and PodResources."""
+
+    name: str
+    namespace: str
+    containers: dict[str, ContainerAllocation] = field(default_factory=dict)
+
+
+@dataclass
+class _Resource:
+    name: str
+    devices: dict[str, DeviceState] = field(default_factory=dict)
+    endpoint: _Endpoint | None = None
+    last_endpoint: str | None = None
+    last_options: PluginOptions | None = None
+    registrations: int = 0
+    lists: int = 0
+    registered_at: float | None = None
+    #: A ListAndWatch response arrived since the current registration.
+    listed: bool = False
+
+    def mark_unhealthy(self) -> None:
+        self.devices = {i: DeviceState(i, UNHEALTHY, d.numa_nodes) for i, d in self.devices.items()}
+
+    def snapshot(self) -> ResourceState:
+        return ResourceState(
+            name=self.name,
+            devices=MappingProxyType(dict(self.devices)),
+            registered=self.endpoint is not None,
+            endpoint=self.endpoint.endpoint if self.endpoint else self.last_endpoint,
+            options=self.endpoint.options if self.endpoint else self.last_options,
+            registrations=self.registrations,
+            lists=self.lists,
+            registered_at=self.registered_at,
+        )
+
+
+class KubeletState:
+    """The kubelet's memory, and the condition every change is announced on.
+
+    Every mutation happens with `cond` held and ends in `notify_all`, which is
+    what lets `KubeletEmulator.wait_for` re-check its predicate on each change.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.RLock())
+        self.resources: dict[str, _Resource] = {}
+        self.pods: dict[str, Pod] = {}
+        self.events: list[Event] = []
+
+    def event_locked(self, kind: str, resource: str, detail: str) -> None:
+        self.events.append(Event(time.monotonic(), kind, resource, detail))
+        self.cond.notify_all()
+
+    def event(self, kind: str, resource: str, detail: str) -> None:
+        with self.cond:
+            self.event_locked(kind, resource, detail)
+
+
+__all__ = [
+    "AdmissionError",
+    "ContainerAllocation",
+    "DeviceState",
+    "Event",
+    "KubeletError",
+    "KubeletState",
+    "PluginOptions",
+    "Pod",
+    "ResourceState",
+]
