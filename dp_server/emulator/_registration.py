@@ -156,9 +156,7 @@ class Registration:
             for res in state.resources.values():
                 if res.endpoint is not None:
                     endpoints.append(res.endpoint)
-                    res.endpoint = None
-                    res.registered_at = None
-                    res.mark_unhealthy()
+                    res.detach()
                     state.event_locked("stream-ended", res.name, reason)
             state.cond.notify_all()
         for ep in endpoints:
@@ -297,14 +295,10 @@ class Registration:
             if generation != self._generation:
                 channel.close()
                 raise _DialError(ERR_FAILED_TO_DIAL.format(reason="kubelet restarted"))
-            res = state.resources.setdefault(name, _Resource(name))
-            old = res.endpoint
-            res.endpoint = ep
-            res.last_endpoint = request.endpoint
-            res.last_options = options
-            res.registrations += 1
-            res.registered_at = time.monotonic()
-            res.listed = False
+            res = state.resources.get(name)
+            if res is None:
+                res = state.resources[name] = _Resource(name)
+            old = res.attach(ep, time.monotonic())
             state.event_locked("registered", name, request.endpoint)
             # ListAndWatch begins before Register returns (the kubelet's
             # `go runClient`), on the thread's own schedule.
@@ -368,20 +362,17 @@ class Registration:
             )(dp.Empty())
             ep.call = call
             for response in call:
+                devices = {
+                    d.ID: DeviceState(d.ID, d.health, tuple(n.ID for n in d.topology.nodes))
+                    for d in response.devices
+                }
                 with state.cond:
                     res = state.resources[name]
                     if res.endpoint is not ep:
                         break
-                    res.devices = {
-                        d.ID: DeviceState(d.ID, d.health, tuple(n.ID for n in d.topology.nodes))
-                        for d in response.devices
-                    }
-                    res.lists += 1
-                    res.listed = True
-                    healthy = sum(1 for d in res.devices.values() if d.healthy)
-                    state.event_locked(
-                        "list", name, f"{len(res.devices)} devices, {healthy} healthy"
-                    )
+                    res.replace_devices(devices)
+                    healthy = sum(1 for d in devices.values() if d.healthy)
+                    state.event_locked("list", name, f"{len(devices)} devices, {healthy} healthy")
         except grpc.RpcError as exc:
             detail = f"{exc.code().name}: {exc.details()}"
         except ValueError as exc:  # grpcio raises this for calls on a closed channel
@@ -393,9 +384,7 @@ class Registration:
                 return
             # The kubelet disconnects the client and marks the resource unhealthy;
             # it forgets the resource 5 minutes later unless it registers again.
-            res.endpoint = None
-            res.registered_at = None
-            res.mark_unhealthy()
+            res.detach()
             state.event_locked("stream-ended", name, detail)
         ep.channel.close()
 

@@ -112,33 +112,70 @@ class Pod:
     containers: dict[str, ContainerAllocation] = field(default_factory=dict)
 
 
-@dataclass
 class _Resource:
-    name: str
-    devices: dict[str, DeviceState] = field(default_factory=dict)
-    endpoint: _Endpoint | None = None
-    last_endpoint: str | None = None
-    last_options: PluginOptions | None = None
-    registrations: int = 0
-    lists: int = 0
-    registered_at: float | None = None
-    #: A ListAndWatch response arrived since the current registration.
-    listed: bool = False
+    """One resource's mutable state; every change goes through a method here.
 
-    def mark_unhealthy(self) -> None:
+    Snapshots are cached until the next change: waiters re-read every resource
+    on each event (64 resources, several events per registration), and
+    rebuilding them all each time was most of the emulator's CPU during a
+    burst of registrations. The device dict is replaced, never mutated, so a
+    snapshot can share it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.devices: dict[str, DeviceState] = {}
+        self.endpoint: _Endpoint | None = None
+        self.last_endpoint: str | None = None
+        self.last_options: PluginOptions | None = None
+        self.registrations = 0
+        self.lists = 0
+        self.registered_at: float | None = None
+        #: A ListAndWatch response arrived since the current registration.
+        self.listed = False
+        self._snapshot: ResourceState | None = None
+
+    def attach(self, ep: _Endpoint, now: float) -> _Endpoint | None:
+        """Store a new registration's endpoint; returns the one it replaces."""
+        old = self.endpoint
+        self.endpoint = ep
+        self.last_endpoint = ep.endpoint
+        self.last_options = ep.options
+        self.registrations += 1
+        self.registered_at = now
+        self.listed = False
+        self._snapshot = None
+        return old
+
+    def replace_devices(self, devices: dict[str, DeviceState]) -> None:
+        """A ListAndWatch response: `devices` is the whole new list."""
+        self.devices = devices
+        self.lists += 1
+        self.listed = True
+        self._snapshot = None
+
+    def detach(self) -> None:
+        """The client is gone: devices turn unhealthy, capacity stays."""
+        self.endpoint = None
+        self.registered_at = None
         self.devices = {i: DeviceState(i, UNHEALTHY, d.numa_nodes) for i, d in self.devices.items()}
+        self._snapshot = None
 
     def snapshot(self) -> ResourceState:
-        return ResourceState(
-            name=self.name,
-            devices=MappingProxyType(dict(self.devices)),
-            registered=self.endpoint is not None,
-            endpoint=self.endpoint.endpoint if self.endpoint else self.last_endpoint,
-            options=self.endpoint.options if self.endpoint else self.last_options,
-            registrations=self.registrations,
-            lists=self.lists,
-            registered_at=self.registered_at,
-        )
+        snap = self._snapshot
+        if snap is None:
+            ep = self.endpoint
+            snap = self._snapshot = ResourceState(
+                name=self.name,
+                devices=MappingProxyType(self.devices),
+                registered=ep is not None,
+                endpoint=ep.endpoint if ep else self.last_endpoint,
+                options=ep.options if ep else self.last_options,
+                registrations=self.registrations,
+                lists=self.lists,
+                registered_at=self.registered_at,
+            )
+        return snap
 
 
 class KubeletState:
