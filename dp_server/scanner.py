@@ -33,8 +33,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from dp_core import (
     HostSnapshot,
@@ -49,6 +50,7 @@ from dp_core import (
 __all__ = ["UNKNOWN_CLASS", "UNKNOWN_DRIVER", "scan_host"]
 
 _log = logging.getLogger("dp.scanner")
+_T = TypeVar("_T")
 
 # What a bad field becomes; see the module docstring for why these values.
 UNKNOWN_DRIVER = "(unknown)"  # parentheses: no real driver can be named this
@@ -61,12 +63,6 @@ _DRIVER_UNKNOWN = f"driver treated as unknown ({UNKNOWN_DRIVER})"
 # Bounded: after this many distinct problems it starts over, and a line may repeat.
 _LOGGED_PROBLEMS: set[tuple[str, str]] = set()
 _LOGGED_LIMIT = 4096
-
-# Address texts already parsed. A host's addresses rarely change, so periodic
-# rescans (and physfn/virtfn links, which name functions the listing already
-# named) reuse the immutable PciAddress instead of a regex and four validators.
-_ADDRESSES: dict[str, PciAddress] = {}
-_ADDRESSES_LIMIT = 262_144
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -108,6 +104,14 @@ def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _group_number(name: str) -> int | None:
+    return int(name) if _is_number(name) else None
+
+
+def _driver_name(name: str) -> str | None:
+    return name or None
+
+
 def _why(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return "missing (or gone during the scan)"
@@ -126,8 +130,11 @@ class _Scan:
         self.dev = dev_root
         self.problems: list[ScanProblem] = []
         self.mdev_types: list[MdevType] = []
-        # Directory of each function read, keyed by its bus/pci/devices name.
-        self.paths: dict[str, str] = {}
+        # Every function carries the same few vendor, device and class texts, and
+        # physfn/virtfn links name functions the listing already named: one object
+        # per distinct value keeps a large host's snapshot (and its parsing) small.
+        self.values: dict[str, int] = {}
+        self.addresses: dict[str, PciAddress] = {}
 
     # -- reporting --------------------------------------------------------
 
@@ -155,10 +162,13 @@ class _Scan:
         text = self.read(path, consequence, dir_fd)
         if text is None:
             return None
-        try:
-            value = int(text, 16)
-        except ValueError:
-            value = -1
+        value = self.values.get(text)
+        if value is None:
+            try:
+                value = int(text, 16)
+            except ValueError:
+                value = -1
+            self.values[text] = value
         if not 0 <= value <= limit:
             self.problem(path, f"garbage value {text[:40]!r}; {consequence}")
             return None
@@ -205,15 +215,17 @@ class _Scan:
 
     # -- PCI functions ----------------------------------------------------
 
-    def pci_functions(self, known_groups: frozenset[str] | None) -> dict[str, PciDevice]:
+    def pci_functions(self, known_groups: Mapping[str, int] | None) -> dict[str, PciDevice]:
         """Every readable function under `bus/pci/devices`, in listing order.
 
-        `known_groups` are the group directory names the kernel listed (None if
-        that listing failed), used to accept `iommu_group` links without a stat.
+        `known_groups` maps the group directory names the kernel listed to their
+        numbers (None if that listing failed); links to them are accepted without
+        a stat, and each function shares its group's number object.
         """
         pci_dir = f"{self.sys}/bus/pci/devices"
         drivers = self.optional_listdir(f"{self.sys}/bus/pci/drivers")
-        known_drivers = None if drivers is None else frozenset(drivers)
+        # Each name once, so thousands of functions share one driver string.
+        known_drivers = None if drivers is None else {name: name for name in drivers}
         try:
             with os.scandir(pci_dir) as listing:
                 entries = [entry.name for entry in listing]
@@ -233,8 +245,8 @@ class _Scan:
         self,
         name: str,
         pci_dir: str,
-        known_drivers: frozenset[str] | None,
-        known_groups: frozenset[str] | None,
+        known_drivers: Mapping[str, str] | None,
+        known_groups: Mapping[str, int] | None,
     ) -> PciDevice | None:
         base = f"{pci_dir}/{name}"
         address = self.address(name)
@@ -257,8 +269,8 @@ class _Scan:
         address: PciAddress,
         base: str,
         fd: int,
-        known_drivers: frozenset[str] | None,
-        known_groups: frozenset[str] | None,
+        known_drivers: Mapping[str, str] | None,
+        known_groups: Mapping[str, int] | None,
     ) -> PciDevice | None:
         """Read one function through `fd`, an open descriptor of its directory."""
         skip = "function skipped"
@@ -298,7 +310,7 @@ class _Scan:
                 f"{base}/driver",
                 fd,
                 known_drivers,
-                bool,
+                _driver_name,
                 _DRIVER_UNKNOWN,
             )
             if driver is None:
@@ -306,15 +318,13 @@ class _Scan:
 
         group = None
         if "iommu_group" in present:
-            group_name = self.link_target(
+            group = self.link_target(
                 f"{base}/iommu_group",
                 fd,
                 known_groups,
-                _is_number,
+                _group_number,
                 "IOMMU group treated as unknown",
             )
-            if group_name is not None:
-                group = int(group_name)
 
         physfn = None
         if "physfn" in present:
@@ -349,7 +359,6 @@ class _Scan:
         if "mdev_supported_types" in present:
             self.mdev_supported_types(address, f"{base}/mdev_supported_types")
 
-        self.paths[name] = base
         # Cannot fail: every field was range-checked as it was read.
         return PciDevice(
             address=address,
@@ -368,28 +377,34 @@ class _Scan:
         self,
         path: str,
         dir_fd: int | None,
-        known: frozenset[str] | None,
-        well_formed: Callable[[str], bool],
+        known: Mapping[str, _T] | None,
+        parse: Callable[[str], _T | None],
         consequence: str,
-    ) -> str | None:
-        """Basename of a link that must point at an existing, well-formed entry.
+    ) -> _T | None:
+        """What the basename of a link to an existing, well-formed entry stands for.
 
-        `known` is the listing of the directory such links point into; a name
-        found there is accepted without a stat. Otherwise the link is followed
-        once, so a dangling link is told apart from a listing that raced.
+        `known` maps the listing of the directory such links point into to the
+        values of its names; a name found there is accepted without a stat.
+        Otherwise `parse` turns the name into its value (None if malformed) and
+        the link is followed once, so a dangling link is told apart from a
+        listing that raced.
         """
         try:
             name = _link_name(path, dir_fd)
         except (OSError, ValueError) as exc:
             self.problem(path, f"cannot read link: {_why(exc)}; {consequence}")
             return None
-        if not well_formed(name):
+        value = None if known is None else known.get(name)
+        if value is not None:
+            return value
+        value = parse(name)
+        if value is None:
             self.problem(path, f"link to unexpected name {name[:60]!r}; {consequence}")
             return None
-        if (known is None or name not in known) and not os.path.exists(path):
+        if not os.path.exists(path):
             self.problem(path, f"dangling link (to {name!r}); {consequence}")
             return None
-        return name
+        return value
 
     def address_link(
         self, path: str, consequence: str, dir_fd: int | None = None
@@ -406,15 +421,13 @@ class _Scan:
 
     def address(self, text: str) -> PciAddress | None:
         """`text` parsed as a PCI address, or None."""
-        address = _ADDRESSES.get(text)
+        address = self.addresses.get(text)
         if address is None:
             try:
                 address = PciAddress.parse(text)
             except ValueError:
                 return None
-            if len(_ADDRESSES) >= _ADDRESSES_LIMIT:
-                _ADDRESSES.clear()
-            _ADDRESSES[text] = address
+            self.addresses[text] = address
         return address
 
     # -- mediated devices -------------------------------------------------
@@ -441,7 +454,7 @@ class _Scan:
                     available = None
             self.mdev_types.append(MdevType(parent, type_id, name, available))
 
-    def mdevs(self, known_groups: frozenset[str] | None) -> list[MdevDevice]:
+    def mdevs(self, known_groups: Mapping[str, int] | None) -> list[MdevDevice]:
         mdev_dir = f"{self.sys}/bus/mdev/devices"
         names = self.optional_listdir(mdev_dir)
         found = []
@@ -465,11 +478,9 @@ class _Scan:
             group = None
             group_link = f"{path}/iommu_group"
             if os.path.lexists(group_link):
-                group_name = self.link_target(
-                    group_link, None, known_groups, _is_number, "IOMMU group treated as unknown"
+                group = self.link_target(
+                    group_link, None, known_groups, _group_number, "IOMMU group treated as unknown"
                 )
-                if group_name is not None:
-                    group = int(group_name)
             found.append(MdevDevice(name, parent, type_id, group))
         return found
 
@@ -513,17 +524,18 @@ def _groups(
     """
     groups_dir = f"{scan.sys}/kernel/iommu_groups"
     mdev_names = {m.uuid for m in mdevs}
-    claims: dict[int, dict[str, PciDevice]] = {}
+    # Names only: a list per group is far smaller than a dict per group.
+    claims: dict[int, list[str]] = {}
     for name, dev in devices.items():
         if dev.iommu_group is not None:
-            claims.setdefault(dev.iommu_group, {})[name] = dev
+            claims.setdefault(dev.iommu_group, []).append(name)
     numbers = set(claims) | {m.iommu_group for m in mdevs if m.iommu_group is not None}
     if kernel_groups is not None:
         numbers |= set(kernel_groups)
 
     result = []
     for number in sorted(numbers):
-        claimed = claims.get(number, {})
+        claimed = claims.get(number, [])
         if kernel_groups is not None and number in kernel_groups:
             listed = kernel_groups[number]
             if listed is None:
@@ -551,12 +563,12 @@ def _groups(
                 for name in claimed:
                     if name not in listed_names:
                         scan.problem(
-                            f"{scan.paths[name]}/iommu_group",
+                            f"{scan.sys}/bus/pci/devices/{name}/iommu_group",
                             f"names group {number}, which does not list it; counted as a member",
                         )
             if not trusted:
                 continue
-        result.append(IommuGroup(number, tuple(claimed.values())))
+        result.append(IommuGroup(number, tuple(devices[name] for name in claimed)))
     return result
 
 
@@ -592,7 +604,7 @@ def scan_host(
     # "/" becomes "", which joins to the same absolute paths.
     scan = _Scan(os.fspath(sysfs_root).rstrip("/"), os.fspath(dev_root).rstrip("/"))
     kernel_groups = scan.kernel_groups()
-    known_groups = None if kernel_groups is None else frozenset(map(str, kernel_groups))
+    known_groups = None if kernel_groups is None else {str(n): n for n in kernel_groups}
     found = scan.pci_functions(known_groups)
     devices = dict(sorted(found.items(), key=lambda item: _by_address(item[1])))
     mdevs = scan.mdevs(known_groups)
