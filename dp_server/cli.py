@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -14,8 +13,6 @@ from dp_core import Config, PciId, SocketMode, build_inventory
 
 from .config_file import ConfigFileError, load_config
 from .logs import configure_logging
-from .pci_ids import find_pci_ids, load_pci_names
-from .report import inventory_document, inventory_table
 from .scanner import scan_host
 
 __all__ = ["main"]
@@ -29,6 +26,10 @@ def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
     config = load_config(path)
     names: dict[PciId, str] = {}
     if config.naming.source == "pci-ids":
+        # Imported here, as is what only `scan` uses: `serve` is measured in
+        # resident megabytes, and most configs never need these modules.
+        from .pci_ids import find_pci_ids, load_pci_names
+
         found = find_pci_ids(config.naming.pci_ids_path)
         if found is None:
             _log.warning(
@@ -95,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _scan(args: argparse.Namespace) -> int:
+    import json
+
+    from .report import inventory_document, inventory_table
+
     config, names = load_settings(args.config)
     shared_paths = [device.path for device in config.enabled_shared_devices]
     snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)

@@ -14,7 +14,6 @@ Two documents are accepted:
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import re
@@ -166,6 +165,8 @@ def _note(exc: BaseException, kind: type[T]) -> T | None:
 
 
 def _suggest(key: object, allowed: Iterable[str]) -> str:
+    import difflib  # only a broken config needs it; the server keeps it out of memory
+
     choices = sorted(allowed)
     close = difflib.get_close_matches(str(key), choices, n=1)
     if close:

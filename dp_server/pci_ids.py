@@ -8,7 +8,6 @@ core's (`dp_core.names.parse_pci_ids`); this module only finds and reads.
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from collections.abc import Sequence
@@ -60,6 +59,8 @@ def load_pci_names(path: str | os.PathLike[str]) -> dict[PciId, str]:
     try:
         data = Path(path).read_bytes()
         if data.startswith(_GZIP_MAGIC):
+            import gzip  # only some distributions compress it; the server rarely needs it
+
             data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
