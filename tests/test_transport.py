@@ -1,0 +1,95 @@
+"""The connection layer under grpclib: coalesced writes and the sweep of finished calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from dp_server.emulator._rpc import dp
+from dp_server.transport import CoalescingTransport
+
+from e2e_harness import GPU, Harness
+
+pytestmark = pytest.mark.asyncio
+
+
+class RecordingTransport(asyncio.WriteTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[bytes] = []
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert not self.closed, "write after close"
+        self.sent.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": "kubelet"}.get(name, default)
+
+
+async def test_writes_of_one_loop_turn_go_out_as_one_send() -> None:
+    raw = RecordingTransport()
+    transport = CoalescingTransport(raw)
+    transport.write(b"headers")
+    transport.write(b"")
+    transport.write(bytearray(b"message"))
+    transport.write(memoryview(b"trailers"))
+    assert raw.sent == []
+    await asyncio.sleep(0)
+    assert raw.sent == [b"headersmessagetrailers"]
+    transport.write(b"next")
+    await asyncio.sleep(0)
+    assert raw.sent == [b"headersmessagetrailers", b"next"]
+    assert transport.get_extra_info("peername") == "kubelet"
+
+
+async def test_close_sends_what_is_pending_first() -> None:
+    raw = RecordingTransport()
+    transport = CoalescingTransport(raw)
+    transport.write(b"goaway")
+    transport.close()
+    assert raw.sent == [b"goaway"] and raw.closed
+    await asyncio.sleep(0)  # the scheduled flush finds nothing left to send
+    assert raw.sent == [b"goaway"]
+
+
+async def test_abort_drops_pending_and_nothing_is_sent_after_it() -> None:
+    raw = RecordingTransport()
+    transport = CoalescingTransport(raw)
+    transport.write(b"late")
+    transport.abort()
+    await asyncio.sleep(0)
+    assert raw.sent == [] and raw.aborted
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    h = Harness()
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+async def test_finished_calls_are_not_kept(harness: Harness) -> None:
+    harness.start_kubelet()
+    runtime = await harness.start_server()
+    assert await harness.registered()
+    for _ in range(25):
+        await harness.kubelet("call", GPU, "GetDevicePluginOptions", dp.Empty())
+    handlers = [h for listener in runtime._listeners.values() for h in listener.server._handlers]
+    assert handlers
+    # Each connection holds at most its ListAndWatch and the call in progress.
+    assert max(len(handler._tasks) for handler in handlers) <= 2
