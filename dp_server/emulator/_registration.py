@@ -34,6 +34,7 @@ from ._rpc import (
     is_extended_resource_name,
 )
 from ._state import DeviceState, KubeletState, PluginOptions, _Resource
+from ._workers import Task, Workers
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,15 @@ class _Endpoint:
     channel: grpc.Channel
     options: PluginOptions
     call: Any = None  # the ListAndWatch call, cancellable
-    thread: threading.Thread | None = None
+    watcher: Task | None = None
 
     def close(self, *, join: bool = True) -> None:
         """Stop the client as the kubelet does: cancel the stream, close the conn."""
         if self.call is not None:
             self.call.cancel()
         self.channel.close()
-        thread = self.thread
-        if join and thread is not None and thread is not threading.current_thread():
-            thread.join(JOIN_TIMEOUT)
+        if join and self.watcher is not None:
+            self.watcher.join(JOIN_TIMEOUT)
 
 
 class _DialError(Exception):
@@ -98,7 +98,8 @@ class Registration:
         self._refuse = refuse
         # Dials in flight, so stop()/restart() can abort them instead of waiting 10 s.
         self._pending: set[grpc.Channel] = set()
-        self._threads: set[threading.Thread] = set()
+        self._workers = Workers()
+        self._tasks: set[Task] = set()
         self._server: grpc.Server | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
         # Bumped by restart()/stop(): a dial that began in an older generation
@@ -179,36 +180,39 @@ class Registration:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 
-    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+    def _spawn(self, target: Callable[[], None], name: str) -> Task:
         def run() -> None:
             try:
                 target()
-            except Exception:  # a background failure must show up, not vanish
-                log.exception("kubelet emulator thread %s failed", name)
             finally:
                 with self.state.cond:
-                    self._threads.discard(threading.current_thread())
+                    self._tasks.discard(task)
 
-        thread = threading.Thread(target=run, name=name, daemon=True)
+        # Holding the lock keeps run()'s finally from reading `task` before it is bound.
         with self.state.cond:
-            self._threads.add(thread)
-        thread.start()
-        return thread
+            task = self._workers.submit(run, name)
+            self._tasks.add(task)
+        return task
 
     def join_threads(self) -> None:
+        """Wait for every client task (ListAndWatch readers, late dials) to end."""
         deadline = time.monotonic() + JOIN_TIMEOUT
         while True:
             with self.state.cond:
-                threads = [t for t in self._threads if t is not threading.current_thread()]
-            if not threads:
+                tasks = [t for t in self._tasks if t.thread is not threading.current_thread()]
+            if not tasks:
                 return
-            for t in threads:
+            for t in tasks:
                 t.join(max(0.0, deadline - time.monotonic()))
             if time.monotonic() >= deadline:
-                alive = [t.name for t in threads if t.is_alive()]
+                alive = [t.name for t in tasks if not t.done()]
                 if alive:
                     log.warning("kubelet emulator threads still running: %s", alive)
                 return
+
+    def close(self) -> None:
+        """Release the worker threads; the emulator is not started again."""
+        self._workers.close()
 
     # ------------------------------------------------------------------ Register
 
@@ -302,7 +306,7 @@ class Registration:
             state.event_locked("registered", name, request.endpoint)
             # ListAndWatch begins before Register returns (the kubelet's
             # `go runClient`), on the thread's own schedule.
-            ep.thread = self._spawn(lambda: self._watch(ep), name=f"kubelet-law-{name}")
+            ep.watcher = self._spawn(lambda: self._watch(ep), name=f"kubelet-law-{name}")
         if old is not None:
             state.event("replaced", name, f"old endpoint {old.endpoint!r} closed")
             old.close()

@@ -137,6 +137,7 @@ class KubeletEmulator(PodsMixin):
             self._pod_resources.stop()
         self._registration.disconnect_all(reason="kubelet stopped")
         self._registration.join_threads()
+        self._registration.close()
         self._state.event("stop", "", "")
 
     def restart(self) -> None:
