@@ -30,6 +30,7 @@ read with `os.readlink` and their basename taken, rather than resolving paths.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -600,6 +601,22 @@ def scan_host(
     by number, mdev types by parent and id, mdevs by UUID, problems by path), so
     two scans of an unchanged host compare equal.
     """
+    # A scan builds tens of thousands of objects, none in a reference cycle, so
+    # the collections their allocation would trigger (a full one, on a large
+    # host) find nothing to free and only walk the heap. Callers collect after
+    # a scan when they want to (the runtime does, once the snapshot is in use).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _scan_host(sysfs_root, dev_root, dev_paths)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _scan_host(
+    sysfs_root: str | Path, dev_root: str | Path, dev_paths: Iterable[str]
+) -> HostSnapshot:
     # Without a trailing slash, so problem paths read `/sys/bus/...`, not `/sys//bus`;
     # "/" becomes "", which joins to the same absolute paths.
     scan = _Scan(os.fspath(sysfs_root).rstrip("/"), os.fspath(dev_root).rstrip("/"))
