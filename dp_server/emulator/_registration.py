@@ -150,7 +150,11 @@ class Registration:
             executor.shutdown(wait=False, cancel_futures=True)
 
     def disconnect_all(self, reason: str) -> None:
-        """Close every plugin client; devices turn unhealthy, capacity stays."""
+        """Close every plugin client; devices turn unhealthy, capacity stays.
+
+        The readers are not joined one by one here: join_threads() waits for
+        all of them, which lets them wind down at the same time.
+        """
         endpoints: list[_Endpoint] = []
         state = self.state
         with state.cond:
@@ -161,7 +165,7 @@ class Registration:
                     state.event_locked("stream-ended", res.name, reason)
             state.cond.notify_all()
         for ep in endpoints:
-            ep.close()
+            ep.close(join=False)
 
     def cleanup_plugin_dir(self) -> None:
         """The kubelet's CleanupPluginDirectory: remove sockets, keep the checkpoint."""
