@@ -65,6 +65,9 @@ class Viability:
         return "; ".join(f"{address} is bound to {driver}" for address, driver in self.blockers)
 
 
+_VIABLE = Viability(viable=True)
+
+
 @attrs.frozen
 class IommuGroup:
     """One `/sys/kernel/iommu_groups/<number>`, holding its member functions."""
@@ -85,12 +88,13 @@ class IommuGroup:
     def viability(self) -> Viability:
         # VFIO refuses a group while any endpoint in it is owned by a host driver;
         # an endpoint with no driver is fine, and bridges are never checked.
+        # The inventory asks once per device, so the common answer is shared.
         blockers = tuple(
             (member.address, member.driver)
-            for member in self.endpoints
-            if member.driver is not None and member.driver != VFIO_DRIVER
+            for member in self.members
+            if member.driver is not None and member.driver != VFIO_DRIVER and not member.is_bridge
         )
-        return Viability(viable=not blockers, blockers=blockers)
+        return Viability(viable=False, blockers=blockers) if blockers else _VIABLE
 
 
 @attrs.frozen
@@ -135,7 +139,9 @@ class HostSnapshot:
     mdevs: tuple[MdevDevice, ...] = attrs.field(default=(), converter=_mdevs)
     dev_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=_paths)
     problems: tuple[ScanProblem, ...] = attrs.field(default=(), converter=_problems)
-    _by_address: Mapping[PciAddress, PciDevice] = attrs.field(init=False, eq=False, repr=False)
+    _by_address: Mapping[PciAddress, PciDevice] | None = attrs.field(
+        init=False, eq=False, repr=False
+    )
     _by_group: Mapping[int, IommuGroup] = attrs.field(init=False, eq=False, repr=False)
     _type_names: Mapping[tuple[PciAddress, str], str] = attrs.field(
         init=False, eq=False, repr=False
@@ -143,9 +149,9 @@ class HostSnapshot:
 
     def __attrs_post_init__(self) -> None:
         # Lookup tables are derived once; the snapshot itself stays immutable.
-        object.__setattr__(
-            self, "_by_address", MappingProxyType({d.address: d for d in self.pci_devices})
-        )
+        # Functions by address only on first use: the inventory looks up mdev
+        # parents alone, and on a large host without mdevs the table is 150 KB.
+        object.__setattr__(self, "_by_address", None)
         object.__setattr__(
             self, "_by_group", MappingProxyType({g.number: g for g in self.iommu_groups})
         )
@@ -156,7 +162,11 @@ class HostSnapshot:
         )
 
     def device(self, address: PciAddress) -> PciDevice | None:
-        return self._by_address.get(address)
+        by_address = self._by_address
+        if by_address is None:
+            by_address = MappingProxyType({d.address: d for d in self.pci_devices})
+            object.__setattr__(self, "_by_address", by_address)
+        return by_address.get(address)
 
     def group(self, number: int | None) -> IommuGroup | None:
         if number is None:

@@ -201,10 +201,18 @@ def _select_pci(
     return name, ""
 
 
-def _group_health(group_number: int | None, snapshot: HostSnapshot) -> tuple[bool, str]:
+def _group_paths(group_number: int | None) -> tuple[str, ...]:
+    """The device nodes a container needs for a member of the group."""
     if group_number is None:
+        return ()
+    return (VFIO_CONTAINER, f"/dev/vfio/{group_number}")
+
+
+def _group_health(paths: tuple[str, ...], snapshot: HostSnapshot) -> tuple[bool, str]:
+    """Health as far as the group's device nodes tell, given `_group_paths`."""
+    if not paths:
         return False, "no IOMMU group (is the IOMMU enabled?)"
-    group_node = f"/dev/vfio/{group_number}"
+    group_node = paths[1]
     if not snapshot.has_dev_node(VFIO_CONTAINER):
         return False, f"{VFIO_CONTAINER} does not exist (is the vfio module loaded?)"
     if not snapshot.has_dev_node(group_node):
@@ -213,17 +221,19 @@ def _group_health(group_number: int | None, snapshot: HostSnapshot) -> tuple[boo
 
 
 def _pci_device(pci: PciDevice, snapshot: HostSnapshot) -> AdvertisedDevice:
-    healthy, reason = _group_health(pci.iommu_group, snapshot)
+    paths = _group_paths(pci.iommu_group)
+    healthy, reason = _group_health(paths, snapshot)
     if pci.driver is None:
         healthy, reason = False, "not bound to any driver; bind it to vfio-pci"
     elif healthy:
         group = snapshot.group(pci.iommu_group)
         if group is None:
             healthy, reason = False, f"IOMMU group {pci.iommu_group} is not listed in sysfs"
-        elif not group.viability.viable:
-            healthy = False
-            reason = f"IOMMU group {group.number} is not viable: {group.viability.reason}"
-    paths = (VFIO_CONTAINER, f"/dev/vfio/{pci.iommu_group}") if pci.iommu_group is not None else ()
+        else:
+            viability = group.viability
+            if not viability.viable:
+                healthy = False
+                reason = f"IOMMU group {group.number} is not viable: {viability.reason}"
     return AdvertisedDevice(
         id=str(pci.address),
         healthy=healthy,
@@ -267,11 +277,9 @@ def _matching_mdev_entry(
 
 
 def _mdev_device(mdev: MdevDevice, snapshot: HostSnapshot) -> AdvertisedDevice:
-    healthy, reason = _group_health(mdev.iommu_group, snapshot)
+    paths = _group_paths(mdev.iommu_group)
+    healthy, reason = _group_health(paths, snapshot)
     parent = snapshot.device(mdev.parent)
-    paths = (
-        (VFIO_CONTAINER, f"/dev/vfio/{mdev.iommu_group}") if mdev.iommu_group is not None else ()
-    )
     return AdvertisedDevice(
         id=mdev.uuid,
         healthy=healthy,
