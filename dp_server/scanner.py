@@ -40,13 +40,14 @@ from typing import TypeVar
 
 from dp_core import (
     HostSnapshot,
-    IommuGroup,
     MdevDevice,
     MdevType,
     PciAddress,
     PciDevice,
     ScanProblem,
 )
+
+from .iommu_groups import cross_checked_groups
 
 __all__ = ["UNKNOWN_CLASS", "UNKNOWN_DRIVER", "scan_host"]
 
@@ -507,72 +508,6 @@ class _Scan:
         return nodes
 
 
-def _groups(
-    scan: _Scan,
-    kernel_groups: dict[int, list[str] | None] | None,
-    devices: dict[str, PciDevice],
-    mdevs: list[MdevDevice],
-) -> list[IommuGroup]:
-    """Cross-check the groups the kernel lists against each function's own link.
-
-    Members are the union of both views. A group is left out when the kernel
-    lists a member we could not read, lists a function whose own link names
-    another group, or its member list was unreadable: a group with an unknown
-    member has unknown viability, and leaving it out makes every function in it
-    look group-less to the core, which is the safe reading.
-
-    `devices` must be in address order, so members come out sorted.
-    """
-    groups_dir = f"{scan.sys}/kernel/iommu_groups"
-    mdev_names = {m.uuid for m in mdevs}
-    # Names only: a list per group is far smaller than a dict per group.
-    claims: dict[int, list[str]] = {}
-    for name, dev in devices.items():
-        if dev.iommu_group is not None:
-            claims.setdefault(dev.iommu_group, []).append(name)
-    numbers = set(claims) | {m.iommu_group for m in mdevs if m.iommu_group is not None}
-    if kernel_groups is not None:
-        numbers |= set(kernel_groups)
-
-    result = []
-    for number in sorted(numbers):
-        claimed = claims.get(number, [])
-        if kernel_groups is not None and number in kernel_groups:
-            listed = kernel_groups[number]
-            if listed is None:
-                continue  # unreadable member list, already reported
-            trusted = True
-            confirmed = 0
-            for name in listed:
-                member = devices.get(name)
-                if member is not None and member.iommu_group == number:
-                    confirmed += 1
-                    continue
-                if member is None and name in mdev_names:
-                    continue
-                if member is None:
-                    reason = "member is not a readable device"
-                else:
-                    reason = f"member's own iommu_group link names {member.iommu_group}"
-                scan.problem(
-                    f"{groups_dir}/{number}/devices/{name}",
-                    f"{reason}; group left out of the snapshot",
-                )
-                trusted = False
-            if confirmed != len(claimed):
-                listed_names = set(listed)
-                for name in claimed:
-                    if name not in listed_names:
-                        scan.problem(
-                            f"{scan.sys}/bus/pci/devices/{name}/iommu_group",
-                            f"names group {number}, which does not list it; counted as a member",
-                        )
-            if not trusted:
-                continue
-        result.append(IommuGroup(number, tuple(devices[name] for name in claimed)))
-    return result
-
-
 def _by_address(dev: PciDevice) -> tuple[int, int, int, int]:
     # attrs' generated ordering on PciAddress builds tuples through generic
     # helpers and dominated a 10,000-function scan; a plain tuple key is 10x cheaper.
@@ -625,7 +560,7 @@ def _scan_host(
     found = scan.pci_functions(known_groups)
     devices = dict(sorted(found.items(), key=lambda item: _by_address(item[1])))
     mdevs = scan.mdevs(known_groups)
-    groups = _groups(scan, kernel_groups, devices, mdevs)
+    groups = cross_checked_groups(scan.sys, kernel_groups, devices, mdevs, scan.problem)
     dev_nodes = scan.dev_nodes(dev_paths)
 
     return HostSnapshot(
