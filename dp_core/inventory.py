@@ -122,6 +122,9 @@ def build_inventory(
             return
         entry[1].append(device)
 
+    # Each node path as the snapshot holds it, so that the devices' host paths
+    # share its strings instead of keeping a second copy per device.
+    nodes = {node: node for node in snapshot.dev_nodes}
     entries = _pci_entries(config)
     for pci in sorted(snapshot.pci_devices, key=_address_key):
         decision = _select_pci(pci, config, pci_names or {}, entries)
@@ -131,7 +134,7 @@ def build_inventory(
         if skip_reason:
             skipped.append(SkippedDevice(str(pci.address), skip_reason, name, pci.driver))
             continue
-        add(name, DeviceKind.PCI, _pci_device(pci, snapshot), VFIO_PERMISSIONS)
+        add(name, DeviceKind.PCI, _pci_device(pci, snapshot, nodes), VFIO_PERMISSIONS)
 
     for mdev in sorted(snapshot.mdevs, key=lambda m: m.uuid):
         mdev_decision = _select_mdev(mdev, snapshot, config)
@@ -141,7 +144,7 @@ def build_inventory(
         if skip_reason:
             skipped.append(SkippedDevice(mdev.uuid, skip_reason, name))
             continue
-        add(name, DeviceKind.MDEV, _mdev_device(mdev, snapshot), VFIO_PERMISSIONS)
+        add(name, DeviceKind.MDEV, _mdev_device(mdev, snapshot, nodes), VFIO_PERMISSIONS)
 
     for shared in config.enabled_shared_devices:
         for device in _shared_devices(shared, snapshot):
@@ -201,11 +204,12 @@ def _select_pci(
     return name, ""
 
 
-def _group_paths(group_number: int | None) -> tuple[str, ...]:
+def _group_paths(group_number: int | None, nodes: Mapping[str, str]) -> tuple[str, ...]:
     """The device nodes a container needs for a member of the group."""
     if group_number is None:
         return ()
-    return (VFIO_CONTAINER, f"/dev/vfio/{group_number}")
+    node = f"/dev/vfio/{group_number}"
+    return (VFIO_CONTAINER, nodes.get(node, node))
 
 
 def _group_health(paths: tuple[str, ...], snapshot: HostSnapshot) -> tuple[bool, str]:
@@ -220,8 +224,10 @@ def _group_health(paths: tuple[str, ...], snapshot: HostSnapshot) -> tuple[bool,
     return True, ""
 
 
-def _pci_device(pci: PciDevice, snapshot: HostSnapshot) -> AdvertisedDevice:
-    paths = _group_paths(pci.iommu_group)
+def _pci_device(
+    pci: PciDevice, snapshot: HostSnapshot, nodes: Mapping[str, str]
+) -> AdvertisedDevice:
+    paths = _group_paths(pci.iommu_group, nodes)
     healthy, reason = _group_health(paths, snapshot)
     if pci.driver is None:
         healthy, reason = False, "not bound to any driver; bind it to vfio-pci"
@@ -276,8 +282,10 @@ def _matching_mdev_entry(
     return None
 
 
-def _mdev_device(mdev: MdevDevice, snapshot: HostSnapshot) -> AdvertisedDevice:
-    paths = _group_paths(mdev.iommu_group)
+def _mdev_device(
+    mdev: MdevDevice, snapshot: HostSnapshot, nodes: Mapping[str, str]
+) -> AdvertisedDevice:
+    paths = _group_paths(mdev.iommu_group, nodes)
     healthy, reason = _group_health(paths, snapshot)
     parent = snapshot.device(mdev.parent)
     return AdvertisedDevice(
