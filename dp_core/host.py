@@ -44,7 +44,11 @@ def _mdevs(value: Iterable[MdevDevice]) -> tuple[MdevDevice, ...]:
 
 
 def _paths(value: Iterable[str]) -> frozenset[str]:
-    return frozenset(value)
+    if type(value) is frozenset:
+        return value
+    # Built from a set, a frozenset gets a table twice the size one built from
+    # a list gets: 256 KB instead of 128 KB for a host with 4,096 groups.
+    return frozenset(list(value))
 
 
 def _problems(value: Iterable[ScanProblem]) -> tuple[ScanProblem, ...]:
