@@ -11,9 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-import grpc.experimental
-
 from .pb.deviceplugin.v1beta1 import api_pb2 as dp
 from .pb.podresources.v1 import api_pb2 as pr
 
@@ -48,15 +45,10 @@ ERR_FAILED_TO_DIAL = "failed to dial device plugin: {reason}"
 #: client: a connection of its own per channel (grpcio otherwise shares one
 #: subchannel, hence one connection, between channels to the same target) and
 #: `:authority` forced to "localhost" (grpc.WithAuthority("localhost")).
-#: Server-streaming calls run on the reading thread alone: otherwise grpcio
-#: starts a completion-queue thread per channel for the ListAndWatch stream, and
-#: the reader polls it every 100 ms; a kubelet holding 64 plugins paid for 128
-#: threads where grpc-go has 64 goroutines.
 PLUGIN_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.use_local_subchannel_pool", 1),
     ("grpc.default_authority", "localhost"),
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_LENGTH),
-    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
 )
 
 
