@@ -73,6 +73,11 @@ __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
 
 KUBELET_SOCKET = "kubelet.sock"
 _log = logging.getLogger("dp.runtime")
+# After a kubelet connection closes, kubelet.sock is looked at this often, for
+# this long: a restart's new socket is seen within milliseconds, at the cost of
+# a few hundred stat calls.
+_FOLLOW_STEP = 0.005
+_FOLLOW_AFTER_LOSS = 1.0
 _T = TypeVar("_T")
 
 
@@ -186,6 +191,8 @@ class Runtime:
         self._watcher: threading.Thread | None = None
         self._stopping = False
         self._kubelet_identity: tuple[int, int] | None = None
+        self._follower: asyncio.Task[None] | None = None
+        self._follow_kubelet_until = 0.0
         self._kubelet_channel: Channel | None = None
         self._channel_users: dict[Channel, int] = {}
         self._encoded_lists: dict[str, tuple[object, bytes]] = {}
@@ -306,8 +313,25 @@ class Runtime:
         for key, value in list(self._connections.items()):
             if value == connection:
                 del self._connections[key]
-        if not self._stopping:  # at shutdown every connection closes; nothing to redo
-            self.feed(ConnectionClosed(connection, self.now()))
+        if self._stopping:  # at shutdown every connection closes; nothing to redo
+            return
+        # A kubelet restart drops every connection at once. Look at kubelet.sock
+        # before re-registering this resource, so that a restart already visible
+        # registers everything once rather than this resource twice; then keep
+        # looking for a moment, because the watcher groups file events for up to
+        # a few hundred milliseconds before it reports them.
+        self._probe_kubelet()
+        self.feed(ConnectionClosed(connection, self.now()))
+        self._follow_kubelet_until = self.now() + _FOLLOW_AFTER_LOSS
+        if self._follower is None or self._follower.done():
+            self._follower = asyncio.get_running_loop().create_task(self._follow_kubelet())
+            self._tasks.add(self._follower)
+            self._follower.add_done_callback(self._task_done)
+
+    async def _follow_kubelet(self) -> None:
+        while not self._stopping and self.now() < self._follow_kubelet_until:
+            await asyncio.sleep(_FOLLOW_STEP)
+            await self._check_sockets()
 
     # -- sockets -------------------------------------------------------------------
 
@@ -332,6 +356,9 @@ class Runtime:
         for endpoint, listener in list(self._listeners.items()):
             if _socket_identity(listener.path) != listener.identity:
                 await self._ensure_listener(endpoint, listener.resource)
+        self._probe_kubelet()
+
+    def _probe_kubelet(self) -> None:
         identity = _socket_identity(self.kubelet_socket)
         if identity == self._kubelet_identity:
             return

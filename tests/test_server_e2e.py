@@ -140,6 +140,14 @@ async def test_kubelet_restart_reregisters_everything(harness: Harness) -> None:
         timeout=5,
     )
     assert await harness.registered()
+    # The dropped connections are noticed before the new kubelet.sock's file
+    # event: looking at kubelet.sock first makes that one round of Registers,
+    # not a Register per lost connection followed by another for the restart.
+    await asyncio.sleep(0.3)
+    assert {n: emulator.registration_count(n) - before[n] for n in ALL} == dict.fromkeys(ALL, 1)
+    # The old kubelet's connections are gone: one connection per registration.
+    assert harness.runtime is not None
+    assert len(harness.runtime._connections) == len(ALL)
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
     assert len(ours) == 1  # the deleted socket was created again
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
