@@ -146,19 +146,18 @@ class HostSnapshot:
     _by_address: Mapping[PciAddress, PciDevice] | None = attrs.field(
         init=False, eq=False, repr=False
     )
-    _by_group: Mapping[int, IommuGroup] = attrs.field(init=False, eq=False, repr=False)
+    _by_group: Mapping[int, IommuGroup] | None = attrs.field(init=False, eq=False, repr=False)
     _type_names: Mapping[tuple[PciAddress, str], str] = attrs.field(
         init=False, eq=False, repr=False
     )
 
     def __attrs_post_init__(self) -> None:
         # Lookup tables are derived once; the snapshot itself stays immutable.
-        # Functions by address only on first use: the inventory looks up mdev
-        # parents alone, and on a large host without mdevs the table is 150 KB.
+        # Functions and groups are indexed on first use only: a server keeps
+        # its snapshot, and on a large host each table is 150 KB that nothing
+        # in the server looks up (the inventory keeps its own while it builds).
         object.__setattr__(self, "_by_address", None)
-        object.__setattr__(
-            self, "_by_group", MappingProxyType({g.number: g for g in self.iommu_groups})
-        )
+        object.__setattr__(self, "_by_group", None)
         object.__setattr__(
             self,
             "_type_names",
@@ -175,7 +174,11 @@ class HostSnapshot:
     def group(self, number: int | None) -> IommuGroup | None:
         if number is None:
             return None
-        return self._by_group.get(number)
+        by_group = self._by_group
+        if by_group is None:
+            by_group = MappingProxyType({g.number: g for g in self.iommu_groups})
+            object.__setattr__(self, "_by_group", by_group)
+        return by_group.get(number)
 
     def mdev_type_name(self, mdev: MdevDevice) -> str | None:
         return self._type_names.get((mdev.parent, mdev.type_id))

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from .config import Config, MediatedDevice, PciHostDevice, SharedDevice
-from .host import VFIO_DRIVER, HostSnapshot, MdevDevice
+from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
 from .pci import PciDevice, PciId
 
@@ -125,6 +125,7 @@ def build_inventory(
     # Each node path as the snapshot holds it, so that the devices' host paths
     # share its strings instead of keeping a second copy per device.
     nodes = {node: node for node in snapshot.dev_nodes}
+    groups = {group.number: group for group in snapshot.iommu_groups}
     entries = _pci_entries(config)
     for pci in sorted(snapshot.pci_devices, key=_address_key):
         decision = _select_pci(pci, config, pci_names or {}, entries)
@@ -134,7 +135,7 @@ def build_inventory(
         if skip_reason:
             skipped.append(SkippedDevice(str(pci.address), skip_reason, name, pci.driver))
             continue
-        add(name, DeviceKind.PCI, _pci_device(pci, snapshot, nodes), VFIO_PERMISSIONS)
+        add(name, DeviceKind.PCI, _pci_device(pci, snapshot, nodes, groups), VFIO_PERMISSIONS)
 
     for mdev in sorted(snapshot.mdevs, key=lambda m: m.uuid):
         mdev_decision = _select_mdev(mdev, snapshot, config)
@@ -225,14 +226,17 @@ def _group_health(paths: tuple[str, ...], snapshot: HostSnapshot) -> tuple[bool,
 
 
 def _pci_device(
-    pci: PciDevice, snapshot: HostSnapshot, nodes: Mapping[str, str]
+    pci: PciDevice,
+    snapshot: HostSnapshot,
+    nodes: Mapping[str, str],
+    groups: Mapping[int, IommuGroup],
 ) -> AdvertisedDevice:
     paths = _group_paths(pci.iommu_group, nodes)
     healthy, reason = _group_health(paths, snapshot)
     if pci.driver is None:
         healthy, reason = False, "not bound to any driver; bind it to vfio-pci"
     elif healthy:
-        group = snapshot.group(pci.iommu_group)
+        group = None if pci.iommu_group is None else groups.get(pci.iommu_group)
         if group is None:
             healthy, reason = False, f"IOMMU group {pci.iommu_group} is not listed in sysfs"
         else:
