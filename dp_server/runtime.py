@@ -67,7 +67,7 @@ from .proto import v1 as podresources
 from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
-from .transport import ConnectionTracker, TrackedServer
+from .transport import ConnectionTracker, KubeletChannel, TrackedServer
 
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
 
@@ -386,7 +386,7 @@ class Runtime:
                 effect.endpoint, effect.resource if effect.own_socket else None
             )
             if self._kubelet_channel is None:
-                self._kubelet_channel = Channel(
+                self._kubelet_channel = KubeletChannel(
                     path=str(self.kubelet_socket), codec=wire.PreEncodedCodec()
                 )
             channel = self._kubelet_channel

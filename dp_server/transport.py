@@ -12,12 +12,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import grpclib.client
+from grpclib.client import Channel
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler, Server
 
 from . import wire
 
-__all__ = ["CoalescingTransport", "ConnectionTracker", "TrackedServer"]
+__all__ = ["CoalescingTransport", "ConnectionTracker", "KubeletChannel", "TrackedServer"]
 
 
 class ConnectionTracker:
@@ -81,7 +83,23 @@ class _Handler(Handler):
     __gc_interval__ = 1
 
 
-class _TrackedProtocol(H2Protocol):
+class _CoalescingProtocol(H2Protocol):
+    """H2Protocol writing through a CoalescingTransport."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.coalescing = CoalescingTransport(transport)
+        super().connection_made(self.coalescing)  # type: ignore[arg-type]
+
+
+class KubeletChannel(Channel):
+    """A grpclib client Channel whose request headers and message go out in one send."""
+
+    def _protocol_factory(self) -> H2Protocol:
+        return _CoalescingProtocol(grpclib.client.Handler(), self._config, self._h2_config)
+
+
+class _TrackedProtocol(_CoalescingProtocol):
     """H2Protocol that tells the tracker when a kubelet connection comes and goes."""
 
     def __init__(self, *args: Any, tracker: ConnectionTracker, listener: str | None) -> None:
@@ -91,10 +109,8 @@ class _TrackedProtocol(H2Protocol):
         self._dp_connection: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        coalescing = CoalescingTransport(transport)
-        self._dp_connection = self._tracker.made(coalescing, self._listener)  # type: ignore[arg-type]
-        super().connection_made(coalescing)  # type: ignore[arg-type]
+        super().connection_made(transport)
+        self._dp_connection = self._tracker.made(self.coalescing, self._listener)  # type: ignore[arg-type]
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
