@@ -73,11 +73,13 @@ __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
 
 KUBELET_SOCKET = "kubelet.sock"
 _log = logging.getLogger("dp.runtime")
-# After a kubelet connection closes, kubelet.sock is looked at this often, for
-# this long: a restart's new socket is seen within milliseconds, at the cost of
-# a few hundred stat calls.
-_FOLLOW_STEP = 0.005
-_FOLLOW_AFTER_LOSS = 1.0
+# After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
+# second, then every 50 ms for half a minute: a restarted kubelet's new socket
+# is seen within milliseconds if it comes back at once, within 50 ms if it takes
+# its time (the file watcher alone reports up to a few hundred ms late). That
+# is a few thousand stat calls per lost connection.
+_FOLLOW_FAST = (0.005, 1.0)  # (step, for how long)
+_FOLLOW_SLOW = (0.05, 30.0)
 _T = TypeVar("_T")
 
 
@@ -192,7 +194,7 @@ class Runtime:
         self._stopping = False
         self._kubelet_identity: tuple[int, int] | None = None
         self._follower: asyncio.Task[None] | None = None
-        self._follow_kubelet_until = 0.0
+        self._follow_kubelet_since = 0.0
         self._kubelet_channel: Channel | None = None
         self._channel_users: dict[Channel, int] = {}
         self._encoded_lists: dict[str, tuple[object, bytes]] = {}
@@ -322,15 +324,18 @@ class Runtime:
         # a few hundred milliseconds before it reports them.
         self._probe_kubelet()
         self.feed(ConnectionClosed(connection, self.now()))
-        self._follow_kubelet_until = self.now() + _FOLLOW_AFTER_LOSS
+        self._follow_kubelet_since = self.now()
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow_kubelet())
             self._tasks.add(self._follower)
             self._follower.add_done_callback(self._task_done)
 
     async def _follow_kubelet(self) -> None:
-        while not self._stopping and self.now() < self._follow_kubelet_until:
-            await asyncio.sleep(_FOLLOW_STEP)
+        while not self._stopping:
+            elapsed = self.now() - self._follow_kubelet_since
+            if elapsed >= _FOLLOW_SLOW[1]:
+                return
+            await asyncio.sleep(_FOLLOW_FAST[0] if elapsed < _FOLLOW_FAST[1] else _FOLLOW_SLOW[0])
             await self._check_sockets()
 
     # -- sockets -------------------------------------------------------------------
