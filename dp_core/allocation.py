@@ -33,7 +33,7 @@ class Allocation:
     serial: int
     resource: str
     device_ids: tuple[str, ...]
-    groups: frozenset[int]
+    groups: tuple[int, ...]  # sorted, each once
     at: float
 
     def describe(self) -> str:
@@ -52,7 +52,9 @@ class AllocationBook:
         self.release_grace = release_grace
         self._allocations: dict[int, Allocation] = {}  # by serial, oldest first
         self._by_group: dict[int, Allocation] = {}
-        self._by_device: dict[tuple[str, str], int] = {}
+        # resource -> device ID -> serial. Thousands of allocations may be held,
+        # so no per-entry key tuple: nested dicts share the resource's name.
+        self._by_device: dict[str, dict[str, int]] = {}
         self._serial = 0
         self.last_replaced: tuple[Allocation, ...] = ()
 
@@ -97,18 +99,18 @@ class AllocationBook:
         replaced = {
             serial
             for device_id in ids
-            if (serial := self._by_device.get((resource, device_id))) is not None
+            if (serial := self._by_device.get(resource, {}).get(device_id)) is not None
         }
         self.last_replaced = tuple(self._remove(serial) for serial in sorted(replaced))
         self._serial += 1
-        groups = frozenset(d.iommu_group for d in devices if d.iommu_group is not None)
+        groups = tuple(sorted({d.iommu_group for d in devices if d.iommu_group is not None}))
         allocation = Allocation(self._serial, resource, ids, groups, now)
         if groups:
             self._allocations[allocation.serial] = allocation
             for group in groups:
                 self._by_group[group] = allocation
             for device_id in ids:
-                self._by_device[(resource, device_id)] = allocation.serial
+                self._by_device.setdefault(resource, {})[device_id] = allocation.serial
         return allocation
 
     def _remove(self, serial: int) -> Allocation:
@@ -117,8 +119,9 @@ class AllocationBook:
             if self._by_group.get(group) is allocation:
                 del self._by_group[group]
         for device_id in allocation.device_ids:
-            if self._by_device.get((allocation.resource, device_id)) == serial:
-                del self._by_device[(allocation.resource, device_id)]
+            by_id = self._by_device.get(allocation.resource, {})
+            if by_id.get(device_id) == serial:
+                del by_id[device_id]
         return allocation
 
     def release_unheld(self, held: Mapping[str, frozenset[str]], now: float) -> list[Allocation]:

@@ -497,7 +497,7 @@ class Node:
                         "allocated",
                         resource=resource_name,
                         devices=",".join(allocation.device_ids),
-                        groups=",".join(str(g) for g in sorted(allocation.groups)),
+                        groups=",".join(str(g) for g in allocation.groups),
                     )
                 )
             return AllocateAnswer(tuple(answers))
@@ -522,7 +522,7 @@ class Node:
                 "released",
                 resource=allocation.resource,
                 devices=",".join(allocation.device_ids),
-                groups=",".join(str(g) for g in sorted(allocation.groups)),
+                groups=",".join(str(g) for g in allocation.groups),
             )
             for allocation in released
         ]
