@@ -90,6 +90,8 @@ class _CoalescingProtocol(H2Protocol):
         assert isinstance(transport, asyncio.WriteTransport)
         self.coalescing = CoalescingTransport(transport)
         super().connection_made(self.coalescing)  # type: ignore[arg-type]
+        # The peer waits for our SETTINGS before its first request: send them now.
+        self.coalescing.flush()
 
 
 class KubeletChannel(Channel):
