@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -19,15 +18,6 @@ from dp_server.runtime import Runtime
 from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 async def serving(harness: Harness, **kwargs: object) -> Harness:

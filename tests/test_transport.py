@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -72,15 +71,6 @@ async def test_abort_drops_pending_and_nothing_is_sent_after_it() -> None:
     transport.abort()
     await asyncio.sleep(0)
     assert raw.sent == [] and raw.aborted
-
-
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 async def test_finished_calls_are_not_kept(harness: Harness) -> None:
