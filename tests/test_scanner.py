@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -438,6 +439,28 @@ def test_scan_of_generated_host(iommu: bool) -> None:
     assert result.problems == ()
     if not iommu:
         assert all(d.iommu_group is None for d in result.pci_devices)
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_scan_leaves_the_collector_as_it_found_it(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, collecting: bool
+) -> None:
+    """A scan pauses automatic collection; it must not leave it paused (or resume it)."""
+    was = gc.isenabled()
+    try:
+        gc.enable() if collecting else gc.disable()
+        _scan(tree)
+        assert gc.isenabled() is collecting
+
+        def broken(path: str, dir_fd: int | None = None) -> str:
+            raise RuntimeError("not a problem the scanner knows")
+
+        monkeypatch.setattr(scanner, "_read_attribute", broken)
+        with pytest.raises(RuntimeError):
+            _scan(tree)
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 # --------------------------------------------------------------------------
