@@ -131,7 +131,9 @@ class Node:
         self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
         self._by_name: dict[str, Resource] = {}
         self._inventory_ids: dict[str, dict[str, AdvertisedDevice]] = {}
-        # IOMMU group -> (resource, position in its device list) of every member.
+        # IOMMU group -> (resource, position in its device list) of every member,
+        # for groups of two or more members only: an allocation can change how
+        # a device is advertised only through a sibling holding its group.
         self._group_members: dict[int, list[tuple[str, int]]] = {}
         self._now = 0.0
         self._handlers: dict[type[Any], Callable[[Any], list[Effect]]] = {
@@ -199,12 +201,14 @@ class Node:
         self._inventory_ids = {
             r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
         }
-        self._group_members = {}
+        members: dict[int, list[tuple[str, int]]] = {}
         for resource in self.inventory.resources:
             for index, device in enumerate(resource.devices):
                 if device.iommu_group is not None:
-                    members = self._group_members.setdefault(device.iommu_group, [])
-                    members.append((resource.name, index))
+                    members.setdefault(device.iommu_group, []).append((resource.name, index))
+        # A device alone in its group is only ever held by its own allocations,
+        # which leave it as it is; most groups are such, and there are thousands.
+        self._group_members = {group: found for group, found in members.items() if len(found) > 1}
         return self._refresh()
 
     def _effective(

@@ -231,6 +231,11 @@ class Invariants:
                     f"{device.id} of {name} is Healthy in group {device.iommu_group}, "
                     f"held by {holder.describe()}"
                 )
+        # What is published is what a recomputation from scratch gives: the
+        # incremental refresh after an allocation change misses nothing.
+        for resource in self.node.inventory.resources:
+            expected = self.node._effective(resource, reserved)
+            assert self.node.advertised(resource.name) == expected, resource.name
 
     def publishes(self, effects: list[Effect]) -> None:
         ended = {e.stream for e in effects_of(effects, EndStream)}
