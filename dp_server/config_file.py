@@ -1,8 +1,8 @@
 """The config file: YAML in, `dp_core.Config` out, with every problem reported.
 
-The core classes validate themselves; this module reads the YAML, has
-`config_hooks` map its shape (camelCase keys, as in KubeVirt's CR) onto them,
-and turns every problem into a line `<source>: <field path>: <message>`.
+The core classes validate themselves; this module only maps the YAML shape
+(camelCase keys, as in KubeVirt's CR) onto them with cattrs (`config_hooks`),
+and turns the cattrs error tree into lines of the form `<source>: <field path>: <message>`.
 
 Two documents are accepted:
 
@@ -17,16 +17,32 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
 
 from dp_core.config import DEFAULT_SHARED_DEVICES, Config, PermittedHostDevices
 from dp_core.pci import PciId
 
-from .config_hooks import Invalid, Segment, config_converter, kind_of, show
+from .config_hooks import (
+    IGNORED_KEYS,
+    KEYS,
+    FieldError,
+    Segment,
+    config_converter,
+    kind_of,
+    path_segment,
+    show,
+)
 
 __all__ = [
     "ConfigFileError",
@@ -37,6 +53,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("dp.config")
+
+T = TypeVar("T")
 
 
 class ConfigFileError(Exception):
@@ -51,6 +69,61 @@ class ConfigFileError(Exception):
 
 
 # --- error plumbing ------------------------------------------------------------------
+
+
+def _note(exc: BaseException, kind: type[T]) -> T | None:
+    for note in getattr(exc, "__notes__", ()):
+        if type(note) is kind:
+            return note
+    return None
+
+
+def _suggest(key: object, allowed: Iterable[str]) -> str:
+    import difflib  # only a broken config needs it; the server keeps it out of memory
+
+    choices = sorted(allowed)
+    close = difflib.get_close_matches(str(key), choices, n=1)
+    if close:
+        return f"unknown key {show(key)} (did you mean {close[0]!r}?)"
+    return f"unknown key {show(key)}; expected one of: {', '.join(choices)}"
+
+
+def _flatten(
+    exc: BaseException, path: tuple[Segment, ...]
+) -> list[tuple[tuple[Segment, ...], str, bool]]:
+    """(path, message, is_cross_field) for every leaf of a cattrs error tree."""
+    if isinstance(exc, ClassValidationError):
+        keys = KEYS.get(exc.cl, {})
+        out: list[tuple[tuple[Segment, ...], str, bool]] = []
+        for sub in exc.exceptions:
+            attr_note = _note(sub, AttributeValidationNote)
+            if attr_note is not None:
+                out += _flatten(sub, (*path, keys.get(attr_note.name, attr_note.name)))
+            elif isinstance(sub, ValueError) and not isinstance(sub, FieldError):
+                # Raised by the class itself once every field was valid: a rule
+                # across fields, such as a selector listed twice.
+                out.append((path, str(sub), True))
+            else:
+                out += _flatten(sub, path)
+        return out
+    if isinstance(exc, IterableValidationError):
+        out = []
+        for sub in exc.exceptions:
+            index_note = _note(sub, IterableValidationNote)
+            sub_path = path if index_note is None else (*path, index_note.index)
+            out += _flatten(sub, sub_path)
+        return out
+    if isinstance(exc, ForbiddenExtraKeysError):
+        allowed = [*KEYS.get(exc.cl, {}).values(), *IGNORED_KEYS.get(exc.cl, ())]
+        return [
+            ((*path, path_segment(key)), _suggest(key, allowed), False)
+            for key in sorted(exc.extra_fields, key=str)
+        ]
+    if isinstance(exc, KeyError):
+        return [(path, "is required", False)]
+    if isinstance(exc, ValueError | TypeError):
+        return [(path, str(exc), False)]
+    return [(path, f"unexpected error: {exc!r}", False)]
 
 
 _PLAIN_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -195,8 +268,8 @@ def _structure_at(
 ) -> tuple[Any, list[tuple[tuple[Segment, ...], str, bool]]]:
     try:
         return config_converter.structure(data, type_), []
-    except Invalid as exc:
-        return None, [((*prefix, *path), message, cross) for path, message, cross in exc.problems]
+    except Exception as exc:
+        return None, _flatten(exc, prefix)
 
 
 def _warn_ignored(permitted: object, prefix: tuple[Segment, ...], source: str) -> None:

@@ -1,21 +1,25 @@
-"""The YAML shape of the config: keys, strict value checks, structuring and dumping.
+"""The cattrs side of the config file: YAML keys, strict hooks and the converter.
 
 `config_file` parses documents and reports problems; this module maps the YAML
-shape (camelCase keys, as in KubeVirt's CR) onto the core's classes and back.
-Structuring never stops at the first problem: `Invalid` carries every one,
-each with its path below the value structured, and whether it is a rule
-across fields (raised by a class once each of its fields was valid).
-
-It is written by hand rather than with a general converter: the shape is six
-small classes, and the server imports this module at every start.
+shape (camelCase keys, as in KubeVirt's CR) onto the core's classes. Each hook
+raises `FieldError` for a value of the wrong shape, and cattrs collects every
+one with its place, which `config_file` turns into lines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import attrs
+import cattrs
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    IterableValidationError,
+    IterableValidationNote,
+)
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from dp_core.config import (
     DEFAULT_SHARED_DEVICES,
@@ -32,10 +36,7 @@ from dp_core.pci import PciId
 __all__ = [
     "IGNORED_KEYS",
     "KEYS",
-    "ConfigConverter",
     "FieldError",
-    "Invalid",
-    "Problem",
     "Segment",
     "config_converter",
     "kind_of",
@@ -45,14 +46,13 @@ __all__ = [
 
 T = TypeVar("T")
 Segment = str | int
-# (path below the value structured, message, is the rule across fields)
-Problem = tuple[tuple[Segment, ...], str, bool]
+Hook = Callable[[Any, Any], Any]
 
 
 # --- YAML keys --------------------------------------------------------------------
 
-# YAML key of each attribute, per class, in attribute order. The same table
-# drives structuring, dumping and the field paths in error messages.
+# YAML key of each attribute, per class. The same table drives structuring,
+# unstructuring and the field paths in error messages.
 KEYS: dict[type, dict[str, str]] = {
     PciHostDevice: {
         "pci_vendor_selector": "pciVendorSelector",
@@ -86,19 +86,24 @@ KEYS: dict[type, dict[str, str]] = {
 IGNORED_KEYS: dict[type, tuple[str, ...]] = {PermittedHostDevices: ("usb",)}
 
 
+@attrs.frozen
+class _SharedDevicePatch:
+    """One `sharedDevices` entry as written: every field optional, merged over a default."""
+
+    path: str | None = None
+    count: int | None = None
+    permissions: str | None = None
+    enabled: bool | None = None
+
+
+KEYS[_SharedDevicePatch] = dict(KEYS[SharedDevice])
+
+
 # --- values in messages ------------------------------------------------------------------
 
 
 class FieldError(ValueError):
-    """A value of the wrong shape."""
-
-
-class Invalid(Exception):
-    """Every problem found in one value."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        super().__init__(problems)
-        self.problems = problems
+    """A value of the wrong shape, found while structuring."""
 
 
 def show(value: object) -> str:
@@ -135,178 +140,110 @@ def path_segment(key: object) -> Segment:
     return key if isinstance(key, str) else show(key)
 
 
-def unknown_key(key: object, allowed: Iterable[str]) -> str:
-    import difflib  # only a broken config needs it; the server keeps it out of memory
-
-    choices = sorted(allowed)
-    close = difflib.get_close_matches(str(key), choices, n=1)
-    if close:
-        return f"unknown key {show(key)} (did you mean {close[0]!r}?)"
-    return f"unknown key {show(key)}; expected one of: {', '.join(choices)}"
+# --- strict scalar hooks -----------------------------------------------------------------
 
 
-def _problem(exc: Exception, path: tuple[Segment, ...] = ()) -> list[Problem]:
-    """What a hook raised, as problems at `path`."""
-    if isinstance(exc, Invalid):
-        return [((*path, *where), message, cross) for where, message, cross in exc.problems]
-    if isinstance(exc, ValueError | TypeError):
-        return [(path, str(exc), False)]
-    return [(path, f"unexpected error: {exc!r}", False)]
-
-
-# --- strict values -------------------------------------------------------------------------
-
-Hook = Callable[[object], Any]
-
-
-def _str(value: object) -> str:
+def _structure_str(value: object, _type: object) -> str:
     if not isinstance(value, str):
         raise FieldError(f"{show(value)} is not a string")
     return value
 
 
-def _int(value: object) -> int:
+def _structure_int(value: object, _type: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise FieldError(f"{show(value)} is not an integer")
     return value
 
 
-def _bool(value: object) -> bool:
+def _structure_bool(value: object, _type: object) -> bool:
     if not isinstance(value, bool):
         raise FieldError(f"{show(value)} is not a boolean (true or false)")
     return value
 
 
-def _pci_id(value: object) -> PciId:
+def _structure_pci_id(value: object, _type: object) -> PciId:
     if not isinstance(value, str):
         raise FieldError(f"{show(value)} is not VVVV:DDDD hex (write it as a quoted string)")
     return PciId.parse(value)
 
 
-def _optional(hook: Hook) -> Hook:
-    def structure(value: object) -> Any:
-        return None if value is None else hook(value)
-
-    return structure
+def _is_homogeneous_tuple(type_: Any) -> bool:
+    args = get_args(type_)
+    return get_origin(type_) is tuple and len(args) == 2 and args[1] is Ellipsis
 
 
-def _tuple_of(hook: Hook) -> Hook:
-    def structure(value: object) -> tuple[Any, ...]:
+def _tuple_hook_factory(type_: Any, converter: cattrs.Converter) -> Hook:
+    element_type = get_args(type_)[0]
+
+    def structure_tuple(value: object, _type: object) -> tuple[Any, ...]:
         if value is None:
             return ()
         if not isinstance(value, list | tuple):
             raise FieldError(f"expected a list, got {kind_of(value)}: {show(value)}")
+        element_hook = converter.get_structure_hook(element_type)
         items: list[Any] = []
-        problems: list[Problem] = []
+        errors: list[Exception] = []
         for index, element in enumerate(value):
             try:
-                items.append(hook(element))
+                items.append(element_hook(element, element_type))
             except Exception as exc:
-                problems += _problem(exc, (index,))
-        if problems:
-            raise Invalid(problems)
+                exc.add_note(
+                    IterableValidationNote(
+                        f"Structuring {type_} @ index {index}", index, element_type
+                    )
+                )
+                errors.append(exc)
+        if errors:
+            raise IterableValidationError(f"While structuring {type_}", errors, tuple)
         return tuple(items)
 
-    return structure
+    return structure_tuple
 
 
-def _mapping(value: object) -> Mapping[Any, Any]:
-    if value is None:
-        return {}  # `naming:` with nothing under it means the defaults
-    if not isinstance(value, Mapping):
-        raise FieldError(f"expected a mapping, got {kind_of(value)}: {show(value)}")
-    return value
+# --- class hooks ---------------------------------------------------------------------------
 
 
-def _structure_fields(
-    cls: type[Any], value: Mapping[Any, Any], hooks: Mapping[str, Hook]
-) -> tuple[dict[str, Any], list[Problem]]:
-    """Each attribute of `cls` that `value` gives, and every problem, unknown keys last.
+def _validated_hook(field: attrs.Attribute[Any], base: Hook) -> Hook:
+    """Structure one field, then run its attrs validator alone.
 
-    An attribute's own validator runs as soon as it is structured, so every
-    bad field is reported with its path, not only the first one `__init__`
-    would stop at.
+    attrs runs validators in `__init__` and stops at the first failure; running
+    each one here, inside cattrs' per-attribute error collection, reports every
+    bad field with its own path.
     """
-    keys = KEYS[cls]
-    values: dict[str, Any] = {}
-    problems: list[Problem] = []
-    for field in attrs.fields(cls):
-        key = keys[field.name]
-        if key not in value:
-            if field.default is attrs.NOTHING:
-                problems.append(((key,), "is required", False))
-            continue
-        try:
-            result = hooks[field.name](value[key])
-            _validate(field, result)
-        except Exception as exc:
-            problems += _problem(exc, (key,))
-        else:
-            values[field.name] = result
-    allowed = [*keys.values(), *IGNORED_KEYS.get(cls, ())]
-    for extra in sorted((key for key in value if key not in allowed), key=str):
-        problems.append(((path_segment(extra),), unknown_key(extra, allowed), False))
-    return values, problems
+    validator = field.validator
+
+    def structure_field(value: object, type_: object) -> Any:
+        result = base(value, type_)
+        if validator is not None:
+            try:
+                validator(None, field, result)
+            except ValueError:
+                raise
+            except Exception:
+                # A validator that needs the real instance: it runs again in
+                # __init__, and cattrs reports what it raises there.
+                pass
+        return result
+
+    return structure_field
 
 
-def _validate(field: attrs.Attribute[Any], value: object) -> None:
-    if field.validator is None:
-        return
-    try:
-        field.validator(None, field, value)
-    except ValueError:
-        raise
-    except Exception:
-        # A validator that needs the real instance: it runs again in __init__,
-        # and what it raises there is reported.
-        pass
+def _mapping_hook(cls: type[T], generated: Hook) -> Hook:
+    def structure_mapping(value: object, type_: object) -> T:
+        if value is None:
+            value = {}  # `naming:` with nothing under it means the defaults
+        if not isinstance(value, Mapping):
+            raise FieldError(f"expected a mapping, got {kind_of(value)}: {show(value)}")
+        ignored = IGNORED_KEYS.get(cls, ())
+        if any(key in value for key in ignored):
+            value = {k: v for k, v in value.items() if k not in ignored}
+        result: T = generated(value, type_)
+        return result
+
+    return structure_mapping
 
 
-def _class(cls: type[T], hooks: Mapping[str, Hook]) -> Callable[[object], T]:
-    def structure(value: object) -> T:
-        values, problems = _structure_fields(cls, _mapping(value), hooks)
-        if problems:
-            raise Invalid(problems)
-        try:
-            return cls(**values)
-        except ValueError as exc:
-            # Raised by the class once every field was valid: a rule across
-            # fields, such as a selector listed twice.
-            raise Invalid([((), str(exc), not isinstance(exc, FieldError))]) from None
-        except Exception as exc:
-            raise Invalid(_problem(exc)) from None
-
-    return structure
-
-
-# --- shared devices ------------------------------------------------------------------------
-
-
-@attrs.frozen
-class _SharedDevicePatch:
-    """One `sharedDevices` entry as written: every field optional, merged over a default."""
-
-    path: str | None = None
-    count: int | None = None
-    permissions: str | None = None
-    enabled: bool | None = None
-
-
-KEYS[_SharedDevicePatch] = dict(KEYS[SharedDevice])
-_SHARED_FIELDS = tuple(KEYS[_SharedDevicePatch])
-_SHARED_DEFAULTS = {
-    name: attrs.fields_dict(SharedDevice)[name].default
-    for name in ("count", "permissions", "enabled")
-}
-_PATCH_HOOKS: dict[str, Hook] = {
-    "path": _optional(_str),
-    "count": _optional(_int),
-    "permissions": _optional(_str),
-    "enabled": _optional(_bool),
-}
-
-
-def _shared_devices(value: object) -> tuple[SharedDevice, ...]:
+def _structure_shared_devices(value: object, _type: object) -> tuple[SharedDevice, ...]:
     """`sharedDevices`, a mapping of resource name to fields, merged over the defaults.
 
     The result is sorted by resource name.
@@ -318,151 +255,154 @@ def _shared_devices(value: object) -> tuple[SharedDevice, ...]:
             f"expected a mapping of resource name to device, got {kind_of(value)}: {show(value)}"
         )
     merged = {device.resource_name: device for device in DEFAULT_SHARED_DEVICES}
-    problems: list[Problem] = []
+    errors: list[Exception] = []
     for key, raw in value.items():
         try:
-            merged[key] = _shared_device(key, raw, merged.get(key))
+            merged[key] = _merge_shared_device(key, raw, merged.get(key))
         except Exception as exc:
-            problems += _problem(exc, (path_segment(key),))
-    if problems:
-        raise Invalid(problems)
+            exc.add_note(
+                IterableValidationNote(
+                    f"Structuring sharedDevices @ key {key!r}", path_segment(key), SharedDevice
+                )
+            )
+            errors.append(exc)
+    if errors:
+        raise IterableValidationError("While structuring sharedDevices", errors, dict)
     # One canonical order, so that a dump whose keys YAML sorted reads back equal.
     # The defaults (kvm, tun, vhost-net) are already in this order.
     return tuple(sorted(merged.values(), key=lambda device: device.resource_name))
 
 
-def _shared_device(key: object, raw: object, base: SharedDevice | None) -> SharedDevice:
-    if not isinstance(key, str):
-        raise FieldError(f"{show(key)} is not a resource name (a string)")
-    problems: list[Problem] = []
-    name_error = resource_name_error(key)
-    if name_error is not None:
-        problems.append(((), name_error, False))
-    try:
-        given, patch_problems = _structure_fields(_SharedDevicePatch, _mapping(raw), _PATCH_HOOKS)
-    except Exception as exc:
-        problems += _problem(exc)
-    else:
-        problems += patch_problems
-        if not patch_problems:
-            values: dict[str, Any] = {}
-            for name in _SHARED_FIELDS:
-                if given.get(name) is not None:
-                    values[name] = given[name]
-                elif base is not None:
-                    values[name] = getattr(base, name)
-                elif name in _SHARED_DEFAULTS:
-                    values[name] = _SHARED_DEFAULTS[name]
-            if "path" not in values:
-                defaults = ", ".join(d.resource_name for d in DEFAULT_SHARED_DEVICES)
-                message = f"is required for a new shared device (only {defaults} have defaults)"
-                problems.append((("path",), message, False))
-            fields = attrs.fields_dict(SharedDevice)
-            for name, field_value in values.items():
-                validator = fields[name].validator
-                if validator is None:
-                    continue
-                try:
-                    validator(None, fields[name], field_value)
-                except ValueError as exc:
-                    problems.append(((KEYS[SharedDevice][name],), str(exc), False))
-            if not problems:
-                return SharedDevice(resource_name=key, **values)
-    raise Invalid(problems)
-
-
-# --- the classes ---------------------------------------------------------------------------
-
-_pci_host_device = _class(
-    PciHostDevice,
-    {
-        "pci_vendor_selector": _pci_id,
-        "resource_name": _optional(_str),
-        "external_resource_provider": _bool,
-    },
-)
-_mediated_device = _class(
-    MediatedDevice,
-    {
-        "mdev_name_selector": _str,
-        "resource_name": _optional(_str),
-        "external_resource_provider": _bool,
-    },
-)
-_permitted_host_devices = _class(
-    PermittedHostDevices,
-    {
-        "pci_host_devices": _tuple_of(_pci_host_device),
-        "mediated_devices": _tuple_of(_mediated_device),
-    },
-)
-_naming = _class(Naming, {"source": _str, "domain": _str, "pci_ids_path": _optional(_str)})
-_config = _class(
-    Config,
-    {
-        "permitted_host_devices": _optional(_permitted_host_devices),
-        "shared_devices": _shared_devices,
-        "naming": _naming,
-    },
-)
-_HOOKS: dict[Any, Hook] = {
-    PciHostDevice: _pci_host_device,
-    MediatedDevice: _mediated_device,
-    PermittedHostDevices: _permitted_host_devices,
-    PermittedHostDevices | None: _optional(_permitted_host_devices),
-    Naming: _naming,
-    Config: _config,
-    PciId: _pci_id,
+_SHARED_DEFAULTS = {
+    name: attrs.fields_dict(SharedDevice)[name].default
+    for name in ("count", "permissions", "enabled")
 }
 
 
-def _dump(value: object) -> Any:
-    if isinstance(value, PciId):
-        return str(value).upper()
-    if isinstance(value, tuple):
-        return [_dump(item) for item in value]
-    if type(value) is Config:
-        document: dict[str, Any] = {}
-        if value.permitted_host_devices is not None:
-            document["permittedHostDevices"] = _dump(value.permitted_host_devices)
-        document["sharedDevices"] = {
-            device.resource_name: {name: getattr(device, name) for name in _SHARED_FIELDS}
-            for device in value.shared_devices
-        }
-        document["naming"] = _dump(value.naming)
-        return document
-    if type(value) in KEYS:
-        return _dump_fields(value)
-    return value
+def _merge_shared_device(key: object, raw: object, base: SharedDevice | None) -> SharedDevice:
+    errors: list[Exception] = []
+    if not isinstance(key, str):
+        raise FieldError(f"{show(key)} is not a resource name (a string)")
+    name_error = resource_name_error(key)
+    if name_error is not None:
+        errors.append(FieldError(name_error))
+    patch: _SharedDevicePatch | None = None
+    try:
+        patch = config_converter.structure(raw, _SharedDevicePatch)
+    except ClassValidationError as exc:
+        errors.extend(exc.exceptions)
+    except Exception as exc:
+        errors.append(exc)
+    if patch is not None:
+        values: dict[str, Any] = {}
+        for name in ("path", "count", "permissions", "enabled"):
+            given = getattr(patch, name)
+            if given is not None:
+                values[name] = given
+            elif base is not None:
+                values[name] = getattr(base, name)
+            elif name in _SHARED_DEFAULTS:
+                values[name] = _SHARED_DEFAULTS[name]
+        if "path" not in values:
+            defaults = ", ".join(d.resource_name for d in DEFAULT_SHARED_DEVICES)
+            missing = FieldError(
+                f"is required for a new shared device (only {defaults} have defaults)"
+            )
+            missing.add_note(AttributeValidationNote("path", "path", str))
+            errors.append(missing)
+        fields = attrs.fields_dict(SharedDevice)
+        for name, given in values.items():
+            validator = fields[name].validator
+            if validator is None:
+                continue
+            try:
+                validator(None, fields[name], given)
+            except ValueError as exc:
+                exc.add_note(AttributeValidationNote(name, name, fields[name].type))
+                errors.append(exc)
+        if not errors:
+            return SharedDevice(resource_name=key, **values)
+    raise ClassValidationError(f"While structuring sharedDevices[{key!r}]", errors, SharedDevice)
 
 
-def _dump_fields(value: Any) -> dict[str, Any]:
-    keys = KEYS[type(value)]
-    document: dict[str, Any] = {}
-    for field in attrs.fields(type(value)):
-        item = getattr(value, field.name)
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=True)
+    converter.register_structure_hook(str, _structure_str)
+    converter.register_structure_hook(int, _structure_int)
+    converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook(PciId, _structure_pci_id)
+    converter.register_structure_hook_factory(_is_homogeneous_tuple, _tuple_hook_factory)
+    converter.register_unstructure_hook(PciId, lambda pci_id: str(pci_id).upper())
+    converter.register_unstructure_hook_factory(
+        _is_homogeneous_tuple,
+        lambda type_, conv: lambda value: [conv.unstructure(item) for item in value],
+    )
+
+    for cls in (PciHostDevice, MediatedDevice, PermittedHostDevices, Naming, _SharedDevicePatch):
+        _register_class(converter, cls)
+    _register_class(
+        converter,
+        Config,
+        struct_hooks={"shared_devices": _structure_shared_devices},
+        unstruct_hooks={"shared_devices": _unstructure_shared_devices},
+    )
+    return converter
+
+
+def _register_class(
+    converter: cattrs.Converter,
+    cls: type[Any],
+    struct_hooks: Mapping[str, Hook] | None = None,
+    unstruct_hooks: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> None:
+    attrs.resolve_types(cls)
+    struct_hooks = struct_hooks or {}
+    unstruct_hooks = unstruct_hooks or {}
+    # Any: mypy cannot tell these names from make_dict_*_fn's own keyword arguments.
+    struct_overrides: dict[str, Any] = {}
+    unstruct_overrides: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        key = KEYS[cls][field.name]
+        hook = struct_hooks.get(field.name)
+        if hook is None and (field.validator is not None or get_origin(field.type) is Literal):
+            base = (
+                _structure_str
+                if get_origin(field.type) is Literal
+                else converter.get_structure_hook(field.type)
+            )
+            hook = _validated_hook(field, base)
+        struct_overrides[field.name] = override(rename=key, struct_hook=hook)
         # None means "not given" everywhere in the YAML shape; leave it out.
-        if field.default is None and item is None:
-            continue
-        document[keys[field.name]] = _dump(item)
-    return document
+        unstruct_overrides[field.name] = override(
+            rename=key,
+            omit_if_default=field.default is None,
+            unstruct_hook=unstruct_hooks.get(field.name),
+        )
+    generated = make_dict_structure_fn(
+        cls, converter, _cattrs_forbid_extra_keys=True, **struct_overrides
+    )
+    converter.register_structure_hook(cls, _mapping_hook(cls, generated))
+    unstructure = make_dict_unstructure_fn(cls, converter, **unstruct_overrides)
+    order = list(KEYS[cls].values())
+
+    def unstructure_in_order(value: Any) -> dict[str, Any]:
+        # cattrs puts omit-if-default keys last; keep the documented order instead.
+        unordered = unstructure(value)
+        return {key: unordered[key] for key in order if key in unordered}
+
+    converter.register_unstructure_hook(cls, unstructure_in_order)
 
 
-class ConfigConverter:
-    """Structures the YAML shape into the core's config classes, and back."""
-
-    def structure(self, value: object, type_: Any) -> Any:
-        """`value` as `type_` (a config class, `PciId`), or `Invalid` with every problem."""
-        try:
-            return _HOOKS[type_](value)
-        except Invalid:
-            raise
-        except Exception as exc:
-            raise Invalid(_problem(exc)) from None
-
-    def unstructure(self, value: object, type_: object = None) -> Any:
-        """The YAML shape of a config object: camelCase keys, lists, `VVVV:DDDD`."""
-        return _dump(value)
+def _unstructure_shared_devices(devices: Iterable[SharedDevice]) -> dict[str, Any]:
+    return {
+        device.resource_name: {
+            "path": device.path,
+            "count": device.count,
+            "permissions": device.permissions,
+            "enabled": device.enabled,
+        }
+        for device in devices
+    }
 
 
-config_converter = ConfigConverter()
+config_converter: cattrs.Converter = _make_converter()
