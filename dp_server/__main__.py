@@ -2,17 +2,57 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import types
+
+
+def lean_imports() -> None:
+    """Keep modules the command never needs out of its memory.
+
+    - dp-server talks only over unix sockets and never uses TLS, but asyncio and
+      grpclib import the ssl module (and OpenSSL) when they can: about 5 MB of
+      resident memory in a server whose budget is 35 MB. Both work without it.
+    - betterproto2 asks importlib.metadata for its own version when imported,
+      to check it against the compiler that generated our messages. That one
+      lookup loads importlib.metadata with email, zipfile, csv and friends:
+      2.3 MB. The installed distribution's directory name gives the same
+      version, so the lookup is answered from it and the check still runs.
+
+    Library users importing dp_server themselves are not affected.
+    """
+    if "ssl" not in sys.modules:
+        sys.modules["ssl"] = None  # type: ignore[assignment]
+    if "betterproto2" in sys.modules or "importlib.metadata" in sys.modules:
+        return
+    version = _installed_version("betterproto2")
+    if version is None:
+        return  # an unusual install: let betterproto2 look it up itself
+    lookup = types.ModuleType("importlib.metadata")
+    lookup.version = lambda name: version if name == "betterproto2" else None  # type: ignore[attr-defined]
+    sys.modules["importlib.metadata"] = lookup
+    try:
+        import betterproto2  # noqa: F401
+    finally:
+        del sys.modules["importlib.metadata"]
+
+
+def _installed_version(distribution: str) -> str | None:
+    """The version in `<distribution>-<version>.dist-info` on sys.path, if any."""
+    prefix, suffix = f"{distribution}-", ".dist-info"
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(prefix) and name.endswith(suffix):
+                return name[len(prefix) : -len(suffix)]
+    return None
 
 
 def main() -> int:
-    # dp-server talks only over unix sockets and never uses TLS, but asyncio,
-    # grpclib and anyio import the ssl module (and OpenSSL) when they can:
-    # about 5 MB of resident memory in a server whose budget is 35 MB. Each of
-    # them works without it, so the command keeps it unloaded. Library users
-    # importing dp_server themselves are not affected.
-    if "ssl" not in sys.modules:
-        sys.modules["ssl"] = None  # type: ignore[assignment]
+    lean_imports()
     from .cli import main as cli_main
 
     return cli_main()

@@ -182,3 +182,29 @@ def test_serve_stops_cleanly_on_signal(
         if server.poll() is None:
             server.kill()
         emulator.stop()
+
+
+def test_the_command_leaves_ssl_and_importlib_metadata_unloaded() -> None:
+    import importlib.metadata
+
+    probe = (
+        "import sys\n"
+        "from dp_server.__main__ import lean_imports\n"
+        "lean_imports()\n"
+        "import dp_server.cli, dp_server.runtime, dp_server.proto.v1beta1, betterproto2\n"
+        "print(sys.modules['ssl'], 'importlib.metadata' in sys.modules, betterproto2.__version__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    # betterproto2 still checked its version against the compiler's, with the real number.
+    assert out == ["None", "False", importlib.metadata.version("betterproto2")]
+
+
+def test_installed_version_reads_dist_info_names() -> None:
+    import importlib.metadata
+
+    from dp_server.__main__ import _installed_version
+
+    assert _installed_version("betterproto2") == importlib.metadata.version("betterproto2")
+    assert _installed_version("no-such-distribution-here") is None
