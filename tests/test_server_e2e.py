@@ -47,7 +47,12 @@ async def test_every_resource_registers_through_one_socket(harness: Harness) -> 
     assert device_ids(harness, GPU) == ["0000:3b:00.0", "0000:af:00.0", "0000:d8:00.0"]
     assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
     assert len(device_ids(harness, KVM)) == 1000
-    # The kubelet dialled and asked for options inside each Register call.
+    # The kubelet dialled and asked for options inside each Register call. The
+    # emulator logs "replied" once grpcio has sent the reply, which may come
+    # after the plugin already serves the list: wait for it.
+    assert await harness.wait(
+        lambda e: {ev.resource for ev in e.events if ev.kind == "replied"} >= set(ALL)
+    )
     for name in ALL:
         kinds = [e.kind for e in emulator.events if e.resource == name]
         assert kinds.index("dial") < kinds.index("options") < kinds.index("replied")
