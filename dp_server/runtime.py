@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import stat
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,7 +26,6 @@ import attrs
 import grpclib.server
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-from watchfiles import Change, watch
 
 from dp_core import (
     AllocationsObserved,
@@ -68,6 +66,7 @@ from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
 from .transport import ConnectionTracker, KubeletChannel, TrackedServer
+from .watcher import DirectoryWatcher
 
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
 
@@ -189,8 +188,7 @@ class Runtime:
         self._wake = asyncio.Event()
         self._timer_deadline: float | None = None  # what the timer loop sleeps until
         self._stop = asyncio.Event()
-        self._watch_stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher: DirectoryWatcher | None = None
         self._stopping = False
         self._kubelet_identity: tuple[int, int] | None = None
         self._follower: asyncio.Task[None] | None = None
@@ -475,12 +473,7 @@ class Runtime:
         finally:
             channel.close()
         self._pod_poll_warned = False
-        held: dict[str, set[str]] = {}
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for devices in container.devices:
-                    held.setdefault(devices.resource_name, set()).update(devices.device_ids)
-        self.feed(AllocationsObserved({k: frozenset(v) for k, v in held.items()}, self.now()))
+        self.feed(AllocationsObserved(wire.held_devices(response), self.now()))
 
     # -- loops -------------------------------------------------------------------------
 
@@ -553,36 +546,17 @@ class Runtime:
         self.rescan()
 
     async def _watch_files(self) -> None:
-        paths = [str(self.plugin_dir)]
+        directories = [self.plugin_dir]
         vfio = Path(self.settings.dev) / "vfio"
         if vfio.is_dir():
-            paths.append(str(vfio))
+            directories.append(vfio)
         config_dir = None
         if self.settings.config_path is not None and self._reload is not None:
             config_dir = Path(self.settings.config_path).absolute().parent
             if config_dir.is_dir() and config_dir not in (self.plugin_dir, vfio):
-                paths.append(str(config_dir))
-        changes_seen: asyncio.Queue[set[tuple[Change, str]]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def watch_in_thread() -> None:
-            # watchfiles' blocking watcher in a thread of our own rather than
-            # awatch: awatch needs anyio's asyncio backend, which insists on ssl.
-            for found in watch(
-                *paths,
-                stop_event=self._watch_stop,
-                debounce=200,
-                step=50,
-                recursive=False,
-                raise_interrupt=False,
-            ):
-                loop.call_soon_threadsafe(changes_seen.put_nowait, found)
-
-        self._watcher = threading.Thread(target=watch_in_thread, name="dp-watch", daemon=True)
-        self._watcher.start()
-        while True:
-            changes = await changes_seen.get()
-            changed = {Path(path).parent for _, path in changes}
+                directories.append(config_dir)
+        self._watcher = DirectoryWatcher(directories)
+        async for changed in self._watcher.changes():
             if self.plugin_dir in changed:
                 await self._check_sockets()
             if vfio in changed:
@@ -609,7 +583,8 @@ class Runtime:
             await self._shutdown()
 
     def stop(self) -> None:
-        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.stop(timeout=0)  # let its thread wind down meanwhile
         self._stopping = True
         self._stop.set()
         self._wake.set()
@@ -631,9 +606,8 @@ class Runtime:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._watch_stop.set()
         if self._watcher is not None:
-            self._watcher.join(timeout=1.0)  # it looks at the stop event every 50 ms
+            self._watcher.stop()
         _log.info("stopped")
 
     @property

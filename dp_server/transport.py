@@ -1,9 +1,10 @@
-"""The grpclib server pieces that know about connections: who is connected, and
-how their bytes go out.
+"""The grpclib pieces that know about connections: who is connected, and how
+their bytes go out.
 
 grpclib writes each HTTP/2 step (response headers, message, trailers) to the
 socket as it happens, three sends and three wake-ups of the kubelet per unary
-call. Here the writes of one turn of the event loop go out as one send.
+call. Here the writes of one turn of the event loop go out as one send, on the
+plugin sockets and on the Register channel to the kubelet.
 """
 
 from __future__ import annotations

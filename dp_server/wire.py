@@ -17,6 +17,7 @@ from dp_core import (
     StatusCode,
 )
 
+from .proto import v1 as podresources
 from .proto import v1beta1 as pb
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "allocate_request",
     "allocate_response",
     "encoded_device_list",
+    "held_devices",
     "options_message",
     "preferences",
     "preferred_response",
@@ -243,3 +245,13 @@ def preferred_response(answer: PreferredAnswer) -> pb.PreferredAllocationRespons
             for ids in answer.containers
         ]
     )
+
+
+def held_devices(response: podresources.ListPodResourcesResponse) -> dict[str, frozenset[str]]:
+    """Resource -> the device IDs some container of an active pod holds."""
+    held: dict[str, set[str]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                held.setdefault(devices.resource_name, set()).update(devices.device_ids)
+    return {name: frozenset(ids) for name, ids in held.items()}

@@ -154,3 +154,26 @@ def test_google_protobuf_reads_our_register_request(
     )
     assert decoded.options.pre_start_required is pre_start
     assert decoded.options.get_preferred_allocation_available is preferred
+
+
+def test_held_devices_merges_every_container_of_every_pod() -> None:
+    from dp_server.proto import v1 as podresources
+
+    def container(*devices: tuple[str, list[str]]) -> podresources.ContainerResources:
+        return podresources.ContainerResources(
+            devices=[
+                podresources.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in devices
+            ]
+        )
+
+    response = podresources.ListPodResourcesResponse(
+        pod_resources=[
+            podresources.PodResources(containers=[container(("gpu", ["a"]), ("qat", ["q1"]))]),
+            podresources.PodResources(containers=[container(("gpu", ["b", "a"])), container()]),
+        ]
+    )
+    assert wire.held_devices(response) == {
+        "gpu": frozenset({"a", "b"}),
+        "qat": frozenset({"q1"}),
+    }
+    assert wire.held_devices(podresources.ListPodResourcesResponse()) == {}

@@ -1,0 +1,63 @@
+"""Directory changes, from watchfiles, delivered to the event loop.
+
+watchfiles' blocking watcher runs in a thread of our own rather than through
+`awatch`: awatch needs anyio's asyncio backend, which insists on loading ssl
+(5 MB the server does without, see `dp_server.__main__`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from watchfiles import watch
+
+__all__ = ["DirectoryWatcher"]
+
+
+class DirectoryWatcher:
+    """Reports which of `directories` had an entry added, removed or changed.
+
+    Not recursive. The thread looks at its stop flag every `step` ms (the
+    cost of an idle server: 0.1 % of a core at 50 ms) and groups changes over
+    up to `debounce` ms.
+    """
+
+    def __init__(
+        self, directories: Sequence[Path], *, step_ms: int = 50, debounce_ms: int = 200
+    ) -> None:
+        self.directories = list(directories)
+        self._step_ms = step_ms
+        self._debounce_ms = debounce_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    async def changes(self) -> AsyncIterator[set[Path]]:
+        """Each batch of changes, as the set of directories they happened in."""
+        batches: asyncio.Queue[set[Path]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def run() -> None:
+            for found in watch(
+                *self.directories,
+                stop_event=self._stop,
+                debounce=self._debounce_ms,
+                step=self._step_ms,
+                recursive=False,
+                raise_interrupt=False,
+            ):
+                changed = {Path(path).parent for _, path in found}
+                loop.call_soon_threadsafe(batches.put_nowait, changed)
+
+        self._thread = threading.Thread(target=run, name="dp-watch", daemon=True)
+        self._thread.start()
+        while True:
+            yield await batches.get()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the thread; it notices within one step."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
