@@ -7,17 +7,17 @@ See `kubelet.KubeletEmulator`. Generated protobuf messages live in `pb/`
 """
 
 from ._rpc import CHECKPOINT_FILE, HEALTHY, KUBELET_SOCKET, UNHEALTHY
-from .kubelet import (
+from ._state import (
     AdmissionError,
     ContainerAllocation,
     DeviceState,
     Event,
-    KubeletEmulator,
     KubeletError,
     PluginOptions,
     Pod,
     ResourceState,
 )
+from .kubelet import KubeletEmulator
 
 __all__ = [
     "CHECKPOINT_FILE",

@@ -35,9 +35,6 @@ from ._pods import PodsMixin
 from ._registration import DialMode, RefuseHook, Registration
 from ._rpc import DIAL_TIMEOUT, KUBELET_SOCKET, MAX_UNIX_PATH
 from ._state import (
-    AdmissionError,
-    ContainerAllocation,
-    DeviceState,
     Event,
     KubeletError,
     KubeletState,
@@ -263,14 +260,4 @@ class KubeletEmulator(PodsMixin):
         return self.wait_for(ok, timeout)
 
 
-__all__ = [
-    "AdmissionError",
-    "ContainerAllocation",
-    "DeviceState",
-    "Event",
-    "KubeletEmulator",
-    "KubeletError",
-    "PluginOptions",
-    "Pod",
-    "ResourceState",
-]
+__all__ = ["KubeletEmulator"]
