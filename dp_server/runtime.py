@@ -335,7 +335,10 @@ class Runtime:
             if elapsed >= _FOLLOW_SLOW[1]:
                 return
             await asyncio.sleep(_FOLLOW_FAST[0] if elapsed < _FOLLOW_FAST[1] else _FOLLOW_SLOW[0])
-            await self._check_sockets()
+            # kubelet.sock alone: each Register re-creates its own listening
+            # socket if the kubelet deleted it, so 64 of them are not re-created
+            # (or looked at) before the first Register goes out.
+            self._probe_kubelet()
 
     # -- sockets -------------------------------------------------------------------
 
