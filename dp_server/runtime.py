@@ -251,10 +251,11 @@ class Runtime:
             self._encoded_lists[resource] = (devices, message)
         return message
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -325,9 +326,7 @@ class Runtime:
         self.feed(ConnectionClosed(connection, self.now()))
         self._follow_kubelet_since = self.now()
         if self._follower is None or self._follower.done():
-            self._follower = asyncio.get_running_loop().create_task(self._follow_kubelet())
-            self._tasks.add(self._follower)
-            self._follower.add_done_callback(self._task_done)
+            self._follower = self._spawn(self._follow_kubelet())
 
     async def _follow_kubelet(self) -> None:
         while not self._stopping:
