@@ -137,6 +137,10 @@ class Registrar:
         except KeyError:
             raise UsageError(f"resource {name!r} is not tracked") from None
 
+    def settled(self) -> bool:
+        """Every resource is registered and has its connection."""
+        return len(self._in_phase[Phase.LIVE]) == len(self._resources)
+
     def phases(self) -> dict[str, Phase]:
         return {name: reg.phase for name, reg in self._resources.items()}
 

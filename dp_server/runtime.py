@@ -79,6 +79,7 @@ _log = logging.getLogger("dp.runtime")
 # is a few thousand stat calls per lost connection.
 _FOLLOW_FAST = (0.005, 1.0)  # (step, for how long)
 _FOLLOW_SLOW = (0.05, 30.0)
+_COLLECT_AFTER_REGISTRATION = 1.0  # seconds after every resource is registered again
 _T = TypeVar("_T")
 
 
@@ -193,6 +194,7 @@ class Runtime:
         self._kubelet_identity: tuple[int, int] | None = None
         self._follower: asyncio.Task[None] | None = None
         self._scanned = False
+        self._registering = False
         self._follow_kubelet_since = 0.0
         self._kubelet_channel: Channel | None = None
         self._channel_users: dict[Channel, int] = {}
@@ -213,6 +215,14 @@ class Runtime:
         effects = self.node.handle(event)
         for effect in effects:
             self._execute(effect)
+        if self._registering and self.node.registrar.settled():
+            self._registering = False
+            # The connections a kubelet restart dropped stay in reference cycles
+            # (grpclib keeps a stream's error, whose traceback holds the stream):
+            # megabytes per restart that only a full collection frees, and
+            # nothing else triggers one on a quiet server. Collect once the
+            # storm is over, off the path of the last registrations.
+            asyncio.get_running_loop().call_later(_COLLECT_AFTER_REGISTRATION, gc.collect)
         # Waking the timer loop costs a task switch; most inputs (every Allocate)
         # leave the deadlines alone, and a later one only makes a wake-up early.
         if self._timer_deadline is None or self._deadline() < self._timer_deadline:
@@ -229,6 +239,7 @@ class Runtime:
             if slot is not None:
                 slot.end(effect.reason)
         elif isinstance(effect, Register):
+            self._registering = True
             if not self._stopping:
                 self._spawn(self._register(effect))
         elif isinstance(effect, Log):

@@ -9,7 +9,7 @@ import pytest
 from dp_server.emulator._rpc import dp
 from dp_server.transport import CoalescingTransport
 
-from e2e_harness import GPU, Harness
+from e2e_harness import ALL, GPU, Harness
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,3 +83,34 @@ async def test_finished_calls_are_not_kept(harness: Harness) -> None:
     assert handlers
     # Each connection holds its ListAndWatch at most: no finished call is kept.
     assert max(len(handler._tasks) for handler in handlers) <= 1
+
+
+async def test_kubelet_restarts_leave_no_dead_connections_behind(harness: Harness) -> None:
+    import gc
+
+    from dp_server.transport import _Handler
+
+    def live_handlers() -> int:
+        # gc.get_objects also lists objects that are garbage not yet collected.
+        return sum(1 for o in gc.get_objects() if isinstance(o, _Handler))
+
+    harness.start_kubelet()
+    await harness.start_server()
+    assert await harness.registered()
+    emulator = harness.emulator
+    assert emulator is not None
+    for _ in range(3):
+        before = {name: emulator.registration_count(name) for name in ALL}
+        await harness.kubelet("restart")
+        assert await harness.wait(
+            lambda e, before=before: all(e.registration_count(n) > before[n] for n in ALL),
+            timeout=5,
+        )
+        assert await harness.registered()
+    # One handler per live kubelet connection, once the server has collected
+    # what the restarts dropped (it does so a second after re-registering).
+    for _ in range(50):
+        if live_handlers() == len(ALL):
+            break
+        await asyncio.sleep(0.1)
+    assert live_handlers() == len(ALL)
