@@ -80,14 +80,13 @@ class CoalescingTransport:
 class _Handler(Handler):
     """grpclib's server Handler, forgetting each call as soon as it ends.
 
-    grpclib keeps every finished call's task, stream and buffers until a later
-    call on the same connection sweeps them (every tenth): with 64 connections
-    that is hundreds of dead calls, megabytes of RSS, and the last call of each
-    connection stays until the connection's next one. Here a call is dropped
-    when it finishes; the table holds what is in progress and ListAndWatch.
+    grpclib keeps every finished or cancelled call's task, stream and buffers
+    until a later call on the same connection sweeps them (every tenth): with
+    64 connections that is hundreds of dead calls, megabytes of RSS; the last
+    calls of each connection stay until its next call, and those of a closed
+    connection (a kubelet restart closes 64) forever. Here a call is dropped
+    when it ends; the tables hold what is in progress and ListAndWatch.
     """
-
-    __gc_interval__ = 1  # sweeps the cancelled-call set at every new call
 
     def accept(
         self,
@@ -102,15 +101,13 @@ class _Handler(Handler):
         # The peer may reset a stream whose call has already finished.
         if stream in self._tasks:
             super().cancel(stream)
+            self._forget_cancelled()
 
     def close(self) -> None:
-        """The connection is gone: cancel its calls and let each go once it has ended.
-
-        grpclib would keep the cancelled calls (their frames and tracebacks hold
-        the connection's streams and buffers) until the connection's next call,
-        which never comes: a kubelet restart would leave 64 connections' worth.
-        """
         super().close()
+        self._forget_cancelled()
+
+    def _forget_cancelled(self) -> None:
         for task in self._cancelled:
             task.add_done_callback(lambda done: self._cancelled.discard(done))
 
