@@ -107,7 +107,7 @@ def allocate_response(answer: AllocateAnswer) -> bytes:
     for container in answer.containers:
         body = bytearray()
         for key, value in container.envs:
-            body += _length_delimited(1, _string_field(1, key) + _string_field(2, value))
+            body += _map_entry(1, key, value)
         for container_path, host_path, read_only in container.mounts:
             mount = _string_field(1, container_path) + _string_field(2, host_path)
             body += _length_delimited(2, mount + _bool_field(3, read_only))
@@ -119,7 +119,7 @@ def allocate_response(answer: AllocateAnswer) -> bytes:
             )
             body += _length_delimited(3, device)
         for key, value in container.annotations:
-            body += _length_delimited(4, _string_field(1, key) + _string_field(2, value))
+            body += _map_entry(4, key, value)
         out += _length_delimited(1, bytes(body))
     return bytes(out)
 
@@ -153,20 +153,18 @@ def _fields(data: bytes, message: str) -> Iterator[tuple[int, bytes | int]]:
         if wire_type == 0:
             value, position = _read_varint(data, position, message)
             yield number, value
-        elif wire_type == 2:
-            length, position = _read_varint(data, position, message)
-            if position + length > end:
-                raise WireError(f"{message}: field {number} runs past the end of the message")
-            yield number, data[position : position + length]
-            position += length
+            continue
+        if wire_type == 2:
+            size, position = _read_varint(data, position, message)
         elif wire_type in (1, 5):
             size = 8 if wire_type == 1 else 4
-            if position + size > end:
-                raise WireError(f"{message}: field {number} runs past the end of the message")
-            yield number, int.from_bytes(data[position : position + size], "little")
-            position += size
         else:
             raise WireError(f"{message}: field {number} has unsupported wire type {wire_type}")
+        if position + size > end:
+            raise WireError(f"{message}: field {number} runs past the end of the message")
+        raw = data[position : position + size]
+        position += size
+        yield number, raw if wire_type == 2 else int.from_bytes(raw, "little")
 
 
 def _read_varint(data: bytes, position: int, message: str) -> tuple[int, int]:
@@ -216,6 +214,10 @@ def _varint_field(number: int, value: int) -> bytes:
 
 def _bool_field(number: int, value: bool) -> bytes:
     return _varint_field(number, 1) if value else b""
+
+
+def _map_entry(number: int, key: str, value: str) -> bytes:
+    return _length_delimited(number, _string_field(1, key) + _string_field(2, value))
 
 
 def _string_field(number: int, text: str) -> bytes:
