@@ -114,3 +114,36 @@ async def test_kubelet_restarts_leave_no_dead_connections_behind(harness: Harnes
             break
         await asyncio.sleep(0.1)
     assert live_handlers() == len(ALL)
+
+
+async def test_a_restarted_kubelet_finds_its_old_connections_already_freed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The new connections should reuse the memory of the old ones, not add to
+    # the high-water mark: the old ones must be collected as soon as the last
+    # of them closes, not by the collection a second after re-registering (put
+    # out of reach here) nor by the automatic one (off during the test).
+    import gc
+
+    from dp_server import runtime
+    from dp_server.transport import _Handler
+
+    monkeypatch.setattr(runtime, "_COLLECT_AFTER_REGISTRATION", 3600.0)
+    harness.start_kubelet()
+    await harness.start_server()
+    assert await harness.registered()
+    emulator = harness.emulator
+    assert emulator is not None
+    gc.collect()
+    gc.disable()
+    try:
+        before = {name: emulator.registration_count(name) for name in ALL}
+        await harness.kubelet("restart")
+        assert await harness.wait(
+            lambda e: all(e.registration_count(n) > before[n] for n in ALL), timeout=5
+        )
+        assert await harness.registered()
+        # gc.get_objects also lists garbage not yet collected.
+        assert sum(1 for o in gc.get_objects() if isinstance(o, _Handler)) == len(ALL)
+    finally:
+        gc.enable()
