@@ -18,8 +18,11 @@ import grpclib.protocol
 from grpclib.client import Channel
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler, Server
+from h2.utilities import SizeLimitDict
 
 from . import wire
+
+CLOSED_STREAMS_KEPT = 256  # per connection
 
 __all__ = ["CoalescingTransport", "ConnectionTracker", "KubeletChannel", "TrackedServer"]
 
@@ -113,12 +116,19 @@ class _Handler(Handler):
 
 
 class _CoalescingProtocol(H2Protocol):
-    """H2Protocol writing through a CoalescingTransport."""
+    """H2Protocol writing through a CoalescingTransport, remembering few closed streams."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)
         self.coalescing = CoalescingTransport(transport)
         super().connection_made(self.coalescing)  # type: ignore[arg-type]
+        # h2 remembers how each of the last 65,536 streams of a connection
+        # closed, to tell a late frame on a reset stream (answered with a
+        # RST_STREAM) from a protocol error. A plugin connection lives as long
+        # as the kubelet, and every Allocate is a stream: that is up to 10 MB
+        # per connection after months of pods. Late frames come within a round
+        # trip, so the last few hundred streams are plenty.
+        self.connection._connection._closed_streams = SizeLimitDict(size_limit=CLOSED_STREAMS_KEPT)
         # The peer waits for our SETTINGS before its first request: send them now.
         self.coalescing.flush()
 

@@ -85,6 +85,27 @@ async def test_finished_calls_are_not_kept(harness: Harness) -> None:
     assert max(len(handler._tasks) for handler in handlers) <= 1
 
 
+async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from dp_server import transport
+
+    monkeypatch.setattr(transport, "CLOSED_STREAMS_KEPT", 8)
+    harness.start_kubelet()
+    await harness.start_server()
+    assert await harness.registered()
+    for _ in range(30):
+        options = await harness.kubelet("call", GPU, "GetDevicePluginOptions", dp.Empty())
+        assert options.get_preferred_allocation_available
+    protocols = [o for o in gc.get_objects() if isinstance(o, transport._TrackedProtocol)]
+    h2_connections = [p.connection._connection for p in protocols if p.connection is not None]
+    busiest = max(h2_connections, key=lambda c: c.highest_inbound_stream_id)
+    assert busiest.highest_inbound_stream_id > 2 * 30  # client streams are odd: 30+ calls
+    assert 0 < len(busiest._closed_streams) <= 8
+
+
 async def test_kubelet_restarts_leave_no_dead_connections_behind(harness: Harness) -> None:
     import gc
 
