@@ -1,0 +1,98 @@
+"""Memory of a long-lived kubelet connection: many Allocates on one resource.
+
+A plugin connection lives as long as the kubelet, and every Allocate,
+GetPreferredAllocation or PreStartContainer is a new HTTP/2 stream on it. This
+starts `dp-server serve` on the same 64 × 64 host as `bench_serve.py`, then
+makes `--calls` Allocates of one device of one resource (each replaces the
+last, so the core holds one allocation) and prints the server's RSS and the
+Allocate p50/p99 of every block of `--step` calls. Per-stream state that is
+never dropped shows as RSS growing with the call count.
+
+    python bench/bench_soak.py [--calls 20000] [--step 5000] [--mode single]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import (  # noqa: E402
+    bench_config,
+    bench_topology,
+    percentile,
+    proc_status,
+    resource_names,
+    server_env,
+    warm_page_cache,
+)
+
+from dp_server.emulator import KubeletEmulator  # noqa: E402
+from dp_server.topology import write_sysfs  # noqa: E402
+
+
+def rss_mb(pid: int) -> float:
+    return int(proc_status(pid)["VmRSS"].split()[0]) / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--step", type=int, default=5000)
+    parser.add_argument("--mode", default="single", choices=("single", "per-resource"))
+    args = parser.parse_args(argv)
+
+    host = Path(tempfile.mkdtemp(prefix="dps-"))
+    write_sysfs(bench_topology(64, 64), host)
+    config = host / "config.yaml"
+    config.write_text(bench_config(64))
+    names = resource_names(64)
+    warm_page_cache(host)  # and compile the bytecode, as an installed package has it
+    with KubeletEmulator(host / "dp", pod_resources_socket=host / "pr.sock") as emulator:
+        command = [
+            *(sys.executable, "-m", "dp_server", "serve"),
+            *("--sysfs", str(host / "sys"), "--dev", str(host / "dev")),
+            *("--config", str(config), "--device-plugin-dir", str(host / "dp")),
+            *("--pod-resources-socket", str(host / "pr.sock"), "--socket-mode", args.mode),
+            *("--rescan-interval", "3600", "--log-level", "warning"),
+        ]
+        server = subprocess.Popen(command, env=server_env(host))
+        try:
+            if not emulator.wait_registered(names, 30, listed=True):
+                raise SystemExit("the server did not register every resource within 30 s")
+            resource = names[0]
+            device = sorted(emulator.resources()[resource].devices)[-1]
+            emulator.allocate(resource, [device])
+            time.sleep(1)
+            start = rss_mb(server.pid)
+            print(f"{args.mode}: {args.calls} Allocates of {device} on {resource}")
+            print("| calls | RSS (MB) | growth (MB) | Allocate p50 (ms) | p99 (ms) |")
+            print("|---|---|---|---|---|")
+            print(f"| 0 | {start:.1f} | | | |")
+            done = 0
+            while done < args.calls:
+                latencies = []
+                for _ in range(min(args.step, args.calls - done)):
+                    t0 = time.perf_counter()
+                    emulator.allocate(resource, [device])
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                done += len(latencies)
+                now = rss_mb(server.pid)
+                print(
+                    f"| {done} | {now:.1f} | {now - start:+.1f} | "
+                    f"{percentile(latencies, 50):.3f} | {percentile(latencies, 99):.3f} |",
+                    flush=True,
+                )
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
