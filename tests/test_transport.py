@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+from typing import Any
 
 import pytest
 
+from dp_server import runtime, transport
 from dp_server.emulator._rpc import dp
 from dp_server.transport import CoalescingTransport
 
@@ -85,13 +88,26 @@ async def test_finished_calls_are_not_kept(harness: Harness) -> None:
     assert max(len(handler._tasks) for handler in handlers) <= 1
 
 
+def live(kind: type) -> list[Any]:
+    """Every instance of `kind`, including garbage not yet collected."""
+    return [o for o in gc.get_objects() if isinstance(o, kind)]
+
+
+async def restart_kubelet(harness: Harness) -> None:
+    """Restart the kubelet and wait until every resource has registered again."""
+    emulator = harness.emulator
+    assert emulator is not None
+    before = {name: emulator.registration_count(name) for name in ALL}
+    await harness.kubelet("restart")
+    assert await harness.wait(
+        lambda e: all(e.registration_count(n) > before[n] for n in ALL), timeout=5
+    )
+    assert await harness.registered()
+
+
 async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gc
-
-    from dp_server import transport
-
     monkeypatch.setattr(transport, "CLOSED_STREAMS_KEPT", 8)
     harness.start_kubelet()
     await harness.start_server()
@@ -99,7 +115,7 @@ async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
     for _ in range(30):
         options = await harness.kubelet("call", GPU, "GetDevicePluginOptions", dp.Empty())
         assert options.get_preferred_allocation_available
-    protocols = [o for o in gc.get_objects() if isinstance(o, transport._TrackedProtocol)]
+    protocols = live(transport._TrackedProtocol)
     h2_connections = [p.connection._connection for p in protocols if p.connection is not None]
     busiest = max(h2_connections, key=lambda c: c.highest_inbound_stream_id)
     assert busiest.highest_inbound_stream_id > 2 * 30  # client streams are odd: 30+ calls
@@ -107,34 +123,18 @@ async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
 
 
 async def test_kubelet_restarts_leave_no_dead_connections_behind(harness: Harness) -> None:
-    import gc
-
-    from dp_server.transport import _Handler
-
-    def live_handlers() -> int:
-        # gc.get_objects also lists objects that are garbage not yet collected.
-        return sum(1 for o in gc.get_objects() if isinstance(o, _Handler))
-
     harness.start_kubelet()
     await harness.start_server()
     assert await harness.registered()
-    emulator = harness.emulator
-    assert emulator is not None
     for _ in range(3):
-        before = {name: emulator.registration_count(name) for name in ALL}
-        await harness.kubelet("restart")
-        assert await harness.wait(
-            lambda e, before=before: all(e.registration_count(n) > before[n] for n in ALL),
-            timeout=5,
-        )
-        assert await harness.registered()
+        await restart_kubelet(harness)
     # One handler per live kubelet connection, once the server has collected
-    # what the restarts dropped (it does so a second after re-registering).
+    # what the restarts dropped.
     for _ in range(50):
-        if live_handlers() == len(ALL):
+        if len(live(transport._Handler)) == len(ALL):
             break
         await asyncio.sleep(0.1)
-    assert live_handlers() == len(ALL)
+    assert len(live(transport._Handler)) == len(ALL)
 
 
 async def test_a_restarted_kubelet_finds_its_old_connections_already_freed(
@@ -144,27 +144,14 @@ async def test_a_restarted_kubelet_finds_its_old_connections_already_freed(
     # the high-water mark: the old ones must be collected as soon as the last
     # of them closes, not by the collection a second after re-registering (put
     # out of reach here) nor by the automatic one (off during the test).
-    import gc
-
-    from dp_server import runtime
-    from dp_server.transport import _Handler
-
     monkeypatch.setattr(runtime, "_COLLECT_AFTER_REGISTRATION", 3600.0)
     harness.start_kubelet()
     await harness.start_server()
     assert await harness.registered()
-    emulator = harness.emulator
-    assert emulator is not None
     gc.collect()
     gc.disable()
     try:
-        before = {name: emulator.registration_count(name) for name in ALL}
-        await harness.kubelet("restart")
-        assert await harness.wait(
-            lambda e: all(e.registration_count(n) > before[n] for n in ALL), timeout=5
-        )
-        assert await harness.registered()
-        # gc.get_objects also lists garbage not yet collected.
-        assert sum(1 for o in gc.get_objects() if isinstance(o, _Handler)) == len(ALL)
+        await restart_kubelet(harness)
+        assert len(live(transport._Handler)) == len(ALL)
     finally:
         gc.enable()
