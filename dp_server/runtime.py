@@ -15,8 +15,6 @@ import gc
 import itertools
 import logging
 import os
-import socket
-import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -65,7 +63,9 @@ from .proto import v1 as podresources
 from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
-from .transport import ConnectionTracker, KubeletChannel, TrackedServer
+from .sockets import PluginSockets, socket_identity
+from .streams import StreamSlot
+from .transport import ConnectionTracker, KubeletChannel
 from .watcher import DirectoryWatcher
 
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
@@ -101,58 +101,6 @@ class Settings:
     config_path: str | None = None
 
 
-class _StreamSlot:
-    """Latest device list for one ListAndWatch stream.
-
-    Each list replaces the one before, so a slow reader only ever gets the
-    newest; nothing queues up behind a stalled kubelet.
-    """
-
-    def __init__(self) -> None:
-        self.latest: bytes | None = None
-        self.ended: str | None = None
-        self.ready = asyncio.Event()
-
-    def publish(self, message: bytes) -> None:
-        self.latest = message
-        self.ready.set()
-
-    def end(self, reason: str) -> None:
-        self.ended = reason
-        self.ready.set()
-
-    async def updates(self) -> AsyncIterator[bytes]:
-        while True:
-            await self.ready.wait()
-            self.ready.clear()
-            if self.ended is not None:
-                raise GRPCError(grpclib.const.Status.UNAVAILABLE, self.ended)
-            message, self.latest = self.latest, None
-            if message is not None:
-                yield message
-
-
-@attrs.define
-class _Listener:
-    path: Path
-    resource: str | None
-    server: TrackedServer
-    identity: tuple[int, int] | None
-
-
-def _socket_identity(path: Path) -> tuple[int, int] | None:
-    """Inode and change time of a socket file: a file created again differs.
-
-    The inode alone is not enough, since a deleted socket's inode is often
-    reused at once by the next one.
-    """
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return (info.st_ino, info.st_ctime_ns) if stat.S_ISSOCK(info.st_mode) else None
-
-
 class Runtime:
     """Runs a Node against the real world. Create, `await run()`, `stop()`."""
 
@@ -180,10 +128,10 @@ class Runtime:
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self._service = DevicePluginService(self)
-        self._listeners: dict[str, _Listener] = {}
         self._connections: dict[int, int] = {}  # id(transport) -> connection
         self._tracker = ConnectionTracker(self._connection_made, self._connection_lost)
-        self._streams: dict[int, _StreamSlot] = {}
+        self._sockets = PluginSockets(self.plugin_dir, self._service, self._tracker)
+        self._streams: dict[int, StreamSlot] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
@@ -199,7 +147,6 @@ class Runtime:
         self._kubelet_channel: Channel | None = None
         self._channel_users: dict[Channel, int] = {}
         self._encoded_lists: dict[str, tuple[object, bytes]] = {}
-        self._listener_lock = asyncio.Lock()
         self._next_rescan = 0.0
         self._next_pod_poll: float | None = None
         self._last_pod_poll = -1e9
@@ -307,7 +254,7 @@ class Runtime:
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         connection = self._connection_of(stream)
         stream_id = next(self._ids)
-        slot = self._streams[stream_id] = _StreamSlot()
+        slot = self._streams[stream_id] = StreamSlot()
         if self._stopping:
             slot.end("the device plugin is shutting down")
         try:
@@ -362,31 +309,13 @@ class Runtime:
 
     # -- sockets -------------------------------------------------------------------
 
-    async def _ensure_listener(self, endpoint: str, resource: str | None) -> None:
-        async with self._listener_lock:
-            path = self.plugin_dir / endpoint
-            listener = self._listeners.get(endpoint)
-            if listener is not None and _socket_identity(path) == listener.identity:
-                return
-            if listener is not None:
-                # The kubelet deleted our socket (it does on every restart).
-                listener.server.close()
-                _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            server = TrackedServer([self._service], self._tracker, resource)
-            await server.start(path=str(path))
-            self._listeners[endpoint] = _Listener(path, resource, server, _socket_identity(path))
-
     async def _check_sockets(self) -> None:
         """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
-        for endpoint, listener in list(self._listeners.items()):
-            if _socket_identity(listener.path) != listener.identity:
-                await self._ensure_listener(endpoint, listener.resource)
+        await self._sockets.restore()
         self._probe_kubelet()
 
     def _probe_kubelet(self) -> None:
-        identity = _socket_identity(self.kubelet_socket)
+        identity = socket_identity(self.kubelet_socket)
         if identity == self._kubelet_identity:
             return
         self._kubelet_identity = identity
@@ -409,7 +338,7 @@ class Runtime:
     async def _register(self, effect: Register) -> None:
         channel: Channel | None = None
         try:
-            await self._ensure_listener(
+            await self._sockets.ensure(
                 effect.endpoint, effect.resource if effect.own_socket else None
             )
             if self._kubelet_channel is None:
@@ -437,19 +366,6 @@ class Runtime:
                     del self._channel_users[channel]
                     if channel is not self._kubelet_channel:
                         channel.close()
-
-    def _remove_stale_sockets(self) -> None:
-        """Drop `dp-*.sock` files that no process listens on any more."""
-        for path in self.plugin_dir.glob("dp-*.sock"):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-            except OSError:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                    _log.info("stale-socket-removed", extra={"dp_fields": {"path": str(path)}})
-            finally:
-                probe.close()
 
     # -- host ------------------------------------------------------------------------
 
@@ -592,10 +508,10 @@ class Runtime:
     async def run(self) -> None:
         """Serve until `stop()`; then end streams, close and remove sockets."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_sockets()
+        self._sockets.remove_stale()
         self.rescan()
         if self.settings.socket_mode is SocketMode.SINGLE:
-            await self._ensure_listener(endpoint_name(self.node.endpoint_prefix, None), None)
+            await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
         self._spawn(self._watch_files())
         self._spawn(self._timer_loop())
         await self._check_sockets()
@@ -617,15 +533,7 @@ class Runtime:
         for slot in self._streams.values():
             slot.end("the device plugin is shutting down")
         self._retire_kubelet_channel()
-        for listener in self._listeners.values():
-            listener.server.close()
-        for listener in self._listeners.values():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(listener.server.wait_closed(), 2.0)
-            if _socket_identity(listener.path) == listener.identity:
-                with contextlib.suppress(OSError):
-                    os.unlink(listener.path)
-        self._listeners.clear()
+        await self._sockets.close(timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -635,7 +543,7 @@ class Runtime:
 
     @property
     def socket_paths(self) -> list[Path]:
-        return [listener.path for listener in self._listeners.values()]
+        return self._sockets.paths
 
 
 def _describe(error: BaseException) -> str:

@@ -82,7 +82,7 @@ async def test_finished_calls_are_not_kept(harness: Harness) -> None:
     assert await harness.registered()
     for _ in range(25):
         await harness.kubelet("call", GPU, "GetDevicePluginOptions", dp.Empty())
-    handlers = [h for listener in runtime._listeners.values() for h in listener.server._handlers]
+    handlers = [h for server in runtime._sockets.servers for h in server._handlers]
     assert handlers
     # Each connection holds its ListAndWatch at most: no finished call is kept.
     assert max(len(handler._tasks) for handler in handlers) <= 1

@@ -1,0 +1,114 @@
+"""The plugin's listening sockets in the kubelet's device-plugin directory.
+
+The kubelet deletes every socket there when it restarts, so a socket is
+known by its identity (inode and change time), and one whose file was
+deleted or replaced is listened on again under the same name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .transport import ConnectionTracker, TrackedServer
+
+__all__ = ["PluginSockets", "socket_identity"]
+
+_log = logging.getLogger("dp")
+
+
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """Inode and change time of a socket file: a file created again differs.
+
+    The inode alone is not enough, since a deleted socket's inode is often
+    reused at once by the next one.
+    """
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (info.st_ino, info.st_ctime_ns) if stat.S_ISSOCK(info.st_mode) else None
+
+
+@attrs.define
+class _Listener:
+    path: Path
+    resource: str | None  # in per-resource mode; None for the shared socket
+    server: TrackedServer
+    identity: tuple[int, int] | None
+
+
+class PluginSockets:
+    """Listening sockets by endpoint name, each a grpclib server of `service`."""
+
+    def __init__(self, directory: Path, service: Any, tracker: ConnectionTracker) -> None:
+        self.directory = directory
+        self._service = service
+        self._tracker = tracker
+        self._listeners: dict[str, _Listener] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def paths(self) -> list[Path]:
+        return [listener.path for listener in self._listeners.values()]
+
+    @property
+    def servers(self) -> list[TrackedServer]:
+        return [listener.server for listener in self._listeners.values()]
+
+    async def ensure(self, endpoint: str, resource: str | None) -> None:
+        """Listen on `endpoint` unless our socket is already there."""
+        async with self._lock:
+            path = self.directory / endpoint
+            listener = self._listeners.get(endpoint)
+            if listener is not None and socket_identity(path) == listener.identity:
+                return
+            if listener is not None:
+                # The kubelet deleted our socket (it does on every restart).
+                listener.server.close()
+                _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            server = TrackedServer([self._service], self._tracker, resource)
+            await server.start(path=str(path))
+            self._listeners[endpoint] = _Listener(path, resource, server, socket_identity(path))
+
+    async def restore(self) -> None:
+        """Listen again on every socket whose file was deleted or replaced."""
+        for endpoint, listener in list(self._listeners.items()):
+            if socket_identity(listener.path) != listener.identity:
+                await self.ensure(endpoint, listener.resource)
+
+    def remove_stale(self) -> None:
+        """Drop `dp-*.sock` files that no process listens on any more."""
+        for path in self.directory.glob("dp-*.sock"):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    _log.info("stale-socket-removed", extra={"dp_fields": {"path": str(path)}})
+            finally:
+                probe.close()
+
+    async def close(self, timeout: float) -> None:
+        """Stop listening, wait up to `timeout` for each server, remove our files."""
+        for listener in self._listeners.values():
+            listener.server.close()
+        for listener in self._listeners.values():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(listener.server.wait_closed(), timeout)
+            # Another process may have taken the name since: leave its socket alone.
+            if socket_identity(listener.path) == listener.identity:
+                with contextlib.suppress(OSError):
+                    os.unlink(listener.path)
+        self._listeners.clear()
