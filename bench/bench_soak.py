@@ -1,4 +1,4 @@
-"""Memory of a long-lived kubelet connection: many Allocates on one resource.
+"""Memory over a long life: many Allocates on one connection, then kubelet restarts.
 
 A plugin connection lives as long as the kubelet, and every Allocate,
 GetPreferredAllocation or PreStartContainer is a new HTTP/2 stream on it. This
@@ -6,9 +6,12 @@ starts `dp-server serve` on the same 64 × 64 host as `bench_serve.py`, then
 makes `--calls` Allocates of one device of one resource (each replaces the
 last, so the core holds one allocation) and prints the server's RSS and the
 Allocate p50/p99 of every block of `--step` calls. Per-stream state that is
-never dropped shows as RSS growing with the call count.
+never dropped shows as RSS growing with the call count. Then the kubelet
+restarts `--restarts` times; after each, once every resource is registered
+again and a second and a half has passed, the RSS is printed: what a restart
+leaves behind shows as RSS growing with the restart count.
 
-    python bench/bench_soak.py [--calls 20000] [--step 5000] [--mode single]
+    python bench/bench_soak.py [--calls 20000] [--step 5000] [--restarts 6] [--mode single]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import (  # noqa: E402
+    all_listed_at,
     bench_config,
     bench_topology,
     percentile,
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--step", type=int, default=5000)
+    parser.add_argument("--restarts", type=int, default=6)
     parser.add_argument("--mode", default="single", choices=("single", "per-resource"))
     args = parser.parse_args(argv)
 
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             *("--pod-resources-socket", str(host / "pr.sock"), "--socket-mode", args.mode),
             *("--rescan-interval", "3600", "--log-level", "warning"),
         ]
-        server = subprocess.Popen(command, env=server_env(host))
+        log = open(host / "server.log", "wb")  # noqa: SIM115 - closed with the server
+        server = subprocess.Popen(command, stdout=log, stderr=log, env=server_env(host))
         try:
             if not emulator.wait_registered(names, 30, listed=True):
                 raise SystemExit("the server did not register every resource within 30 s")
@@ -70,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             emulator.allocate(resource, [device])
             time.sleep(1)
             start = rss_mb(server.pid)
-            print(f"{args.mode}: {args.calls} Allocates of {device} on {resource}")
+            print(
+                f"{args.mode}: {args.calls} Allocates of {device} on {resource}; "
+                f"server log {host / 'server.log'}"
+            )
             print("| calls | RSS (MB) | growth (MB) | Allocate p50 (ms) | p99 (ms) |")
             print("|---|---|---|---|---|")
             print(f"| 0 | {start:.1f} | | | |")
@@ -88,9 +97,31 @@ def main(argv: list[str] | None = None) -> int:
                     f"{percentile(latencies, 50):.3f} | {percentile(latencies, 99):.3f} |",
                     flush=True,
                 )
+            if args.restarts:
+                print()
+                print("| kubelet restarts | RSS (MB) | growth (MB) | re-registered in (s) |")
+                print("|---|---|---|---|")
+                print(f"| 0 | {rss_mb(server.pid):.1f} | | |")
+            for restart in range(1, args.restarts + 1):
+                before = {name: emulator.registration_count(name) for name in names}
+                emulator.restart()
+                restarted = emulator.last_restart
+                assert restarted is not None
+                if not emulator.wait_for(
+                    lambda e, before=before: all(
+                        e.registration_count(n) > before[n] for n in names
+                    ),
+                    30,
+                ) or not emulator.wait_registered(names, 30, listed=True):
+                    raise SystemExit(f"restart {restart}: not every resource registered again")
+                took = all_listed_at(emulator.events, set(names), restarted) - restarted
+                time.sleep(1.5)  # past the collection a second after re-registering
+                now = rss_mb(server.pid)
+                print(f"| {restart} | {now:.1f} | {now - start:+.1f} | {took:.2f} |", flush=True)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(10)
+            log.close()
     return 0
 
 
