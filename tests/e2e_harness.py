@@ -73,6 +73,13 @@ class Harness:
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         return self.runtime
 
+    async def serve(self, **server: Any) -> Runtime:
+        """Start the kubelet, then the server, and wait until every resource is listed."""
+        self.start_kubelet()
+        runtime = await self.start_server(**server)
+        assert await self.registered()
+        return runtime
+
     async def wait(self, predicate: Callable[[KubeletEmulator], bool], timeout: float = 5) -> bool:
         assert self.emulator is not None
         return await asyncio.to_thread(self.emulator.wait_for, predicate, timeout)

@@ -61,9 +61,7 @@ async def test_every_resource_registers_through_one_socket(harness: Harness) -> 
 
 
 async def test_socket_name_changes_with_each_start(harness: Harness) -> None:
-    harness.start_kubelet()
-    first = await harness.start_server()
-    assert await harness.registered()
+    first = await harness.serve()
     name = first.socket_paths[0].name
     first.stop()
     assert harness._serving is not None
@@ -75,9 +73,7 @@ async def test_socket_name_changes_with_each_start(harness: Harness) -> None:
 
 
 async def test_per_resource_mode_uses_one_socket_each_on_one_loop(harness: Harness) -> None:
-    harness.start_kubelet()
-    runtime = await harness.start_server(socket_mode=SocketMode.PER_RESOURCE)
-    assert await harness.registered()
+    runtime = await harness.serve(socket_mode=SocketMode.PER_RESOURCE)
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
     assert len(ours) == len(ALL) == len(runtime.socket_paths)
     assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]

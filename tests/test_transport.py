@@ -77,9 +77,7 @@ async def test_abort_drops_pending_and_nothing_is_sent_after_it() -> None:
 
 
 async def test_finished_calls_are_not_kept(harness: Harness) -> None:
-    harness.start_kubelet()
-    runtime = await harness.start_server()
-    assert await harness.registered()
+    runtime = await harness.serve()
     for _ in range(25):
         await harness.kubelet("call", GPU, "GetDevicePluginOptions", dp.Empty())
     handlers = [h for server in runtime._sockets.servers for h in server._handlers]
@@ -109,9 +107,7 @@ async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(transport, "CLOSED_STREAMS_KEPT", 8)
-    harness.start_kubelet()
-    await harness.start_server()
-    assert await harness.registered()
+    await harness.serve()
     for _ in range(30):
         options = await harness.kubelet("call", GPU, "GetDevicePluginOptions", dp.Empty())
         assert options.get_preferred_allocation_available
@@ -123,9 +119,7 @@ async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
 
 
 async def test_kubelet_restarts_leave_no_dead_connections_behind(harness: Harness) -> None:
-    harness.start_kubelet()
-    await harness.start_server()
-    assert await harness.registered()
+    await harness.serve()
     for _ in range(3):
         await restart_kubelet(harness)
     # One handler per live kubelet connection, once the server has collected
@@ -145,9 +139,7 @@ async def test_a_restarted_kubelet_finds_its_old_connections_already_freed(
     # of them closes, not by the collection a second after re-registering (put
     # out of reach here) nor by the automatic one (off during the test).
     monkeypatch.setattr(runtime, "_COLLECT_AFTER_REGISTRATION", 3600.0)
-    harness.start_kubelet()
-    await harness.start_server()
-    assert await harness.registered()
+    await harness.serve()
     gc.collect()
     gc.disable()
     try:
