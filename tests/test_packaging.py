@@ -803,7 +803,7 @@ def test_namespace() -> None:
     namespace = _one("namespace.yaml", "Namespace")
     assert namespace["apiVersion"] == "v1"
     assert namespace["metadata"]["name"] == NAMESPACE
-    # Privileged pods need the privileged Pod Security level.
+    # Host-path volumes need the privileged Pod Security level.
     labels = namespace["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
 
@@ -896,7 +896,13 @@ def test_daemonset_container(daemonset: dict[str, Any], containerfile: Container
     assert "command" not in container
     cmd = containerfile.final.last("CMD")
     assert cmd is not None and cmd.exec_form == container["args"][:1]
-    assert container["securityContext"]["privileged"] is True
+    # dp only reads sysfs and /dev: no privilege, no capability; root for the
+    # kubelet's root-owned directory and sockets.
+    security = container["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["runAsUser"] == 0
     assert container["resources"] == {
         "requests": {"cpu": "10m", "memory": "32Mi"},
         "limits": {"memory": "64Mi"},
@@ -916,7 +922,7 @@ def test_daemonset_volumes(daemonset: dict[str, Any], configmap: dict[str, Any])
         # host path (mounted at the same path): read-only?
         "/var/lib/kubelet/device-plugins": False,
         "/var/lib/kubelet/pod-resources": False,
-        "/sys": False,
+        "/sys": True,
         "/dev": True,
     }
     for path, read_only in expected_host_paths.items():
