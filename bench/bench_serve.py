@@ -169,6 +169,19 @@ def server_env(root: Path) -> dict[str, str]:
     return env
 
 
+def serve_command(
+    host: Path, config: Path, plugin_dir: Path, pod_socket: Path, mode: str, log_level: str
+) -> list[str]:
+    """`dp-server serve` on the generated `host`, with no periodic rescan (it
+    would pollute the idle figures)."""
+    return [
+        *(sys.executable, "-m", "dp_server", "serve"),
+        *("--sysfs", str(host / "sys"), "--dev", str(host / "dev"), "--config", str(config)),
+        *("--device-plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_socket)),
+        *("--socket-mode", mode, "--rescan-interval", "3600", "--log-level", log_level),
+    ]
+
+
 def warm_page_cache(host: Path) -> None:
     """Read what the server will read at start, as a warm node would have it.
 
@@ -358,28 +371,7 @@ def run_once(
     server: subprocess.Popen[bytes] | None = None
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed in finally
     try:
-        command = [
-            sys.executable,
-            "-m",
-            "dp_server",
-            "serve",
-            "--sysfs",
-            str(host / "sys"),
-            "--dev",
-            str(host / "dev"),
-            "--config",
-            str(config),
-            "--device-plugin-dir",
-            str(plugin_dir),
-            "--pod-resources-socket",
-            str(pod_socket),
-            "--socket-mode",
-            mode,
-            "--rescan-interval",
-            "3600",
-            "--log-level",
-            args.log_level,
-        ]
+        command = serve_command(host, config, plugin_dir, pod_socket, mode, args.log_level)
         if not args.cold:
             warm_page_cache(host)
         t_spawn = time.monotonic()

@@ -32,6 +32,7 @@ from bench_serve import (  # noqa: E402
     percentile,
     proc_status,
     resource_names,
+    serve_command,
     server_env,
     warm_page_cache,
 )
@@ -59,13 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     names = resource_names(64)
     warm_page_cache(host)  # and compile the bytecode, as an installed package has it
     with KubeletEmulator(host / "dp", pod_resources_socket=host / "pr.sock") as emulator:
-        command = [
-            *(sys.executable, "-m", "dp_server", "serve"),
-            *("--sysfs", str(host / "sys"), "--dev", str(host / "dev")),
-            *("--config", str(config), "--device-plugin-dir", str(host / "dp")),
-            *("--pod-resources-socket", str(host / "pr.sock"), "--socket-mode", args.mode),
-            *("--rescan-interval", "3600", "--log-level", "warning"),
-        ]
+        command = serve_command(
+            host, config, host / "dp", host / "pr.sock", args.mode, log_level="warning"
+        )
         log = open(host / "server.log", "wb")  # noqa: SIM115 - closed with the server
         server = subprocess.Popen(command, stdout=log, stderr=log, env=server_env(host))
         try:
