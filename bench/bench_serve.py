@@ -334,6 +334,40 @@ def first_events(
     return seen
 
 
+def restart_kubelet(
+    emulator: KubeletEmulator, names: Sequence[str], timeout: float
+) -> tuple[float, dict[str, int]]:
+    """Restart the kubelet and wait until every resource is registered anew and listed.
+
+    Returns when the new kubelet.sock accepted connections and each resource's
+    registration count before the restart.
+    """
+    before = {n: emulator.registration_count(n) for n in names}
+    emulator.restart()
+    t_restart = emulator.last_restart
+    assert t_restart is not None
+
+    def again(e: KubeletEmulator) -> bool:
+        states = e.resources()
+        return all(
+            e.registration_count(n) > before[n]
+            and (at := states[n].registered_at) is not None
+            and at >= t_restart
+            for n in names
+        )
+
+    # First every resource registered anew (the restart dropped the old
+    # registrations), then every new registration has its list: each new
+    # registration resets the emulator's "listed" flag.
+    deadline = time.monotonic() + timeout
+    if not emulator.wait_for(again, timeout) or not emulator.wait_registered(
+        names, max(0.0, deadline - time.monotonic()), listed=True
+    ):
+        done = sum(1 for n in names if emulator.registration_count(n) > before[n])
+        raise BenchError(f"only {done}/{len(names)} re-registered within {timeout} s")
+    return t_restart, before
+
+
 def all_listed_at(events: Sequence[Any], names: set[str], after: float) -> float:
     """When the last resource got its first list of a registration made after `after`."""
     registered: dict[str, float] = {}
@@ -446,30 +480,8 @@ def run_once(
         result["proc_loaded"] = proc_snapshot(pid)
 
         # 3. kubelet restart -> all registered again, each with a list
-        before = {n: emulator.registration_count(n) for n in names}
         server_ns0, bench_cpu0 = proc_cpu_ns(pid), time.process_time()
-        emulator.restart()
-        t_restart = emulator.last_restart
-        assert t_restart is not None
-
-        def again(e: KubeletEmulator) -> bool:
-            states = e.resources()
-            return all(
-                e.registration_count(n) > before[n]
-                and (at := states[n].registered_at) is not None
-                and at >= t_restart
-                for n in names
-            )
-
-        # First every resource registered anew (the restart dropped the old
-        # registrations), then every new registration has its list: each new
-        # registration resets the emulator's "listed" flag.
-        deadline = time.monotonic() + args.timeout
-        if not emulator.wait_for(again, args.timeout) or not emulator.wait_registered(
-            names, max(0.0, deadline - time.monotonic()), listed=True
-        ):
-            done = sum(1 for n in names if emulator.registration_count(n) > before[n])
-            raise BenchError(f"only {done}/{len(names)} re-registered within {args.timeout} s")
+        t_restart, before = restart_kubelet(emulator, names, args.timeout)
         # CPU spent by each side from the start of restart() (which also tears
         # down 64 grpcio clients) to all re-registered: who is the bottleneck.
         result["restart_server_cpu_s"] = (proc_cpu_ns(pid) - server_ns0) / 1e9

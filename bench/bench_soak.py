@@ -26,12 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import (  # noqa: E402
+    BenchError,
     all_listed_at,
     bench_config,
     bench_topology,
     percentile,
     proc_status,
     resource_names,
+    restart_kubelet,
     serve_command,
     server_env,
     warm_page_cache,
@@ -100,17 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("|---|---|---|---|")
                 print(f"| 0 | {rss_mb(server.pid):.1f} | | |")
             for restart in range(1, args.restarts + 1):
-                before = {name: emulator.registration_count(name) for name in names}
-                emulator.restart()
-                restarted = emulator.last_restart
-                assert restarted is not None
-                if not emulator.wait_for(
-                    lambda e, before=before: all(
-                        e.registration_count(n) > before[n] for n in names
-                    ),
-                    30,
-                ) or not emulator.wait_registered(names, 30, listed=True):
-                    raise SystemExit(f"restart {restart}: not every resource registered again")
+                try:
+                    restarted, _ = restart_kubelet(emulator, names, 30)
+                except BenchError as error:
+                    raise SystemExit(f"restart {restart}: {error}") from None
                 took = all_listed_at(emulator.events, set(names), restarted) - restarted
                 time.sleep(1.5)  # past the collection a second after re-registering
                 now = rss_mb(server.pid)
