@@ -73,12 +73,26 @@ class Harness:
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         return self.runtime
 
-    async def serve(self, **server: Any) -> Runtime:
-        """Start the kubelet, then the server, and wait until every resource is listed."""
-        self.start_kubelet()
+    async def serve(self, kubelet: dict[str, Any] | None = None, **server: Any) -> Runtime:
+        """Start the kubelet (with `kubelet` options), then the server (with
+        `server` options), and wait until every resource is listed."""
+        emulator = self.start_kubelet(**(kubelet or {}))
         runtime = await self.start_server(**server)
-        assert await self.registered()
+        assert await self.registered(), emulator.resources()
         return runtime
+
+    async def restart_kubelet(self) -> dict[str, int]:
+        """Restart the kubelet and wait until every resource has registered again
+        and is listed; returns each resource's registration count before."""
+        emulator = self.emulator
+        assert emulator is not None
+        before = {name: emulator.registration_count(name) for name in ALL}
+        await self.kubelet("restart")
+        assert await self.wait(
+            lambda e: all(e.registration_count(n) > before[n] for n in ALL), timeout=5
+        )
+        assert await self.registered()
+        return before
 
     async def wait(self, predicate: Callable[[KubeletEmulator], bool], timeout: float = 5) -> bool:
         assert self.emulator is not None

@@ -20,13 +20,6 @@ from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 pytestmark = pytest.mark.asyncio
 
 
-async def serving(harness: Harness, **kwargs: object) -> Harness:
-    harness.start_kubelet(**kwargs)  # type: ignore[arg-type]
-    await harness.start_server()
-    assert await harness.registered(), harness.emulator.resources()  # type: ignore[union-attr]
-    return harness
-
-
 def device_ids(harness: Harness, resource: str) -> list[str]:
     assert harness.emulator is not None
     return sorted(harness.emulator.resources()[resource].devices)
@@ -36,7 +29,7 @@ def device_ids(harness: Harness, resource: str) -> list[str]:
 
 
 async def test_every_resource_registers_through_one_socket(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
     assert len(ours) == 1 and ours[0].startswith("dp-")
     emulator = harness.emulator
@@ -82,7 +75,7 @@ async def test_per_resource_mode_uses_one_socket_each_on_one_loop(harness: Harne
 
 
 async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
-    await serving(harness, dial_mode="after-reply")
+    await harness.serve(kubelet={"dial_mode": "after-reply"})
     assert device_ids(harness, GPU) == ["0000:3b:00.0", "0000:af:00.0", "0000:d8:00.0"]
     assert device_ids(harness, QAT) == [f"0000:6b:00.{i}" for i in range(1, 5)]
     assert len(device_ids(harness, TUN)) == 110
@@ -91,7 +84,7 @@ async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
 
 
 async def test_unattributed_connection_is_refused_with_unavailable(harness: Harness) -> None:
-    runtime = (await serving(harness)).runtime
+    runtime = await harness.serve()
     assert runtime is not None
     target = f"unix://{runtime.socket_paths[0]}"
     with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
@@ -118,19 +111,10 @@ async def test_kubelet_started_after_the_server(harness: Harness) -> None:
 
 
 async def test_kubelet_restart_reregisters_everything(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     emulator = harness.emulator
     assert emulator is not None
-    before = {name: emulator.registration_count(name) for name in ALL}
-    await harness.kubelet("restart")
-    assert await harness.wait(
-        lambda e: (
-            all(e.registration_count(n) > before[n] for n in ALL)
-            and all(e.resources()[n].registered for n in ALL)
-        ),
-        timeout=5,
-    )
-    assert await harness.registered()
+    before = await harness.restart_kubelet()
     # The dropped connections are noticed before the new kubelet.sock's file
     # event: looking at kubelet.sock first makes that one round of Registers,
     # not a Register per lost connection followed by another for the restart.
@@ -154,7 +138,7 @@ async def test_register_refused_is_retried_with_backoff(harness: Harness) -> Non
             return "resource name already taken"
         return None
 
-    await serving(harness, refuse=refuse)
+    await harness.serve(kubelet={"refuse": refuse})
     assert refusals["count"] == 3
     assert device_ids(harness, GPU)
 
@@ -163,7 +147,7 @@ async def test_register_refused_is_retried_with_backoff(harness: Harness) -> Non
 
 
 async def test_allocate_for_each_class_of_device(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     gpu = await harness.kubelet("allocate", GPU, ["0000:af:00.0", "0000:3b:00.0"])
     assert gpu.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0,0000:3b:00.0"
     paths = [(d.host_path, d.container_path, d.permissions) for d in gpu.devices]
@@ -183,7 +167,7 @@ async def test_allocate_for_each_class_of_device(harness: Harness) -> None:
 
 
 async def test_unknown_device_id_is_invalid_argument(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     with pytest.raises(grpc.RpcError) as caught:
         await harness.kubelet("allocate", GPU, ["0000:00:00.0"])
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -193,7 +177,7 @@ async def test_unknown_device_id_is_invalid_argument(harness: Harness) -> None:
 
 
 async def test_device_id_of_ten_thousand_characters(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     huge = "x" * 10_000
     with pytest.raises(grpc.RpcError) as caught:
         await harness.kubelet("allocate", QAT, [huge])
@@ -205,7 +189,7 @@ async def test_device_id_of_ten_thousand_characters(harness: Harness) -> None:
 
 
 async def test_preferred_allocation_keeps_numa_and_must_include(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     healthy = ["0000:3b:00.0", "0000:af:00.0"]
     picked = await harness.kubelet("preferred_allocation", GPU, healthy, ["0000:af:00.0"], 1)
     assert picked == ["0000:af:00.0"]
@@ -215,7 +199,7 @@ async def test_preferred_allocation_keeps_numa_and_must_include(harness: Harness
 
 
 async def test_list_and_watch_carries_numa_topology(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     assert harness.emulator is not None
     devices = harness.emulator.resources()[GPU].devices
     assert devices["0000:3b:00.0"].numa_nodes == (0,)
@@ -225,7 +209,7 @@ async def test_list_and_watch_carries_numa_topology(harness: Harness) -> None:
 
 
 async def test_a_host_change_resends_only_the_touched_resource(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     emulator = harness.emulator
     assert emulator is not None
     lists_before = {name: emulator.resources()[name].lists for name in ALL}
@@ -242,7 +226,7 @@ async def test_a_host_change_resends_only_the_touched_resource(harness: Harness)
 
 
 async def test_group_reservation_until_pod_resources_release(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     await harness.kubelet("admit", "vm-a", "compute", {NVME: 1})
     assert await harness.wait(
         lambda e: sum(not d.healthy for d in e.resources()[NVME].devices.values()) == 1
@@ -267,7 +251,7 @@ async def test_group_reservation_until_pod_resources_release(harness: Harness) -
 
 
 async def test_garbage_bytes_on_the_plugin_socket(harness: Harness) -> None:
-    runtime = (await serving(harness)).runtime
+    runtime = await harness.serve()
     assert runtime is not None
 
     def send_garbage() -> None:
@@ -289,7 +273,7 @@ async def test_garbage_bytes_on_the_plugin_socket(harness: Harness) -> None:
 
 
 async def test_client_that_disconnects_mid_stream(harness: Harness) -> None:
-    await serving(harness)
+    await harness.serve()
     assert harness.emulator is not None
     stream = harness.emulator.call(GPU, "ListAndWatch", dp.Empty())
     first = await asyncio.to_thread(next, stream)

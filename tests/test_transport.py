@@ -91,18 +91,6 @@ def live(kind: type) -> list[Any]:
     return [o for o in gc.get_objects() if isinstance(o, kind)]
 
 
-async def restart_kubelet(harness: Harness) -> None:
-    """Restart the kubelet and wait until every resource has registered again."""
-    emulator = harness.emulator
-    assert emulator is not None
-    before = {name: emulator.registration_count(name) for name in ALL}
-    await harness.kubelet("restart")
-    assert await harness.wait(
-        lambda e: all(e.registration_count(n) > before[n] for n in ALL), timeout=5
-    )
-    assert await harness.registered()
-
-
 async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,7 +109,7 @@ async def test_a_connection_remembers_a_bounded_number_of_closed_streams(
 async def test_kubelet_restarts_leave_no_dead_connections_behind(harness: Harness) -> None:
     await harness.serve()
     for _ in range(3):
-        await restart_kubelet(harness)
+        await harness.restart_kubelet()
     # One handler per live kubelet connection, once the server has collected
     # what the restarts dropped.
     for _ in range(50):
@@ -143,7 +131,7 @@ async def test_a_restarted_kubelet_finds_its_old_connections_already_freed(
     gc.collect()
     gc.disable()
     try:
-        await restart_kubelet(harness)
+        await harness.restart_kubelet()
         assert len(live(transport._Handler)) == len(ALL)
     finally:
         gc.enable()
