@@ -66,7 +66,7 @@ from .inventory import (
     SkippedDevice,
     build_inventory,
 )
-from .node import Node, Timing, endpoint_name
+from .node import Node, Timing, endpoint_name, min_endpoint_length
 from .pci import PciAddress, PciDevice, PciId
 from .registration import Backoff, Phase, SocketMode
 
@@ -140,5 +140,6 @@ __all__ = [
     "build_inventory",
     "container_allocation",
     "endpoint_name",
+    "min_endpoint_length",
     "preferred_devices",
 ]

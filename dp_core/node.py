@@ -8,6 +8,7 @@ the ListAndWatch streams. The shell feeds it and executes what it returns.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -59,7 +60,7 @@ from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_
 from .pci import PciId
 from .registration import Backoff, Registrar, SocketMode
 
-__all__ = ["Node", "Timing", "endpoint_name"]
+__all__ = ["Node", "Timing", "endpoint_name", "min_endpoint_length"]
 
 _SHOWN_ID_LENGTH = 64
 
@@ -73,11 +74,40 @@ class Timing:
     release_grace: float = 30.0
 
 
-def endpoint_name(prefix: str, resource: str | None) -> str:
-    """Socket file name: `<prefix>.sock`, or `<prefix>-<resource>.sock` per resource."""
+# The kubelet joins its directory and the endpoint into one unix socket path,
+# which Linux limits to 107 bytes: long resource names must be cut.
+_NAME_MAX = 255
+_DIGEST_LENGTH = 8
+
+
+def endpoint_name(prefix: str, resource: str | None, max_length: int = _NAME_MAX) -> str:
+    """Socket file name: `<prefix>.sock`, or `<prefix>-<resource>.sock` per resource.
+
+    A per-resource name longer than `max_length` keeps the start of the
+    resource name and ends in a digest of all of it, so that names stay
+    distinct; `min_endpoint_length` is the least `max_length` that works.
+    """
     if resource is None:
         return f"{prefix}.sock"
-    return f"{prefix}-{re.sub(r'[^A-Za-z0-9_.-]', '_', resource)}.sock"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", resource)
+    name = f"{prefix}-{safe}.sock"
+    if len(name) <= max_length:
+        return name
+    digest = hashlib.sha256(resource.encode()).hexdigest()[:_DIGEST_LENGTH]
+    room = max_length - len(f"{prefix}--{digest}.sock")
+    if room > 0:
+        return f"{prefix}-{safe[:room]}-{digest}.sock"
+    if max_length >= min_endpoint_length(prefix):
+        return f"{prefix}-{digest}.sock"
+    raise UsageError(
+        f"no socket name for {resource} fits in {max_length} characters "
+        f"(at least {min_endpoint_length(prefix)})"
+    )
+
+
+def min_endpoint_length(prefix: str) -> int:
+    """The shortest name limit `endpoint_name` can meet for every resource."""
+    return len(f"{prefix}-.sock") + _DIGEST_LENGTH
 
 
 def _show(device_id: str) -> str:
@@ -112,12 +142,19 @@ class Node:
         *,
         socket_mode: SocketMode = SocketMode.SINGLE,
         endpoint_prefix: str = "dp",
+        endpoint_max_length: int = _NAME_MAX,
         timing: Timing | None = None,
         pci_names: Mapping[PciId, str] | None = None,
     ) -> None:
+        if endpoint_max_length < min_endpoint_length(endpoint_prefix):
+            raise UsageError(
+                f"socket names of at most {endpoint_max_length} characters are too short "
+                f"for prefix {endpoint_prefix!r} (at least {min_endpoint_length(endpoint_prefix)})"
+            )
         self.timing = timing or Timing()
         self.socket_mode = socket_mode
         self.endpoint_prefix = endpoint_prefix
+        self.endpoint_max_length = endpoint_max_length
         self.config = config
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
@@ -319,7 +356,11 @@ class Node:
                 del self._streams[stream]
                 effects.append(EndStream(stream, "the resource is registering again"))
             attempt = self.registrar.start(reg)
-            endpoint = endpoint_name(self.endpoint_prefix, reg.name if per_resource else None)
+            endpoint = endpoint_name(
+                self.endpoint_prefix,
+                reg.name if per_resource else None,
+                self.endpoint_max_length,
+            )
             effects.append(
                 Register(reg.name, endpoint, self._options_for(reg.name), attempt, per_resource)
             )

@@ -112,7 +112,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(args: argparse.Namespace) -> int:
-    from .runtime import Runtime, Settings
+    from .runtime import Runtime, Settings, SettingsError
 
     config, names = load_settings(args.config)
     settings = Settings(
@@ -124,7 +124,13 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         rescan_interval=args.rescan_interval,
         config_path=args.config,
     )
-    runtime = Runtime(settings, config, pci_names=names, reload=lambda: load_settings(args.config))
+    try:
+        runtime = Runtime(
+            settings, config, pci_names=names, reload=lambda: load_settings(args.config)
+        )
+    except SettingsError as error:
+        print(f"dp-server: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runtime.stop)

@@ -55,6 +55,7 @@ from dp_core import (
     WatchEnded,
     WatchStarted,
     endpoint_name,
+    min_endpoint_length,
 )
 
 from . import wire
@@ -68,9 +69,12 @@ from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
 from .watcher import DirectoryWatcher
 
-__all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
+__all__ = ["KUBELET_SOCKET", "Runtime", "Settings", "SettingsError"]
 
 KUBELET_SOCKET = "kubelet.sock"
+# A unix socket address holds at most 108 bytes with its terminating NUL; the
+# kubelet dials <its device-plugin dir>/<endpoint>, which must fit as well.
+SOCKET_PATH_MAX = 107
 _log = logging.getLogger("dp.runtime")
 # After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
 # second, then every 50 ms for half a minute: a restarted kubelet's new socket
@@ -101,6 +105,22 @@ class Settings:
     config_path: str | None = None
 
 
+class SettingsError(ValueError):
+    """Settings the server cannot run with; the message names the setting."""
+
+
+def _socket_name_room(directory: str, prefix: str) -> int:
+    """How long a socket file name in `directory` may be."""
+    room = SOCKET_PATH_MAX - len(os.fsencode(directory.rstrip("/"))) - 1
+    if room < min_endpoint_length(prefix):
+        longest = SOCKET_PATH_MAX - 1 - min_endpoint_length(prefix)
+        raise SettingsError(
+            f"--device-plugin-dir {directory!r} is too long: a unix socket path is at most "
+            f"{SOCKET_PATH_MAX} bytes, which leaves at most {longest} bytes for the directory"
+        )
+    return room
+
+
 class Runtime:
     """Runs a Node against the real world. Create, `await run()`, `stop()`."""
 
@@ -122,6 +142,7 @@ class Runtime:
             config,
             socket_mode=settings.socket_mode,
             endpoint_prefix=prefix,
+            endpoint_max_length=_socket_name_room(settings.device_plugin_dir, prefix),
             timing=settings.timing,
             pci_names=pci_names,
         )

@@ -78,7 +78,11 @@ class PluginSockets:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             server = TrackedServer([self._service], self._tracker, resource)
-            await server.start(path=str(path))
+            try:
+                await server.start(path=str(path))
+            except OSError as error:
+                reason = error.strerror or str(error)
+                raise OSError(error.errno, f"cannot listen on {path}: {reason}") from None
             self._listeners[endpoint] = _Listener(path, resource, server, socket_identity(path))
 
     async def restore(self) -> None:

@@ -122,6 +122,22 @@ def test_bad_config_exits_2_naming_the_field(
     assert "'ZZZZ:1EB8' is not VVVV:DDDD hex" in err
 
 
+def test_serve_refuses_a_device_plugin_dir_too_long_for_socket_paths(
+    tmp_path: Path, host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sysfs, dev = host
+    plugin_dir = tmp_path / ("d" * (100 - len(str(tmp_path))))
+    plugin_dir.mkdir()
+    code = main(
+        ["serve", "--sysfs", str(sysfs), "--dev", str(dev), "--device-plugin-dir", str(plugin_dir)]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--device-plugin-dir {str(plugin_dir)!r} is too long" in err
+    assert "at most 83 bytes for the directory" in err
+    assert list(plugin_dir.iterdir()) == []
+
+
 def test_demo_prints_node_and_sample_allocations(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out

@@ -13,6 +13,7 @@ import pytest
 from dp_core import (
     Backoff,
     BindConnection,
+    Config,
     ConfigApplied,
     ConnectionClosed,
     ConnectionOpened,
@@ -38,6 +39,7 @@ from dp_core import (
     UsageError,
     WatchStarted,
     endpoint_name,
+    min_endpoint_length,
 )
 from dp_core.registration import Registrar
 
@@ -522,6 +524,42 @@ def test_per_resource_connection_for_unknown_listener_is_a_usage_error() -> None
 )  # fmt: skip
 def test_endpoint_name(prefix: str, resource: str | None, expected: str) -> None:
     assert endpoint_name(prefix, resource) == expected
+
+
+LONG = "example.com/" + "x" * 60
+
+
+@pytest.mark.parametrize(
+    ("resource", "max_length", "expected"),
+    [
+        ("nvidia.com/T4", 21, "dp-nvidia.com_T4.sock"),  # fits exactly: unchanged
+        ("nvidia.com/T4", 20, "dp-nvi-{digest}.sock"),
+        (LONG, 40, "dp-example.com_xxxxxxxxxxx-{digest}.sock"),
+        (LONG, 16, "dp-{digest}.sock"),  # the least that works: the digest alone
+    ],
+)  # fmt: skip
+def test_endpoint_name_is_cut_to_fit_with_a_digest(
+    resource: str, max_length: int, expected: str
+) -> None:
+    import hashlib
+
+    digest = hashlib.sha256(resource.encode()).hexdigest()[:8]
+    name = endpoint_name("dp", resource, max_length)
+    assert name == expected.format(digest=digest)
+    assert len(name) <= max_length
+    assert min_endpoint_length("dp") == 16
+
+
+def test_cut_endpoint_names_stay_distinct() -> None:
+    names = {endpoint_name("dp", f"example.com/{'y' * 50}-{i}", 30) for i in range(500)}
+    assert len(names) == 500 and all(len(n) <= 30 for n in names)
+
+
+def test_a_name_limit_shorter_than_any_name_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="at least 16"):
+        endpoint_name("dp", "nvidia.com/T4", 15)
+    with pytest.raises(UsageError, match="at least 16"):
+        Node(Config(), endpoint_max_length=15)
 
 
 def test_new_resource_registers_when_it_appears() -> None:

@@ -74,6 +74,21 @@ async def test_per_resource_mode_uses_one_socket_each_on_one_loop(harness: Harne
     assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0"
 
 
+async def test_per_resource_socket_names_are_cut_to_fit_a_long_directory(
+    harness: Harness,
+) -> None:
+    # 76 bytes of directory leave 30 for a socket name; "dp-xxxxxx-" and
+    # ".sock" alone take 15, and the longest resource name here has 26.
+    harness.plugin_dir = harness.root / ("p" * (76 - len(str(harness.root)) - 1))
+    runtime = await harness.serve(socket_mode=SocketMode.PER_RESOURCE)
+    ours = [name for name in harness.sockets() if name != "kubelet.sock"]
+    assert len(ours) == len(ALL) == len(runtime.socket_paths)
+    assert max(len(str(path)) for path in runtime.socket_paths) == 107
+    assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
+    response = await harness.kubelet("allocate", GPU, ["0000:af:00.0"])
+    assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0"
+
+
 async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
     await harness.serve(kubelet={"dial_mode": "after-reply"})
     assert device_ids(harness, GPU) == ["0000:3b:00.0", "0000:af:00.0", "0000:d8:00.0"]
