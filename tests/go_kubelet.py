@@ -1,0 +1,84 @@
+"""Build and run `gokubelet` (tests/gokubelet/main.go), a kubelet device manager
+on grpc-go, the real kubelet's gRPC stack.
+
+It builds from Debian's packages alone (`golang-go`, `golang-google-grpc-dev`;
+`.ci/run` installs them), in GOPATH mode against /usr/share/gocode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).parent / "gokubelet" / "main.go"
+GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their source
+PACKAGES = "golang-go golang-google-grpc-dev"
+
+__all__ = ["PACKAGES", "build", "missing", "report", "start"]
+
+
+def missing() -> str | None:
+    """Why gokubelet cannot be built here, or None if it can."""
+    if shutil.which("go") is None:
+        return f"no `go` on PATH (apt-get install {PACKAGES})"
+    if not (GOPATH / "src" / "google.golang.org" / "grpc").is_dir():
+        return f"no grpc-go under {GOPATH} (apt-get install {PACKAGES})"
+    return None
+
+
+def build(directory: Path) -> Path:
+    """Compile gokubelet into `directory`; raises with go's output on failure."""
+    binary = directory / "gokubelet"
+    env = {**os.environ, "GO111MODULE": "off", "GOPATH": str(GOPATH), "GOFLAGS": ""}
+    result = subprocess.run(
+        ["go", "build", "-o", str(binary), str(SOURCE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"go build {SOURCE} failed:\n{result.stdout}{result.stderr}")
+    return binary
+
+
+def start(
+    binary: Path,
+    plugin_dir: Path,
+    *,
+    expect: int,
+    allocs: int = 0,
+    restarts: int = 0,
+    dial: str = "sync",
+    timeout: float = 30.0,
+) -> subprocess.Popen[str]:
+    """Serve kubelet.sock in `plugin_dir`; the report comes on stdout at the end."""
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [
+            str(binary),
+            *("-dir", str(plugin_dir), "-expect", str(expect), "-dial", dial),
+            *("-allocs", str(allocs), "-restarts", str(restarts), "-timeout", f"{timeout}s"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def report(kubelet: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """Wait for gokubelet to finish its scenario and return its JSON report."""
+    out, err = kubelet.communicate(timeout=timeout)
+    try:
+        result: dict[str, Any] = json.loads(out)
+    except json.JSONDecodeError:
+        raise AssertionError(
+            f"gokubelet exited {kubelet.returncode} without a report:\n{out}{err}"
+        ) from None
+    result["exit_code"] = kubelet.returncode
+    result["stderr"] = err
+    return result

@@ -1,0 +1,192 @@
+"""`dp-server serve`, the real command, against a kubelet on grpc-go.
+
+The grpcio emulator checks grpclib against one independent gRPC stack; the
+kubelet itself runs grpc-go, whose HTTP/2 client behaves differently in the
+details (settings, BDP pings, window updates, how it dials). gokubelet
+(tests/gokubelet/main.go) is the kubelet's device manager on grpc-go: Register
+with the synchronous dial and GetDevicePluginOptions (or, as old kubelets, dial
+after the reply), ListAndWatch, Allocate, and restarts that delete every socket.
+
+Without Go and grpc-go installed these tests are skipped, unless
+DP_REQUIRE_GO_KUBELET=1 (as in CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dp_server.demo import DEMO_CONFIG
+from dp_server.topology import fixture_topology, write_sysfs
+
+import go_kubelet
+
+RESTARTS = 2
+
+
+@pytest.fixture(scope="module")
+def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    why = go_kubelet.missing()
+    if why is not None:
+        if os.environ.get("DP_REQUIRE_GO_KUBELET") == "1":
+            pytest.fail(f"DP_REQUIRE_GO_KUBELET=1 but gokubelet cannot be built: {why}")
+        pytest.skip(why)
+    return go_kubelet.build(tmp_path_factory.mktemp("gokubelet"))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fixture host, the demo config, and what `dp-server scan` says of them."""
+    root = tmp_path_factory.mktemp("node")
+    sysfs, dev = write_sysfs(fixture_topology(), root / "host")
+    config = root / "config.yaml"
+    config.write_text(DEMO_CONFIG)
+    scan = subprocess.run(
+        [sys.executable, "-m", "dp_server", "scan", "--format", "json"]
+        + ["--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {"sysfs": sysfs, "dev": dev, "config": config, "scan": json.loads(scan.stdout)}
+
+
+def serve(node: dict[str, Any], workdir: Path, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dp_server", "serve"]
+        + ["--sysfs", str(node["sysfs"]), "--dev", str(node["dev"])]
+        + ["--config", str(node["config"]), "--socket-mode", mode]
+        + ["--device-plugin-dir", str(workdir / "dp")]
+        + ["--pod-resources-socket", str(workdir / "pod-resources.sock")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def env_name(prefix: str, resource: str) -> str:
+    return prefix + resource.upper().replace("/", "_").replace(".", "_")
+
+
+@pytest.mark.parametrize(
+    ("mode", "dial", "server_first"),
+    [
+        ("single", "sync", False),
+        ("single", "after-reply", False),
+        ("single", "sync", True),
+        ("per-resource", "sync", False),
+    ],
+)
+def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
+    gokubelet: Path,
+    node: dict[str, Any],
+    tmp_path: Path,
+    processes: list[subprocess.Popen[str]],
+    mode: str,
+    dial: str,
+    server_first: bool,
+) -> None:
+    scan = {r["name"]: r for r in node["scan"]["resources"]}
+    plugin_dir = tmp_path / "dp"
+    plugin_dir.mkdir()
+
+    def kubelet() -> subprocess.Popen[str]:
+        return go_kubelet.start(
+            gokubelet, plugin_dir, expect=len(scan), restarts=RESTARTS, dial=dial
+        )
+
+    if server_first:  # the kubelet starts later: the server registers when kubelet.sock appears
+        processes.append(serve(node, tmp_path, mode))
+        time.sleep(1.0)
+        assert processes[0].poll() is None
+        processes.append(kubelet())
+        server = processes[0]
+        report = go_kubelet.report(processes[1], timeout=120)
+    else:
+        processes.append(kubelet())
+        processes.append(serve(node, tmp_path, mode))
+        server = processes[1]
+        report = go_kubelet.report(processes[0], timeout=120)
+
+    if report["errors"] or report["exit_code"] != 0:
+        server.kill()
+        raise AssertionError(f"{report}\n--- server log:\n{server.communicate()[1]}")
+    listed = {r["resource"]: r for r in report["resources"]}
+    assert sorted(listed) == sorted(scan)
+    endpoints = {r["endpoint"] for r in listed.values()}
+    assert len(endpoints) == (1 if mode == "single" else len(scan))
+
+    # Each resource's first healthy device was allocated; until the pod is
+    # known to be gone, the rest of its IOMMU group is Unhealthy (DESIGN.md §5).
+    sampled = {
+        name: next(d for d in r["devices"] if d["health"] == "Healthy") for name, r in scan.items()
+    }
+    held = {d["iommu_group"] for d in sampled.values() if d["iommu_group"] is not None}
+    sampled_ids = {d["id"] for d in sampled.values()}
+
+    def health_now(device: dict[str, Any]) -> str:
+        if device["iommu_group"] in held and device["id"] not in sampled_ids:
+            return "Unhealthy"
+        return str(device["health"])
+
+    for name, resource in scan.items():
+        got = listed[name]
+        # Registered at start and once more after each kubelet restart.
+        assert got["registrations"] == 1 + RESTARTS, (name, got["registrations"])
+        assert got["options"]["get_preferred_allocation_available"] is (
+            resource["kind"] != "shared"
+        )
+        # The kubelet's device list is what `dp-server scan` shows, less the held groups.
+        want = [
+            (d["id"], health_now(d), None if d["numa_node"] is None else [d["numa_node"]])
+            for d in resource["devices"]
+        ]
+        assert [(d["id"], d["health"], d["numa"]) for d in got["devices"]] == want
+
+        device = sampled[name]
+        (container,) = report["samples"][name]
+        specs = [
+            (s["host_path"], s["container_path"], s["permissions"]) for s in container["devices"]
+        ]
+        permissions = "rw" if resource["kind"] == "shared" else "mrw"
+        assert specs == [(path, path, permissions) for path in device["host_paths"]]
+        if resource["kind"] == "pci":
+            assert container["envs"] == {env_name("PCI_RESOURCE_", name): device["id"]}
+        elif resource["kind"] == "mdev":
+            assert container["envs"] == {env_name("MDEV_PCI_RESOURCE_", name): device["id"]}
+        else:
+            assert container["envs"] == {}
+
+    # An ID the plugin never advertised is refused by name; serving goes on
+    # (the restarts came after it).
+    unknown = report["unknown_device"]
+    assert unknown["code"] == "InvalidArgument"
+    assert "unknown device ID 'no-such-device-" in unknown["message"]
+    assert unknown["resource"] in unknown["message"]
+    assert len(report["restart_s"]) == RESTARTS
+
+    assert server.poll() is None, server.communicate()[1]
+    server.send_signal(signal.SIGTERM)
+    _, log = server.communicate(timeout=10)
+    assert server.returncode == 0, log
+    assert "Traceback" not in log
+    assert sorted(p.name for p in plugin_dir.iterdir()) == []  # gokubelet and dp both cleaned up
