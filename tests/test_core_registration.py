@@ -384,6 +384,16 @@ def test_registration_failure_backs_off() -> None:
         assert ("reason", "still no") in log.fields
 
 
+def test_by_default_a_refused_register_is_tried_again_after_20_ms() -> None:
+    node, _ = started_node()  # default timing
+    effects = node.handle(RegistrationFailed(A, 1, "ConnectionRefusedError", 10.0))
+    assert ("retry_in", 0.02) in one(effects, Log).fields
+    node.handle(RegistrationFailed(B, 2, "ConnectionRefusedError", 10.0))
+    assert node.next_deadline() == pytest.approx(10.02)
+    assert registers(node.handle(Tick(10.019))) == []
+    assert registers(node.handle(Tick(10.02))) == [(A, 3)]
+
+
 def test_a_stale_unbound_attempt_holds_the_socket_until_it_ends() -> None:
     node, _ = started_node()
     # Attempt 1 might still make the new kubelet dial: A waits for it to end.
