@@ -540,6 +540,7 @@ type callError struct {
 
 type report struct {
 	RegisteredS   float64                        `json:"registered_s"`
+	RegisteredAt  float64                        `json:"registered_at_unix"`
 	RestartS      []float64                      `json:"restart_s"`
 	Resources     []*resource                    `json:"resources"`
 	Samples       map[string][]containerResponse `json:"samples"`
@@ -584,6 +585,7 @@ func main() {
 		fail(err)
 	}
 	rep.RegisteredS = last.Sub(start).Seconds()
+	rep.RegisteredAt = float64(last.UnixNano()) / 1e9
 
 	// What the scenario calls: each resource's endpoint and device list now.
 	type target struct {
