@@ -8,8 +8,8 @@ the ListAndWatch streams. The shell feeds it and executes what it returns.
 
 from __future__ import annotations
 
-import hashlib
 import re
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -84,7 +84,7 @@ def endpoint_name(prefix: str, resource: str | None, max_length: int = _NAME_MAX
     """Socket file name: `<prefix>.sock`, or `<prefix>-<resource>.sock` per resource.
 
     A per-resource name longer than `max_length` keeps the start of the
-    resource name and ends in a digest of all of it, so that names stay
+    resource name and ends in a checksum of all of it, so that names stay
     distinct; `min_endpoint_length` is the least `max_length` that works.
     """
     if resource is None:
@@ -93,7 +93,8 @@ def endpoint_name(prefix: str, resource: str | None, max_length: int = _NAME_MAX
     name = f"{prefix}-{safe}.sock"
     if len(name) <= max_length:
         return name
-    digest = hashlib.sha256(resource.encode()).hexdigest()[:_DIGEST_LENGTH]
+    # crc32, not hashlib: hashlib loads OpenSSL, 4 MB of the server's 35 MB.
+    digest = f"{zlib.crc32(resource.encode()):08x}"
     room = max_length - len(f"{prefix}--{digest}.sock")
     if room > 0:
         return f"{prefix}-{safe[:room]}-{digest}.sock"
