@@ -18,7 +18,7 @@ SOURCE = Path(__file__).parent / "gokubelet" / "main.go"
 GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their source
 PACKAGES = "golang-go golang-google-grpc-dev"
 
-__all__ = ["PACKAGES", "build", "missing", "report", "start"]
+__all__ = ["PACKAGES", "awaiting_change", "build", "missing", "report", "start"]
 
 
 def missing() -> str | None:
@@ -54,20 +54,35 @@ def start(
     allocs: int = 0,
     restarts: int = 0,
     dial: str = "sync",
+    await_change: float = 0.0,
     timeout: float = 30.0,
 ) -> subprocess.Popen[str]:
-    """Serve kubelet.sock in `plugin_dir`; the report comes on stdout at the end."""
+    """Serve kubelet.sock in `plugin_dir`; the report comes on stdout at the end.
+
+    With `await_change`, once the sample calls are done gokubelet writes
+    `awaiting-change` on stderr and waits that long for device lists to be
+    sent again (see `awaiting_change`)."""
     plugin_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [
             str(binary),
             *("-dir", str(plugin_dir), "-expect", str(expect), "-dial", dial),
             *("-allocs", str(allocs), "-restarts", str(restarts), "-timeout", f"{timeout}s"),
+            *("-await-change", f"{await_change}s"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def awaiting_change(kubelet: subprocess.Popen[str]) -> bool:
+    """Block until gokubelet waits for a device list change; False if it ended first."""
+    assert kubelet.stderr is not None
+    for line in kubelet.stderr:
+        if line.strip() == "awaiting-change":
+            return True
+    return False
 
 
 def report(kubelet: subprocess.Popen[str], timeout: float) -> dict[str, Any]:

@@ -31,6 +31,9 @@ from dp_server.topology import fixture_topology, write_sysfs
 import go_kubelet
 
 RESTARTS = 2
+GPU = "nvidia.com/TU104GL_Tesla_T4"
+# A T4 that the samples leave alone; its VFIO node goes away mid-test.
+VANISHING = "0000:af:00.0"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return go_kubelet.build(tmp_path_factory.mktemp("gokubelet"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The fixture host, the demo config, and what `dp-server scan` says of them."""
     root = tmp_path_factory.mktemp("node")
@@ -111,21 +114,25 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
 
     def kubelet() -> subprocess.Popen[str]:
         return go_kubelet.start(
-            gokubelet, plugin_dir, expect=len(scan), restarts=RESTARTS, dial=dial
+            gokubelet, plugin_dir, expect=len(scan), restarts=RESTARTS, dial=dial, await_change=10
         )
 
     if server_first:  # the kubelet starts later: the server registers when kubelet.sock appears
-        processes.append(serve(node, tmp_path, mode))
+        server = serve(node, tmp_path, mode)
+        processes.append(server)
         time.sleep(1.0)
-        assert processes[0].poll() is None
-        processes.append(kubelet())
-        server = processes[0]
-        report = go_kubelet.report(processes[1], timeout=120)
+        assert server.poll() is None
+        kubelet_process = kubelet()
     else:
-        processes.append(kubelet())
-        processes.append(serve(node, tmp_path, mode))
-        server = processes[1]
-        report = go_kubelet.report(processes[0], timeout=120)
+        kubelet_process = kubelet()
+        server = serve(node, tmp_path, mode)
+        processes.append(server)
+    processes.append(kubelet_process)
+    # Samples done: a GPU's VFIO node disappears, which the server sees.
+    vanishing = next(d for d in scan[GPU]["devices"] if d["id"] == VANISHING)
+    if go_kubelet.awaiting_change(kubelet_process):
+        Path(node["dev"], "vfio", str(vanishing["iommu_group"])).unlink()
+    report = go_kubelet.report(kubelet_process, timeout=120)
 
     if report["errors"] or report["exit_code"] != 0:
         server.kill()
@@ -146,7 +153,15 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
     def health_now(device: dict[str, Any]) -> str:
         if device["iommu_group"] in held and device["id"] not in sampled_ids:
             return "Unhealthy"
+        if device["id"] == VANISHING:
+            return "Unhealthy"
         return str(device["health"])
+
+    # The vanished node re-sent only the GPU resource's list, with the device Unhealthy.
+    assert list(report["changed"]) == [GPU]
+    assert [(d["id"], d["health"]) for d in report["changed"][GPU]] == [
+        (d["id"], health_now(d)) for d in scan[GPU]["devices"]
+    ]
 
     for name, resource in scan.items():
         got = listed[name]
@@ -161,6 +176,17 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
             for d in resource["devices"]
         ]
         assert [(d["id"], d["health"], d["numa"]) for d in got["devices"]] == want
+
+        # A preference for two healthy devices, one of them required.
+        healthy = [d["id"] for d in resource["devices"] if d["health"] == "Healthy"]
+        if resource["kind"] != "shared" and len(healthy) >= 2:
+            preference = report["preferences"][name]
+            assert preference["available"] == healthy
+            (answer,) = preference["answer"]
+            assert len(answer) == 2 and len(set(answer)) == 2
+            assert set(answer) <= set(healthy) and healthy[-1] in answer
+        else:
+            assert name not in report["preferences"]
 
         device = sampled[name]
         (container,) = report["samples"][name]

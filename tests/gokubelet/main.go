@@ -224,6 +224,47 @@ func encodeAllocate(ids []string) []byte {
 	return appendBytes(nil, 1, container)
 }
 
+func encodePreferred(available, mustInclude []string, size int) []byte {
+	var container []byte
+	for _, id := range available {
+		container = appendBytes(container, 1, []byte(id))
+	}
+	for _, id := range mustInclude {
+		container = appendBytes(container, 2, []byte(id))
+	}
+	container = appendVarint(appendVarint(container, 3<<3), uint64(size))
+	return appendBytes(nil, 1, container)
+}
+
+func decodePreferred(b []byte) ([][]string, error) {
+	fs, err := fields(b)
+	if err != nil {
+		return nil, err
+	}
+	var out [][]string
+	for _, f := range fs {
+		cfs, err := fields(f.bytes)
+		if err != nil {
+			return nil, err
+		}
+		ids := []string{}
+		for _, cf := range cfs {
+			if cf.num == 1 {
+				ids = append(ids, string(cf.bytes))
+			}
+		}
+		out = append(out, ids)
+	}
+	return out, nil
+}
+
+type preference struct {
+	Available   []string   `json:"available"`
+	MustInclude []string   `json:"must_include"`
+	Size        int        `json:"size"`
+	Answer      [][]string `json:"answer"`
+}
+
 type deviceSpec struct {
 	ContainerPath string `json:"container_path"`
 	HostPath      string `json:"host_path"`
@@ -521,6 +562,16 @@ func (k *kubelet) waitListed(expect int, since time.Time, timeout time.Duration)
 	}
 }
 
+func preferred(ep *endpoint, available, mustInclude []string, size int) ([][]string, error) {
+	var reply []byte
+	request := encodePreferred(available, mustInclude, size)
+	err := ep.conn.Invoke(context.Background(), pluginService+"GetPreferredAllocation", request, &reply)
+	if err != nil {
+		return nil, err
+	}
+	return decodePreferred(reply)
+}
+
 func allocate(ep *endpoint, ids []string) ([]containerResponse, error) {
 	var reply []byte
 	err := ep.conn.Invoke(context.Background(), pluginService+"Allocate", encodeAllocate(ids), &reply)
@@ -546,6 +597,8 @@ type report struct {
 	Samples       map[string][]containerResponse `json:"samples"`
 	AllocateMs    []float64                      `json:"allocate_ms"`
 	UnknownDevice *callError                     `json:"unknown_device,omitempty"`
+	Preferences   map[string]preference          `json:"preferences"`
+	Changed       map[string][]device            `json:"changed"`
 	Errors        []string                       `json:"errors"`
 }
 
@@ -555,6 +608,7 @@ func main() {
 	timeout := flag.Duration("timeout", 30*time.Second, "per wait")
 	allocs := flag.Int("allocs", 0, "Allocate calls to time, round-robin over the resources")
 	restarts := flag.Int("restarts", 0, "kubelet restarts to make after the calls")
+	awaitChange := flag.Duration("await-change", 0, "after the samples, print awaiting-change on stderr and wait this long for a device list to change")
 	dial := flag.String("dial", "sync", "sync: dial and ask the options inside Register (kubelet >= 1.20); after-reply: reply, then dial (older kubelets)")
 	flag.Parse()
 	if *dir == "" {
@@ -571,7 +625,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "gokubelet:", err)
 		os.Exit(1)
 	}
-	rep := report{Samples: map[string][]containerResponse{}, RestartS: []float64{}, AllocateMs: []float64{}}
+	rep := report{
+		Samples:     map[string][]containerResponse{},
+		Preferences: map[string]preference{},
+		Changed:     map[string][]device{},
+		RestartS:    []float64{},
+		AllocateMs:  []float64{},
+	}
 	fail := func(err error) {
 		rep.Errors = append(rep.Errors, err.Error())
 		k.mu.Lock()
@@ -602,6 +662,30 @@ func main() {
 	k.mu.Unlock()
 	sort.Strings(names)
 
+	// Where the plugin offers it, a preference for two of the healthy
+	// devices that must include the last of them.
+	for _, name := range names {
+		t := targets[name]
+		if !t.ep.options.PreferredAllocationOffered {
+			continue
+		}
+		var healthy []string
+		for _, d := range t.devices {
+			if d.Health == "Healthy" {
+				healthy = append(healthy, d.ID)
+			}
+		}
+		if len(healthy) < 2 {
+			continue
+		}
+		must := healthy[len(healthy)-1:]
+		answer, err := preferred(t.ep, healthy, must, 2)
+		if err != nil {
+			fail(fmt.Errorf("%s: GetPreferredAllocation: %v", name, err))
+		}
+		rep.Preferences[name] = preference{healthy, must, 2, answer}
+	}
+
 	// One sample Allocate per resource: its first healthy device.
 	for _, name := range names {
 		for _, d := range targets[name].devices {
@@ -623,6 +707,45 @@ func main() {
 		}
 		st := status.Convert(err)
 		rep.UnknownDevice = &callError{Resource: names[0], Code: st.Code().String(), Message: st.Message()}
+	}
+	if *awaitChange > 0 {
+		// Tell whoever runs us (on stderr) that the lists are known, then
+		// report every resource whose list the plugin sends again.
+		// First let the updates the samples caused (held IOMMU groups) arrive.
+		snapshot := func() map[string]int {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			lists := map[string]int{}
+			for name, r := range k.res {
+				lists[name] = r.Lists
+			}
+			return lists
+		}
+		lists := snapshot()
+		for {
+			time.Sleep(200 * time.Millisecond)
+			again := snapshot()
+			if fmt.Sprint(again) == fmt.Sprint(lists) {
+				break
+			}
+			lists = again
+		}
+		fmt.Fprintln(os.Stderr, "awaiting-change")
+		deadline := time.Now().Add(*awaitChange)
+		settled := time.Time{}
+		for time.Now().Before(deadline) && (settled.IsZero() || time.Now().Before(settled)) {
+			time.Sleep(5 * time.Millisecond)
+			k.mu.Lock()
+			for name, r := range k.res {
+				if r.Lists != lists[name] {
+					rep.Changed[name] = append([]device(nil), r.Devices...)
+				}
+			}
+			k.mu.Unlock()
+			if len(rep.Changed) > 0 && settled.IsZero() {
+				settled = time.Now().Add(500 * time.Millisecond) // for changes that should not come
+			}
+		}
 	}
 	for i := 0; i < *allocs; i++ {
 		name := names[i%len(names)]
