@@ -106,6 +106,26 @@ func fields(b []byte) ([]field, error) {
 	return out, nil
 }
 
+// messages parses each occurrence of the message field `num` of `b`.
+func messages(b []byte, num int) ([][]field, error) {
+	fs, err := fields(b)
+	if err != nil {
+		return nil, err
+	}
+	var out [][]field
+	for _, f := range fs {
+		if f.num != num {
+			continue
+		}
+		sub, err := fields(f.bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sub)
+	}
+	return out, nil
+}
+
 func appendVarint(b []byte, v uint64) []byte {
 	for v >= 0x80 {
 		b = append(b, byte(v)|0x80)
@@ -171,19 +191,12 @@ type device struct {
 }
 
 func decodeDevices(b []byte) ([]device, error) {
-	fs, err := fields(b)
+	list, err := messages(b, 1)
 	if err != nil {
 		return nil, err
 	}
 	var out []device
-	for _, f := range fs {
-		if f.num != 1 {
-			continue
-		}
-		dfs, err := fields(f.bytes)
-		if err != nil {
-			return nil, err
-		}
+	for _, dfs := range list {
 		var d device
 		for _, df := range dfs {
 			switch df.num {
@@ -192,15 +205,11 @@ func decodeDevices(b []byte) ([]device, error) {
 			case 2:
 				d.Health = string(df.bytes)
 			case 3: // TopologyInfo { repeated NUMANode nodes = 1 { int64 ID = 1 } }
-				tfs, err := fields(df.bytes)
+				nodes, err := messages(df.bytes, 1)
 				if err != nil {
 					return nil, err
 				}
-				for _, tf := range tfs {
-					nfs, err := fields(tf.bytes)
-					if err != nil {
-						return nil, err
-					}
+				for _, nfs := range nodes {
 					var id int64 // node 0 is the empty message
 					for _, nf := range nfs {
 						if nf.num == 1 {
@@ -237,16 +246,12 @@ func encodePreferred(available, mustInclude []string, size int) []byte {
 }
 
 func decodePreferred(b []byte) ([][]string, error) {
-	fs, err := fields(b)
+	containers, err := messages(b, 1)
 	if err != nil {
 		return nil, err
 	}
 	var out [][]string
-	for _, f := range fs {
-		cfs, err := fields(f.bytes)
-		if err != nil {
-			return nil, err
-		}
+	for _, cfs := range containers {
 		ids := []string{}
 		for _, cf := range cfs {
 			if cf.num == 1 {
@@ -277,19 +282,12 @@ type containerResponse struct {
 }
 
 func decodeAllocateResponse(b []byte) ([]containerResponse, error) {
-	fs, err := fields(b)
+	containers, err := messages(b, 1)
 	if err != nil {
 		return nil, err
 	}
 	var out []containerResponse
-	for _, f := range fs {
-		if f.num != 1 {
-			continue
-		}
-		cfs, err := fields(f.bytes)
-		if err != nil {
-			return nil, err
-		}
+	for _, cfs := range containers {
 		c := containerResponse{Envs: map[string]string{}}
 		for _, cf := range cfs {
 			sub, err := fields(cf.bytes)
