@@ -1,0 +1,212 @@
+"""`dp-server scan` on a real kernel's sysfs and /dev, under QEMU (DESIGN.md §8).
+
+The fixture trees are written by our own generator; this checks the scanner
+and the IOMMU rules against what Linux itself lays out: a q35 machine with
+an emulated Intel IOMMU and devices in the shapes DESIGN.md §5 cares about.
+The guest's init binds devices to vfio-pci as an operator would (dp never
+does), then runs the scan, and asks the kernel itself, through the VFIO API
+(VFIO_GROUP_GET_STATUS), which groups are viable.
+
+The guest is emulated (about 10 s per boot here). Without QEMU and the other
+Debian packages these tests are skipped, unless DP_REQUIRE_QEMU=1 (as in CI),
+where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import qemu_guest
+
+CONFIG = """
+permittedHostDevices:
+  pciHostDevices:
+    - {pciVendorSelector: "8086:10D3", resourceName: example.com/e1000e}
+    - {pciVendorSelector: "8086:100E", resourceName: example.com/e1000}
+    - {pciVendorSelector: "1B36:0005", resourceName: example.com/testdev}
+    - {pciVendorSelector: "1B36:0010", resourceName: example.com/nvme}
+sharedDevices:
+  devices.kubevirt.io/kvm: {enabled: false}
+  devices.kubevirt.io/tun: {enabled: false}
+  devices.kubevirt.io/vhost-net: {enabled: false}
+"""
+
+# What the kernel says, read in the guest with nothing of dp's.
+TRUTH = """
+import fcntl, json, os, struct
+
+VFIO_GROUP_GET_STATUS = (ord(";") << 8) | (100 + 3)  # _IO(VFIO_TYPE, VFIO_BASE + 3)
+VFIO_GROUP_FLAGS_VIABLE = 1
+
+
+def link(path):
+    return os.path.basename(os.readlink(path)) if os.path.islink(path) else None
+
+
+devices = {}
+for address in sorted(os.listdir("/sys/bus/pci/devices")):
+    base = f"/sys/bus/pci/devices/{address}/"
+    group = link(base + "iommu_group")
+    vendor, device = (open(base + name).read().strip()[2:] for name in ("vendor", "device"))
+    devices[address] = {
+        "id": f"{vendor}:{device}",
+        "driver": link(base + "driver"),
+        "group": None if group is None else int(group),
+    }
+viable = {}
+for name in os.listdir("/dev/vfio"):
+    if name == "vfio":
+        continue
+    fd = os.open(f"/dev/vfio/{name}", os.O_RDWR)
+    status = bytearray(struct.pack("II", 8, 0))
+    fcntl.ioctl(fd, VFIO_GROUP_GET_STATUS, status)
+    os.close(fd)
+    viable[name] = bool(struct.unpack("II", status)[1] & VFIO_GROUP_FLAGS_VIABLE)
+print(json.dumps({"devices": devices, "viable": viable}))
+"""
+
+
+def bind_to_vfio(ids: str) -> str:
+    """The operator's part, for every device with one of `ids`: driver_override,
+    unbind, drivers_probe."""
+    return f"""
+for d in /sys/bus/pci/devices/*; do
+  case "$(cat $d/vendor):$(cat $d/device)" in {ids})
+    echo vfio-pci > $d/driver_override
+    if [ -e $d/driver ]; then echo ${{d##*/}} > $d/driver/unbind; fi
+    echo ${{d##*/}} > /sys/bus/pci/drivers_probe;;
+  esac
+done
+"""
+
+
+SCAN = "py -m dp_server scan --config /scenario/config.yaml --format json"
+TRUTH_STEP = "py /scenario/truth.py"
+
+
+@pytest.fixture(scope="module")
+def guest(tmp_path_factory: pytest.TempPathFactory) -> qemu_guest.Guest:
+    why = qemu_guest.missing()
+    if why is not None:
+        if os.environ.get("DP_REQUIRE_QEMU") == "1":
+            pytest.fail(f"DP_REQUIRE_QEMU=1 but no guest can be booted: {why}")
+        pytest.skip(why)
+    return qemu_guest.Guest(tmp_path_factory.mktemp("guest"), Path(__file__).parent.parent)
+
+
+def machine(tmp_path: Path) -> list[str]:
+    """q35 with: an e1000e alone on a root port; a two-function e1000e on
+    another; a pci-testdev (no driver exists for it); an NVMe drive (the
+    kernel's nvme driver takes it); and a conventional PCI bridge with an
+    e1000 and a virtio disk behind it, which share one IOMMU group."""
+    disks = {}
+    for name in ("nvme", "scratch"):
+        disks[name] = tmp_path / f"{name}.img"
+        disks[name].write_bytes(bytes(1 << 20))
+    return [
+        *("-device", "pcie-root-port,id=rp1,chassis=1", "-device", "e1000e,bus=rp1,romfile="),
+        *("-device", "pcie-root-port,id=rp2,chassis=2"),
+        *("-device", "e1000e,bus=rp2,addr=0x0.0,multifunction=on,romfile="),
+        *("-device", "e1000e,bus=rp2,addr=0x0.1,romfile="),
+        *("-device", "pcie-root-port,id=rp3,chassis=3", "-device", "pci-testdev,bus=rp3"),
+        *("-drive", f"file={disks['nvme']},if=none,id=nv,format=raw"),
+        *("-device", "pcie-root-port,id=rp4,chassis=4"),
+        *("-device", "nvme,serial=dp1,drive=nv,bus=rp4"),
+        *("-device", "pci-bridge,id=br1,bus=pcie.0,addr=0x10,chassis_nr=6"),
+        *("-device", "e1000,bus=br1,addr=1,romfile="),
+        *("-drive", f"file={disks['scratch']},if=none,id=sc,format=raw"),
+        *("-device", "virtio-blk-pci,drive=sc,bus=br1,addr=2"),
+    ]
+
+
+def parsed(step: tuple[int, str]) -> dict[str, Any]:
+    code, output = step
+    assert code == 0, output
+    # The JSON document is the output's last top-level object; the console
+    # may carry kernel messages before it.
+    start = output.index("{\n") if "{\n" in output else output.index("{")
+    document: dict[str, Any] = json.loads(output[start:])
+    return document
+
+
+def check_against_kernel(scan: dict[str, Any], truth: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """dp's word on every device against the kernel's; returns dp's devices by address."""
+    kernel = truth["devices"]
+    seen: dict[str, dict[str, Any]] = {}
+    for resource in scan["resources"]:
+        for device in resource["devices"]:
+            facts = kernel[device["id"]]
+            assert device["iommu_group"] == facts["group"], device
+            assert device.get("driver") == facts["driver"], device
+            group_viable = truth["viable"].get(str(facts["group"]))
+            # Healthy exactly when the kernel would let a VM open the group.
+            healthy = facts["driver"] == "vfio-pci" and group_viable is True
+            assert (device["health"] == "Healthy") is healthy, (device, facts, group_viable)
+            if facts["driver"] is None:
+                assert "not bound to any driver" in device["reason"]
+            seen[device["id"]] = device | {"resource": resource["name"]}
+    for skipped in scan["skipped"]:
+        assert skipped["driver"] == kernel[skipped["id"]]["driver"] != "vfio-pci"
+        seen[skipped["id"]] = skipped
+    selected = {"8086:10d3", "8086:100e", "1b36:0005", "1b36:0010"}
+    # Every selected function is accounted for, and nothing else is.
+    assert set(seen) == {a for a, f in kernel.items() if f["id"] in selected}
+    return seen
+
+
+def test_scan_agrees_with_the_kernel_on_groups_drivers_and_viability(
+    guest: qemu_guest.Guest, tmp_path: Path
+) -> None:
+    steps = guest.run(
+        tmp_path,
+        machine(tmp_path),
+        [
+            bind_to_vfio("0x8086:0x10d3|0x8086:0x100e"),
+            SCAN,
+            TRUTH_STEP,
+            # The operator moves the bridge group's disk to vfio-pci as well.
+            bind_to_vfio("0x1af4:0x1001"),
+            SCAN,
+            TRUTH_STEP,
+        ],
+        files={"config.yaml": CONFIG, "truth.py": TRUTH},
+    )
+    assert steps[0][0] == 0, steps[0][1]
+    before = check_against_kernel(parsed(steps[1]), parsed(steps[2]))
+    kernel = parsed(steps[2])["devices"]
+    by_resource: dict[str, list[dict[str, Any]]] = {}
+    for device in before.values():
+        by_resource.setdefault(device.get("resource", "skipped"), []).append(device)
+
+    # Three e1000e functions, all usable; the two functions of one card share a group.
+    e1000e = by_resource["example.com/e1000e"]
+    assert [d["health"] for d in e1000e] == ["Healthy"] * 3
+    groups = [d["iommu_group"] for d in e1000e]
+    assert len(set(groups)) == 2
+    # The e1000 behind the bridge shares its group with a disk on virtio-pci.
+    (e1000,) = by_resource["example.com/e1000"]
+    sibling = next(
+        a
+        for a, f in kernel.items()
+        if f["group"] == e1000["iommu_group"] and f["id"] == "1af4:1001"
+    )
+    assert e1000["health"] == "Unhealthy"
+    assert e1000["reason"] == (
+        f"IOMMU group {e1000['iommu_group']} is not viable: {sibling} is bound to virtio-pci"
+    )
+    # No driver in this kernel for the test device: advertised, Unhealthy.
+    (testdev,) = by_resource["example.com/testdev"]
+    assert testdev["health"] == "Unhealthy"
+    # The NVMe drive stays with the host's driver and is not advertised.
+    (nvme,) = by_resource["skipped"]
+    assert nvme["driver"] == "nvme" and nvme["resource_name"] == "example.com/nvme"
+
+    # Once the disk is on vfio-pci too, the kernel and dp both call the group usable.
+    after = check_against_kernel(parsed(steps[4]), parsed(steps[5]))
+    assert parsed(steps[5])["viable"][str(e1000["iommu_group"])] is True
+    assert after[e1000["id"]]["health"] == "Healthy"
