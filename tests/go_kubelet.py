@@ -33,7 +33,14 @@ def missing() -> str | None:
 def build(directory: Path) -> Path:
     """Compile gokubelet into `directory`; raises with go's output on failure."""
     binary = directory / "gokubelet"
-    env = {**os.environ, "GO111MODULE": "off", "GOPATH": str(GOPATH), "GOFLAGS": ""}
+    # Static (no cgo): it also runs in a guest with no C library of its own.
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": str(GOPATH),
+        "GOFLAGS": "",
+        "CGO_ENABLED": "0",
+    }
     result = subprocess.run(
         ["go", "build", "-o", str(binary), str(SOURCE)],
         env=env,

@@ -200,16 +200,20 @@ poweroff -f
         steps: list[str],
         *,
         files: dict[str, str],
+        binaries: dict[str, Path] | None = None,
         timeout: float = 300,
     ) -> list[tuple[int, str]]:
         """Boot with `qemu_args` (devices and drives) and run each of `steps`, a
         piece of shell run as root in the guest, where `py ARGS` runs
-        python3.11 with dp in the image, and `files` are under /scenario;
+        python3.11 with dp in the image, and `files` (text) and `binaries`
+        (copied, executable) are under /scenario;
         returns each step's exit status and output."""
         scenario = workdir / "initramfs" / "scenario"
         scenario.mkdir(parents=True)
         for name, text in files.items():
             (scenario / name).write_text(text)
+        for name, path in (binaries or {}).items():
+            shutil.copy2(path, scenario / name)
         initrd = self._initramfs(workdir, steps)
         command = [
             "qemu-system-x86_64",

@@ -14,7 +14,6 @@ DP_REQUIRE_GO_KUBELET=1 (as in CI), where that is a failure.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -34,16 +33,6 @@ RESTARTS = 2
 GPU = "nvidia.com/TU104GL_Tesla_T4"
 # A T4 that the samples leave alone; its VFIO node goes away mid-test.
 VANISHING = "0000:af:00.0"
-
-
-@pytest.fixture(scope="module")
-def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    why = go_kubelet.missing()
-    if why is not None:
-        if os.environ.get("DP_REQUIRE_GO_KUBELET") == "1":
-            pytest.fail(f"DP_REQUIRE_GO_KUBELET=1 but gokubelet cannot be built: {why}")
-        pytest.skip(why)
-    return go_kubelet.build(tmp_path_factory.mktemp("gokubelet"))
 
 
 @pytest.fixture

@@ -1,11 +1,12 @@
-"""`dp-server scan` on a real kernel's sysfs and /dev, under QEMU (DESIGN.md §8).
+"""dp on a real kernel's sysfs and /dev, under QEMU (DESIGN.md §8).
 
 The fixture trees are written by our own generator; this checks the scanner
 and the IOMMU rules against what Linux itself lays out: a q35 machine with
 an emulated Intel IOMMU and devices in the shapes DESIGN.md §5 cares about.
 The guest's init binds devices to vfio-pci as an operator would (dp never
 does), then runs the scan, and asks the kernel itself, through the VFIO API
-(VFIO_GROUP_GET_STATUS), which groups are viable.
+(VFIO_GROUP_GET_STATUS), which groups are viable. A second boot serves the
+grpc-go kubelet (tests/gokubelet) from the guest and unbinds a device under it.
 
 The guest is emulated (about 10 s per boot here). Without QEMU and the other
 Debian packages these tests are skipped, unless DP_REQUIRE_QEMU=1 (as in CI),
@@ -210,3 +211,82 @@ def test_scan_agrees_with_the_kernel_on_groups_drivers_and_viability(
     after = check_against_kernel(parsed(steps[4]), parsed(steps[5]))
     assert parsed(steps[5])["viable"][str(e1000["iommu_group"])] is True
     assert after[e1000["id"]]["health"] == "Healthy"
+
+
+SERVE = """
+mkdir -p /py/tmp/dp
+chroot /py /scenario/gokubelet -dir /tmp/dp -expect 3 -await-change 60s -timeout 120s \\
+  > /py/tmp/report.json 2> /py/tmp/gokubelet.err &
+kubelet=$!
+# A simple command, not `py`, so that $! is the server itself (chroot execs python).
+PYTHONPATH=/site PYTHONDONTWRITEBYTECODE=1 chroot /py /usr/bin/python3.11 -m dp_server serve \\
+  --config /scenario/config.yaml --device-plugin-dir /tmp/dp \\
+  --pod-resources-socket /tmp/pod-resources.sock --rescan-interval 3600 > /py/tmp/server.log 2>&1 &
+server=$!
+for i in $(seq 600); do grep -q awaiting-change /py/tmp/gokubelet.err && break; sleep 0.2; done
+# The operator takes the e1000e that is alone in its group back from vfio-pci:
+# the kernel removes its /dev/vfio node, nothing else tells the server.
+for d in /sys/bus/pci/devices/*; do
+  [ "$(cat $d/vendor):$(cat $d/device)" = 0x8086:0x10d3 ] || continue
+  [ "$(ls $d/iommu_group/devices | wc -l)" = 1 ] || continue
+  echo "taken back: ${d##*/} group $(basename $(readlink $d/iommu_group))"
+  echo ${d##*/} > /sys/bus/pci/drivers/vfio-pci/unbind
+  break
+done
+wait $kubelet
+echo "gokubelet exit $?"
+kill -TERM $server
+wait $server
+echo "server exit $?"
+echo "sockets left: $(ls /py/tmp/dp | wc -l)"
+grep -c Traceback /py/tmp/server.log
+echo "=== report"
+cat /py/tmp/report.json
+"""
+
+
+def test_serve_on_a_real_kernel_to_a_grpc_go_kubelet(
+    guest: qemu_guest.Guest, gokubelet: Path, tmp_path: Path
+) -> None:
+    steps = guest.run(
+        tmp_path,
+        machine(tmp_path),
+        [bind_to_vfio("0x8086:0x10d3|0x8086:0x100e"), SCAN, TRUTH_STEP, SERVE],
+        files={"config.yaml": CONFIG, "truth.py": TRUTH},
+        binaries={"gokubelet": gokubelet},
+    )
+    scan, truth = parsed(steps[1]), parsed(steps[2])
+    code, output = steps[3]
+    log, _, report_text = output.partition("=== report\n")
+    assert code == 0 and "gokubelet exit 0" in log and "server exit 0" in log, output
+    assert "sockets left: 0" in log
+    assert log.rstrip().endswith("\n0"), log  # no traceback in the server's log
+    report = json.loads(report_text)
+    assert report["errors"] == []
+
+    # The kubelet's lists are what the scan showed.
+    listed = {r["resource"]: r for r in report["resources"]}
+    assert sorted(listed) == sorted(r["name"] for r in scan["resources"])
+    taken = log.split("taken back: ", 1)[1].split()[0]
+    for resource in scan["resources"]:
+        ids = [d["id"] for d in resource["devices"]]
+        assert [d["id"] for d in listed[resource["name"]]["devices"]] == ids
+
+    # The sample Allocate of the first e1000e names its real VFIO group node.
+    first = next(d for d in scan["resources"] if d["name"] == "example.com/e1000e")["devices"][0]
+    (container,) = report["samples"]["example.com/e1000e"]
+    group = truth["devices"][first["id"]]["group"]
+    assert [s["host_path"] for s in container["devices"]] == [
+        "/dev/vfio/vfio",
+        f"/dev/vfio/{group}",
+    ]
+    assert container["envs"] == {"PCI_RESOURCE_EXAMPLE_COM_E1000E": first["id"]}
+    # Nothing healthy to sample in the other two resources.
+    assert sorted(report["samples"]) == ["example.com/e1000e"]
+
+    # The kernel removed the node of the device taken back; the server saw it
+    # and re-sent that resource's list alone, with the device Unhealthy.
+    assert list(report["changed"]) == ["example.com/e1000e"]
+    health = {d["id"]: d["health"] for d in report["changed"]["example.com/e1000e"]}
+    assert health[taken] == "Unhealthy"
+    assert sorted(h for i, h in health.items() if i != taken) == ["Healthy", "Healthy"]
