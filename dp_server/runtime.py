@@ -75,6 +75,10 @@ KUBELET_SOCKET = "kubelet.sock"
 # A unix socket address holds at most 108 bytes with its terminating NUL; the
 # kubelet dials <its device-plugin dir>/<endpoint>, which must fit as well.
 SOCKET_PATH_MAX = 107
+# The kubelet's directory on the host may be longer than ours in the container
+# (MicroK8s: /var/snap/microk8s/common/var/lib/kubelet/device-plugins, 52
+# bytes): names are kept to 48 bytes, which leaves 58 for the kubelet's.
+SOCKET_NAME_MAX = 48
 _log = logging.getLogger("dp.runtime")
 # After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
 # second, then every 50 ms for half a minute: a restarted kubelet's new socket
@@ -111,7 +115,7 @@ class SettingsError(ValueError):
 
 def _socket_name_room(directory: str, prefix: str) -> int:
     """How long a socket file name in `directory` may be."""
-    room = SOCKET_PATH_MAX - len(os.fsencode(directory.rstrip("/"))) - 1
+    room = min(SOCKET_NAME_MAX, SOCKET_PATH_MAX - len(os.fsencode(directory.rstrip("/"))) - 1)
     if room < min_endpoint_length(prefix):
         longest = SOCKET_PATH_MAX - 1 - min_endpoint_length(prefix)
         raise SettingsError(

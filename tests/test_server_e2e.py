@@ -11,6 +11,7 @@ import pytest
 
 from dp_core import SocketMode
 from dp_server.cli import load_settings
+from dp_server.config_file import parse_config
 from dp_server.demo import DEMO_CONFIG
 from dp_server.emulator._rpc import dp
 from dp_server.runtime import Runtime
@@ -87,6 +88,21 @@ async def test_per_resource_socket_names_are_cut_to_fit_a_long_directory(
     assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
     response = await harness.kubelet("allocate", GPU, ["0000:af:00.0"])
     assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0"
+
+
+@pytest.mark.parametrize(
+    ("directory", "room"),
+    [
+        ("/var/lib/kubelet/device-plugins", 48),  # the kubelet's may be longer than ours
+        ("/" + "d" * 75, 30),
+    ],
+)
+async def test_socket_names_leave_room_for_the_directory(
+    harness: Harness, directory: str, room: int
+) -> None:
+    config = parse_config(DEMO_CONFIG, "<demo>")
+    runtime = Runtime(harness.settings(device_plugin_dir=directory), config)
+    assert runtime.node.endpoint_max_length == room
 
 
 async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
