@@ -42,6 +42,10 @@ def missing() -> str | None:
             return f"no `{tool}` (apt-get install {PACKAGES})"
     if not PYTHON.exists():
         return f"no {PYTHON} (Debian's python3.11)"
+    busybox = shutil.which("busybox") or "busybox"
+    linked = subprocess.run(["ldd", busybox], capture_output=True, text=True, check=False)
+    if linked.returncode == 0:  # the initramfs has no C library for it
+        return f"{busybox} is dynamically linked (apt-get install busybox-static)"
     return None
 
 
