@@ -54,10 +54,12 @@ for address in sorted(os.listdir("/sys/bus/pci/devices")):
     base = f"/sys/bus/pci/devices/{address}/"
     group = link(base + "iommu_group")
     vendor, device = (open(base + name).read().strip()[2:] for name in ("vendor", "device"))
+    numa = int(open(base + "numa_node").read())
     devices[address] = {
         "id": f"{vendor}:{device}",
         "driver": link(base + "driver"),
         "group": None if group is None else int(group),
+        "numa": None if numa < 0 else numa,
     }
 viable = {}
 for name in os.listdir("/dev/vfio"):
@@ -101,19 +103,27 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> qemu_guest.Guest:
 
 
 def machine(tmp_path: Path) -> list[str]:
-    """q35 with: an e1000e alone on a root port; a two-function e1000e on
-    another; a pci-testdev (no driver exists for it); an NVMe drive (the
-    kernel's nvme driver takes it); and a conventional PCI bridge with an
+    """q35 with two NUMA nodes and: an e1000e alone on a root port; a
+    two-function e1000e on another; an e1000e behind a PCIe expander bridge
+    on NUMA node 1; a pci-testdev (no driver exists for it); an NVMe drive
+    (the kernel's nvme driver takes it); and a conventional PCI bridge with an
     e1000 and a virtio disk behind it, which share one IOMMU group."""
     disks = {}
     for name in ("nvme", "scratch"):
         disks[name] = tmp_path / f"{name}.img"
         disks[name].write_bytes(bytes(1 << 20))
     return [
+        *("-object", "memory-backend-ram,id=m0,size=384M"),
+        *("-numa", "node,nodeid=0,cpus=0,memdev=m0"),
+        *("-object", "memory-backend-ram,id=m1,size=384M"),
+        *("-numa", "node,nodeid=1,cpus=1,memdev=m1"),
         *("-device", "pcie-root-port,id=rp1,chassis=1", "-device", "e1000e,bus=rp1,romfile="),
         *("-device", "pcie-root-port,id=rp2,chassis=2"),
         *("-device", "e1000e,bus=rp2,addr=0x0.0,multifunction=on,romfile="),
         *("-device", "e1000e,bus=rp2,addr=0x0.1,romfile="),
+        *("-device", "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0"),
+        *("-device", "pcie-root-port,id=rp9,chassis=9,bus=pxb1"),
+        *("-device", "e1000e,bus=rp9,romfile="),
         *("-device", "pcie-root-port,id=rp3,chassis=3", "-device", "pci-testdev,bus=rp3"),
         *("-drive", f"file={disks['nvme']},if=none,id=nv,format=raw"),
         *("-device", "pcie-root-port,id=rp4,chassis=4"),
@@ -144,6 +154,7 @@ def check_against_kernel(scan: dict[str, Any], truth: dict[str, Any]) -> dict[st
             facts = kernel[device["id"]]
             assert device["iommu_group"] == facts["group"], device
             assert device.get("driver") == facts["driver"], device
+            assert device["numa_node"] == facts["numa"], device
             group_viable = truth["viable"].get(str(facts["group"]))
             # Healthy exactly when the kernel would let a VM open the group.
             healthy = facts["driver"] == "vfio-pci" and group_viable is True
@@ -184,11 +195,13 @@ def test_scan_agrees_with_the_kernel_on_groups_drivers_and_viability(
     for device in before.values():
         by_resource.setdefault(device.get("resource", "skipped"), []).append(device)
 
-    # Three e1000e functions, all usable; the two functions of one card share a group.
+    # Four e1000e functions, all usable; the two functions of one card share a
+    # group; the one behind the expander bridge is on NUMA node 1.
     e1000e = by_resource["example.com/e1000e"]
-    assert [d["health"] for d in e1000e] == ["Healthy"] * 3
+    assert [d["health"] for d in e1000e] == ["Healthy"] * 4
     groups = [d["iommu_group"] for d in e1000e]
-    assert len(set(groups)) == 2
+    assert len(set(groups)) == 3
+    assert sorted(d["numa_node"] for d in e1000e if d["numa_node"] is not None) == [1]
     # The e1000 behind the bridge shares its group with a disk on virtio-pci.
     (e1000,) = by_resource["example.com/e1000"]
     sibling = next(
@@ -269,8 +282,12 @@ def test_serve_on_a_real_kernel_to_a_grpc_go_kubelet(
     assert sorted(listed) == sorted(r["name"] for r in scan["resources"])
     taken = log.split("taken back: ", 1)[1].split()[0]
     for resource in scan["resources"]:
-        ids = [d["id"] for d in resource["devices"]]
-        assert [d["id"] for d in listed[resource["name"]]["devices"]] == ids
+        want = [
+            (d["id"], None if d["numa_node"] is None else [d["numa_node"]])
+            for d in resource["devices"]
+        ]
+        got = [(d["id"], d["numa"]) for d in listed[resource["name"]]["devices"]]
+        assert got == want  # NUMA topology included
 
     # The sample Allocate of the first e1000e names its real VFIO group node.
     first = next(d for d in scan["resources"] if d["name"] == "example.com/e1000e")["devices"][0]
@@ -289,4 +306,4 @@ def test_serve_on_a_real_kernel_to_a_grpc_go_kubelet(
     assert list(report["changed"]) == ["example.com/e1000e"]
     health = {d["id"]: d["health"] for d in report["changed"]["example.com/e1000e"]}
     assert health[taken] == "Unhealthy"
-    assert sorted(h for i, h in health.items() if i != taken) == ["Healthy", "Healthy"]
+    assert sorted(h for i, h in health.items() if i != taken) == ["Healthy"] * 3
