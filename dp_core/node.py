@@ -93,22 +93,24 @@ def endpoint_name(prefix: str, resource: str | None, max_length: int = _NAME_MAX
     name = f"{prefix}-{safe}.sock"
     if len(name) <= max_length:
         return name
+    _check_endpoint_room(prefix, max_length)
     # crc32, not hashlib: hashlib loads OpenSSL, 4 MB of the server's 35 MB.
     digest = f"{zlib.crc32(resource.encode()):08x}"
-    room = max_length - len(f"{prefix}--{digest}.sock")
-    if room > 0:
-        return f"{prefix}-{safe[:room]}-{digest}.sock"
-    if max_length >= min_endpoint_length(prefix):
-        return f"{prefix}-{digest}.sock"
-    raise UsageError(
-        f"no socket name for {resource} fits in {max_length} characters "
-        f"(at least {min_endpoint_length(prefix)})"
-    )
+    room = max_length - min_endpoint_length(prefix) - 1  # the dash before the digest
+    return f"{prefix}-{safe[:room]}-{digest}.sock" if room > 0 else f"{prefix}-{digest}.sock"
 
 
 def min_endpoint_length(prefix: str) -> int:
     """The shortest name limit `endpoint_name` can meet for every resource."""
     return len(f"{prefix}-.sock") + _DIGEST_LENGTH
+
+
+def _check_endpoint_room(prefix: str, max_length: int) -> None:
+    if max_length < min_endpoint_length(prefix):
+        raise UsageError(
+            f"socket names of at most {max_length} characters are too short for prefix "
+            f"{prefix!r} (at least {min_endpoint_length(prefix)})"
+        )
 
 
 def _show(device_id: str) -> str:
@@ -147,11 +149,7 @@ class Node:
         timing: Timing | None = None,
         pci_names: Mapping[PciId, str] | None = None,
     ) -> None:
-        if endpoint_max_length < min_endpoint_length(endpoint_prefix):
-            raise UsageError(
-                f"socket names of at most {endpoint_max_length} characters are too short "
-                f"for prefix {endpoint_prefix!r} (at least {min_endpoint_length(endpoint_prefix)})"
-            )
+        _check_endpoint_room(endpoint_prefix, endpoint_max_length)
         self.timing = timing or Timing()
         self.socket_mode = socket_mode
         self.endpoint_prefix = endpoint_prefix
