@@ -7,8 +7,10 @@ it; a plugin author can write another.
 """
 
 from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
+from .binding import BindDecision, BindingBook, plan_bindings
 from .config import (
     DEFAULT_SHARED_DEVICES,
+    Binding,
     Config,
     ConfigError,
     MediatedDevice,
@@ -21,6 +23,7 @@ from .effects import (
     AllocateAnswer,
     Answer,
     BindConnection,
+    BindDevice,
     ContainerAllocation,
     DeviceSpec,
     Effect,
@@ -41,6 +44,7 @@ from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice, MdevType, S
 from .inputs import (
     AllocateRequested,
     AllocationsObserved,
+    BindingFinished,
     ConfigApplied,
     ConnectionClosed,
     ConnectionOpened,
@@ -66,7 +70,8 @@ from .inventory import (
     SkippedDevice,
     build_inventory,
 )
-from .node import Node, Timing, endpoint_name, min_endpoint_length
+from .names import endpoint_name, min_endpoint_length
+from .node import Node, Timing
 from .pci import PciAddress, PciDevice, PciId
 from .registration import Backoff, Phase, SocketMode
 
@@ -82,6 +87,11 @@ __all__ = [
     "Answer",
     "Backoff",
     "BindConnection",
+    "BindDecision",
+    "BindDevice",
+    "Binding",
+    "BindingBook",
+    "BindingFinished",
     "Config",
     "ConfigApplied",
     "ConfigError",
@@ -140,6 +150,7 @@ __all__ = [
     "build_inventory",
     "container_allocation",
     "endpoint_name",
+    "plan_bindings",
     "min_endpoint_length",
     "preferred_devices",
 ]

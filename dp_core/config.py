@@ -7,16 +7,19 @@ the shell's job (dp_server.config_file), so a plugin author can build a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Literal
 
 import attrs
 
+from .host import VFIO_DRIVER
 from .names import DEFAULT_DOMAIN, env_var_name, resource_name_error
 from .pci import PciId
 
 __all__ = [
     "DEFAULT_SHARED_DEVICES",
+    "Binding",
     "Config",
     "ConfigError",
     "MediatedDevice",
@@ -159,6 +162,42 @@ class Naming:
             raise ConfigError(f"{value!r} is not a usable resource domain: {error}")
 
 
+# Linux driver names are short identifiers; anything else in a config is a typo
+# or a path, and must never reach a sysfs path the server writes to.
+_DRIVER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _driver_names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class Binding:
+    """Which selected devices the server may move to vfio-pci itself (DESIGN.md §6).
+
+    Without a `Binding` the server never writes to sysfs. With one, a selected
+    function held by one of `replace_drivers` (or, with `bind_unbound`, held by
+    no driver) is moved to vfio-pci, unless a safety rule refuses it
+    (`dp_core.binding`). Devices no selector names are never touched.
+    """
+
+    replace_drivers: tuple[str, ...] = attrs.field(default=(), converter=_driver_names)
+    bind_unbound: bool = False
+
+    @replace_drivers.validator
+    def _check_drivers(
+        self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+    ) -> None:
+        for name in value:
+            if not isinstance(name, str) or not _DRIVER_NAME.match(name) or name in (".", ".."):
+                raise ConfigError(f"{name!r} is not a kernel driver name such as 'nouveau'")
+            if name == VFIO_DRIVER:
+                raise ConfigError(f"{name!r} is where devices are moved to, not from")
+        repeated = sorted(name for name in value if value.count(name) > 1)
+        if repeated:
+            raise ConfigError(f"{repeated[0]!r} is listed twice")
+
+
 @attrs.frozen
 class Config:
     """The whole server config.
@@ -173,8 +212,16 @@ class Config:
         default=DEFAULT_SHARED_DEVICES, converter=_shared_entries
     )
     naming: Naming = Naming()
+    binding: Binding | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.binding is not None and (
+            self.permitted_host_devices is None or not self.permitted_host_devices.pci_host_devices
+        ):
+            raise ConfigError(
+                "binding needs permittedHostDevices.pciHostDevices: only devices a selector "
+                "names are ever rebound"
+            )
         names = [d.resource_name for d in self.shared_devices]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -200,6 +247,15 @@ class Config:
                     f"suffix {folded!r}"
                 )
             seen[folded] = name
+
+    def pci_entry(self, pci_id: PciId) -> PciHostDevice | None:
+        """The pciHostDevices entry selecting `pci_id`, if any."""
+        if self.permitted_host_devices is None:
+            return None
+        for entry in self.permitted_host_devices.pci_host_devices:
+            if entry.pci_vendor_selector == pci_id:
+                return entry
+        return None
 
     @property
     def enabled_shared_devices(self) -> tuple[SharedDevice, ...]:

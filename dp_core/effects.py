@@ -6,11 +6,13 @@ import attrs
 
 from .errors import StatusCode
 from .inventory import AdvertisedDevice
+from .pci import PciAddress
 
 __all__ = [
     "AllocateAnswer",
     "Answer",
     "BindConnection",
+    "BindDevice",
     "ContainerAllocation",
     "DeviceSpec",
     "Effect",
@@ -134,6 +136,20 @@ class RefreshAllocations:
 
 
 @attrs.frozen
+class BindDevice:
+    """Move a PCI function to vfio-pci (DESIGN.md §6).
+
+    The shell writes `vfio-pci` to its `driver_override`, unbinds it from
+    `driver` (when it has one) and asks the kernel to probe it, checking first
+    that `driver` still holds it. It answers with `BindingFinished`, then a
+    fresh `HostObserved`.
+    """
+
+    address: PciAddress
+    driver: str | None
+
+
+@attrs.frozen
 class Log:
     level: str
     event: str
@@ -157,5 +173,6 @@ Effect = (
     | Reject
     | ReportUnhealthy
     | RefreshAllocations
+    | BindDevice
     | Log
 )

@@ -43,6 +43,10 @@ def _mdevs(value: Iterable[MdevDevice]) -> tuple[MdevDevice, ...]:
     return tuple(value)
 
 
+def _optional_names(value: Iterable[str] | None) -> frozenset[str] | None:
+    return None if value is None else frozenset(value)
+
+
 def _paths(value: Iterable[str]) -> frozenset[str]:
     if type(value) is frozenset:
         return value
@@ -134,7 +138,8 @@ class HostSnapshot:
     """Everything the core needs to know about the host at one moment.
 
     `dev_nodes` holds the host paths (`/dev/vfio/12`, `/dev/kvm`, ...) that
-    existed when the scan ran.
+    existed when the scan ran. `pci_drivers` names the drivers registered on the
+    PCI bus (`/sys/bus/pci/drivers/*`), or is None when they were not read.
     """
 
     pci_devices: tuple[PciDevice, ...] = attrs.field(default=(), converter=_pci_devices)
@@ -143,6 +148,7 @@ class HostSnapshot:
     mdevs: tuple[MdevDevice, ...] = attrs.field(default=(), converter=_mdevs)
     dev_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=_paths)
     problems: tuple[ScanProblem, ...] = attrs.field(default=(), converter=_problems)
+    pci_drivers: frozenset[str] | None = attrs.field(default=None, converter=_optional_names)
     _by_address: Mapping[PciAddress, PciDevice] | None = attrs.field(
         init=False, eq=False, repr=False
     )

@@ -13,11 +13,12 @@ import attrs
 
 from .config import Config
 from .host import HostSnapshot
-from .pci import PciId
+from .pci import PciAddress, PciId
 
 __all__ = [
     "AllocateRequested",
     "AllocationsObserved",
+    "BindingFinished",
     "ConfigApplied",
     "ConnectionClosed",
     "ConnectionOpened",
@@ -186,6 +187,15 @@ class AllocationsObserved:
 
 
 @attrs.frozen
+class BindingFinished:
+    """A `BindDevice` was carried out: `error` is None when the function is on vfio-pci."""
+
+    address: PciAddress
+    error: str | None
+    now: float
+
+
+@attrs.frozen
 class Tick:
     now: float
 
@@ -206,5 +216,6 @@ Input = (
     | AllocateRequested
     | PreStartRequested
     | AllocationsObserved
+    | BindingFinished
     | Tick
 )

@@ -13,10 +13,11 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from .binding import BindDecision
 from .config import Config, MediatedDevice, PciHostDevice, SharedDevice
 from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
-from .pci import PciDevice, PciId
+from .pci import PciAddress, PciDevice, PciId
 
 __all__ = [
     "VFIO_CONTAINER",
@@ -108,8 +109,15 @@ def build_inventory(
     snapshot: HostSnapshot,
     config: Config,
     pci_names: Mapping[PciId, str] | None = None,
+    bindings: Mapping[PciAddress, BindDecision] | None = None,
 ) -> Inventory:
-    """Every resource the server would advertise on this host, sorted by name."""
+    """Every resource the server would advertise on this host, sorted by name.
+
+    `bindings` is the binding plan (`plan_bindings`): a function it moves to
+    vfio-pci is advertised, Unhealthy until it gets there; one it refuses is
+    skipped with the reason.
+    """
+    bindings = bindings or {}
     collected: dict[str, tuple[DeviceKind, list[AdvertisedDevice], str]] = {}
     skipped: list[SkippedDevice] = []
 
@@ -128,14 +136,24 @@ def build_inventory(
     groups = {group.number: group for group in snapshot.iommu_groups}
     entries = _pci_entries(config)
     for pci in sorted(snapshot.pci_devices, key=_address_key):
-        decision = _select_pci(pci, config, pci_names or {}, entries)
+        decision = _select_pci(pci, config, pci_names or {}, entries, bindings.get(pci.address))
         if decision is None:
             continue
         name, skip_reason = decision
         if skip_reason:
             skipped.append(SkippedDevice(str(pci.address), skip_reason, name, pci.driver))
             continue
-        add(name, DeviceKind.PCI, _pci_device(pci, snapshot, nodes, groups), VFIO_PERMISSIONS)
+        device = _pci_device(pci, snapshot, nodes, groups)
+        bind = bindings.get(pci.address)
+        if bind is not None:
+            held = f"bound to host driver {pci.driver}" if pci.driver else "not bound to any driver"
+            doing = (
+                "dp is moving it to vfio-pci"
+                if bind.binds
+                else f"not moved to vfio-pci: {bind.refusal}"
+            )
+            device = attrs.evolve(device, healthy=False, reason=f"{held}; {doing}")
+        add(name, DeviceKind.PCI, device, VFIO_PERMISSIONS)
 
     for mdev in sorted(snapshot.mdevs, key=lambda m: m.uuid):
         mdev_decision = _select_mdev(mdev, snapshot, config)
@@ -185,6 +203,7 @@ def _select_pci(
     config: Config,
     pci_names: Mapping[PciId, str],
     entries: Mapping[tuple[int, int], PciHostDevice],
+    bind: BindDecision | None,
 ) -> tuple[str, str] | None:
     """(resource name, skip reason or "") for a selected device; None if unselected."""
     if pci.is_bridge:
@@ -201,7 +220,11 @@ def _select_pci(
     if entry.external_resource_provider:
         return name, "externalResourceProvider is true: another plugin serves it"
     if pci.driver not in (VFIO_DRIVER, None):
-        return name, f"bound to host driver {pci.driver}; no binding policy moves it to vfio-pci"
+        held = f"bound to host driver {pci.driver}"
+        if bind is None:
+            return name, f"{held}; no binding policy moves it to vfio-pci"
+        if not bind.binds:
+            return name, f"{held}; not moved to vfio-pci: {bind.refusal}"
     return name, ""
 
 

@@ -7,13 +7,19 @@ outside `kubernetes.io/`) and KubeVirt's (env var names, PCI ID database names).
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping
 
+from .errors import UsageError
 from .pci import PciId
 
 __all__ = [
     "DEFAULT_DOMAIN",
     "MAX_DEVICE_ID_LENGTH",
+    "NAME_MAX",
+    "check_endpoint_room",
+    "endpoint_name",
+    "min_endpoint_length",
     "default_pci_resource_name",
     "env_var_name",
     "normalize_pci_ids_name",
@@ -110,3 +116,42 @@ def parse_pci_ids(text: str) -> dict[PciId, str]:
 
 def _is_hex4(text: str) -> bool:
     return len(text) == 4 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+# The kubelet joins its directory and the endpoint into one unix socket path,
+# which Linux limits to 107 bytes: long resource names must be cut.
+NAME_MAX = 255
+_DIGEST_LENGTH = 8
+
+
+def endpoint_name(prefix: str, resource: str | None, max_length: int = NAME_MAX) -> str:
+    """Socket file name: `<prefix>.sock`, or `<prefix>-<resource>.sock` per resource.
+
+    A per-resource name longer than `max_length` keeps the start of the
+    resource name and ends in a checksum of all of it, so that names stay
+    distinct; `min_endpoint_length` is the least `max_length` that works.
+    """
+    if resource is None:
+        return f"{prefix}.sock"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", resource)
+    name = f"{prefix}-{safe}.sock"
+    if len(name) <= max_length:
+        return name
+    check_endpoint_room(prefix, max_length)
+    # crc32, not hashlib: hashlib loads OpenSSL, 4 MB of the server's 35 MB.
+    digest = f"{zlib.crc32(resource.encode()):08x}"
+    room = max_length - min_endpoint_length(prefix) - 1  # the dash before the digest
+    return f"{prefix}-{safe[:room]}-{digest}.sock" if room > 0 else f"{prefix}-{digest}.sock"
+
+
+def min_endpoint_length(prefix: str) -> int:
+    """The shortest name limit `endpoint_name` can meet for every resource."""
+    return len(f"{prefix}-.sock") + _DIGEST_LENGTH
+
+
+def check_endpoint_room(prefix: str, max_length: int) -> None:
+    if max_length < min_endpoint_length(prefix):
+        raise UsageError(
+            f"socket names of at most {max_length} characters are too short for prefix "
+            f"{prefix!r} (at least {min_endpoint_length(prefix)})"
+        )

@@ -8,19 +8,19 @@ the ListAndWatch streams. The shell feeds it and executes what it returns.
 
 from __future__ import annotations
 
-import re
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
+from .binding import BindDecision, BindingBook, plan_bindings
 from .config import Config
 from .effects import (
     AllocateAnswer,
     Answer,
     BindConnection,
+    BindDevice,
     ContainerAllocation,
     Effect,
     EndStream,
@@ -40,6 +40,7 @@ from .host import HostSnapshot
 from .inputs import (
     AllocateRequested,
     AllocationsObserved,
+    BindingFinished,
     ConfigApplied,
     ConnectionClosed,
     ConnectionOpened,
@@ -57,10 +58,11 @@ from .inputs import (
     WatchStarted,
 )
 from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_inventory
-from .pci import PciId
+from .names import NAME_MAX, check_endpoint_room, endpoint_name
+from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
 
-__all__ = ["Node", "Timing", "endpoint_name", "min_endpoint_length"]
+__all__ = ["Node", "Timing"]
 
 _SHOWN_ID_LENGTH = 64
 
@@ -72,45 +74,6 @@ class Timing:
     dial_wait: float = 3.0
     backoff: Backoff = Backoff()
     release_grace: float = 30.0
-
-
-# The kubelet joins its directory and the endpoint into one unix socket path,
-# which Linux limits to 107 bytes: long resource names must be cut.
-_NAME_MAX = 255
-_DIGEST_LENGTH = 8
-
-
-def endpoint_name(prefix: str, resource: str | None, max_length: int = _NAME_MAX) -> str:
-    """Socket file name: `<prefix>.sock`, or `<prefix>-<resource>.sock` per resource.
-
-    A per-resource name longer than `max_length` keeps the start of the
-    resource name and ends in a checksum of all of it, so that names stay
-    distinct; `min_endpoint_length` is the least `max_length` that works.
-    """
-    if resource is None:
-        return f"{prefix}.sock"
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", resource)
-    name = f"{prefix}-{safe}.sock"
-    if len(name) <= max_length:
-        return name
-    _check_endpoint_room(prefix, max_length)
-    # crc32, not hashlib: hashlib loads OpenSSL, 4 MB of the server's 35 MB.
-    digest = f"{zlib.crc32(resource.encode()):08x}"
-    room = max_length - min_endpoint_length(prefix) - 1  # the dash before the digest
-    return f"{prefix}-{safe[:room]}-{digest}.sock" if room > 0 else f"{prefix}-{digest}.sock"
-
-
-def min_endpoint_length(prefix: str) -> int:
-    """The shortest name limit `endpoint_name` can meet for every resource."""
-    return len(f"{prefix}-.sock") + _DIGEST_LENGTH
-
-
-def _check_endpoint_room(prefix: str, max_length: int) -> None:
-    if max_length < min_endpoint_length(prefix):
-        raise UsageError(
-            f"socket names of at most {max_length} characters are too short for prefix "
-            f"{prefix!r} (at least {min_endpoint_length(prefix)})"
-        )
 
 
 def _show(device_id: str) -> str:
@@ -145,11 +108,11 @@ class Node:
         *,
         socket_mode: SocketMode = SocketMode.SINGLE,
         endpoint_prefix: str = "dp",
-        endpoint_max_length: int = _NAME_MAX,
+        endpoint_max_length: int = NAME_MAX,
         timing: Timing | None = None,
         pci_names: Mapping[PciId, str] | None = None,
     ) -> None:
-        _check_endpoint_room(endpoint_prefix, endpoint_max_length)
+        check_endpoint_room(endpoint_prefix, endpoint_max_length)
         self.timing = timing or Timing()
         self.socket_mode = socket_mode
         self.endpoint_prefix = endpoint_prefix
@@ -158,6 +121,8 @@ class Node:
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
+        self.binding = BindingBook()
+        self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
             socket_mode, dial_wait=self.timing.dial_wait, backoff=self.timing.backoff
         )
@@ -188,6 +153,7 @@ class Node:
             AllocateRequested: self._allocate_requested,
             PreStartRequested: self._prestart_requested,
             AllocationsObserved: self._allocations_observed,
+            BindingFinished: self._binding_finished,
             Tick: self._tick,
         }
 
@@ -229,10 +195,12 @@ class Node:
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
         self.config = event.config
         self.pci_names = event.pci_names
+        self.binding.forget_failures()
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:
-        self.inventory = build_inventory(self.snapshot, self.config, self.pci_names)
+        effects = self._plan_bindings()
+        self.inventory = build_inventory(self.snapshot, self.config, self.pci_names, self.bindings)
         self._by_name = {r.name: r for r in self.inventory.resources}
         self._inventory_ids = {
             r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
@@ -245,7 +213,41 @@ class Node:
         # A device alone in its group is only ever held by its own allocations,
         # which leave it as it is; most groups are such, and there are thousands.
         self._group_members = {group: found for group, found in members.items() if len(found) > 1}
-        return self._refresh()
+        effects.extend(self._refresh())
+        return effects
+
+    # -- binding (DESIGN.md §6) -------------------------------------------------
+
+    def _plan_bindings(self) -> list[Effect]:
+        book = self.binding
+        if book.failed or book.refusals:
+            book.forget_gone({pci.address for pci in self.snapshot.pci_devices})
+        self.bindings = plan_bindings(self.snapshot, self.config, book.failed)
+        effects: list[Effect] = []
+        for address, decision in self.bindings.items():
+            if decision.binds:
+                book.refusals.pop(address, None)
+                if address not in book.in_flight:
+                    book.in_flight[address] = decision
+                    effects.append(
+                        Log.info("bind", device=str(address), driver=decision.driver or "none")
+                    )
+                    effects.append(BindDevice(address, decision.driver))
+            elif book.refusals.get(address) != decision.refusal:
+                book.refusals[address] = decision.refusal
+                effects.append(
+                    Log.warning("bind-refused", device=str(address), reason=decision.refusal)
+                )
+        return effects
+
+    def _binding_finished(self, event: BindingFinished) -> list[Effect]:
+        decision = self.binding.in_flight.pop(event.address, None)
+        if decision is None:
+            raise UsageError(f"no bind of {event.address} is in flight")
+        if event.error is None:
+            return [Log.info("bound", device=str(event.address), driver="vfio-pci")]
+        self.binding.failed[event.address] = event.error
+        return [Log.warning("bind-failed", device=str(event.address), reason=event.error)]
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]

@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from dp_core import Config, PciId, SocketMode, build_inventory
+from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
 
 from .config_file import ConfigFileError, load_config
 from .logs import configure_logging
@@ -103,11 +103,13 @@ def _scan(args: argparse.Namespace) -> int:
     config, names = load_settings(args.config)
     shared_paths = [device.path for device in config.enabled_shared_devices]
     snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
-    inventory = build_inventory(snapshot, config, names)
+    # What `serve` would bind, shown and never done: scan writes nothing.
+    plan = plan_bindings(snapshot, config)
+    inventory = build_inventory(snapshot, config, names, plan)
     if args.format == "json":
-        print(json.dumps(inventory_document(inventory, snapshot), indent=2))
+        print(json.dumps(inventory_document(inventory, snapshot, plan), indent=2))
     else:
-        print(inventory_table(inventory, snapshot))
+        print(inventory_table(inventory, snapshot, plan))
     return 0
 
 

@@ -23,6 +23,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from dp_core.config import (
     DEFAULT_SHARED_DEVICES,
+    Binding,
     Config,
     MediatedDevice,
     Naming,
@@ -73,7 +74,9 @@ KEYS: dict[type, dict[str, str]] = {
         "permitted_host_devices": "permittedHostDevices",
         "shared_devices": "sharedDevices",
         "naming": "naming",
+        "binding": "binding",
     },
+    Binding: {"replace_drivers": "replaceDrivers", "bind_unbound": "bindUnbound"},
     SharedDevice: {
         "path": "path",
         "count": "count",
@@ -338,7 +341,14 @@ def _make_converter() -> cattrs.Converter:
         lambda type_, conv: lambda value: [conv.unstructure(item) for item in value],
     )
 
-    for cls in (PciHostDevice, MediatedDevice, PermittedHostDevices, Naming, _SharedDevicePatch):
+    for cls in (
+        PciHostDevice,
+        MediatedDevice,
+        PermittedHostDevices,
+        Naming,
+        Binding,
+        _SharedDevicePatch,
+    ):
         _register_class(converter, cls)
     _register_class(
         converter,

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import cattrs
 
-from dp_core import AdvertisedDevice, DeviceKind, HostSnapshot, Inventory, ScanProblem
+from dp_core import (
+    VFIO_DRIVER,
+    AdvertisedDevice,
+    BindDecision,
+    DeviceKind,
+    HostSnapshot,
+    Inventory,
+    PciAddress,
+    ScanProblem,
+)
 
 __all__ = ["inventory_document", "inventory_table", "report_converter"]
 
@@ -32,8 +42,30 @@ def _device(device: AdvertisedDevice) -> dict[str, Any]:
 report_converter.register_unstructure_hook(AdvertisedDevice, _device)
 
 
-def inventory_document(inventory: Inventory, snapshot: HostSnapshot) -> dict[str, Any]:
-    """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`."""
+def _binding(decision: BindDecision) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "id": str(decision.address),
+        "driver": decision.driver,
+        "action": "bind" if decision.binds else "refused",
+    }
+    if decision.refusal:
+        document["reason"] = decision.refusal
+    return document
+
+
+report_converter.register_unstructure_hook(BindDecision, _binding)
+
+Plan = Mapping[PciAddress, BindDecision]
+
+
+def inventory_document(
+    inventory: Inventory, snapshot: HostSnapshot, plan: Plan | None = None
+) -> dict[str, Any]:
+    """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`.
+
+    With a binding plan, `"binding"` lists what `serve` would move to vfio-pci
+    and what it refuses to, with the reason.
+    """
     resources = [
         {
             "name": resource.name,
@@ -44,14 +76,17 @@ def inventory_document(inventory: Inventory, snapshot: HostSnapshot) -> dict[str
         }
         for resource in inventory.resources
     ]
-    return {
+    document = {
         "resources": resources,
         "skipped": report_converter.unstructure(list(inventory.skipped)),
         "problems": report_converter.unstructure(list(snapshot.problems), list[ScanProblem]),
     }
+    if plan:
+        document["binding"] = [report_converter.unstructure(d, BindDecision) for d in plan.values()]
+    return document
 
 
-def inventory_table(inventory: Inventory, snapshot: HostSnapshot) -> str:
+def inventory_table(inventory: Inventory, snapshot: HostSnapshot, plan: Plan | None = None) -> str:
     lines: list[str] = []
     for resource in inventory.resources:
         lines.append(
@@ -77,6 +112,11 @@ def inventory_table(inventory: Inventory, snapshot: HostSnapshot) -> str:
         for skipped in inventory.skipped:
             target = f" -> {skipped.resource_name}" if skipped.resource_name else ""
             lines.append(f"  {skipped.id}{target}: {skipped.reason}")
+    binds = [decision for decision in (plan or {}).values() if decision.binds]
+    if binds:
+        lines.append(f"serve would move to {VFIO_DRIVER} (scan changes nothing):")
+        for decision in binds:
+            lines.append(f"  {decision.address}: from {decision.driver or 'no driver'}")
     if snapshot.problems:
         lines.append("problems reading the host:")
         for problem in snapshot.problems:

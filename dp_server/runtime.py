@@ -28,6 +28,8 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from dp_core import (
     AllocationsObserved,
     BindConnection,
+    BindDevice,
+    BindingFinished,
     Config,
     ConfigApplied,
     ConnectionClosed,
@@ -59,6 +61,7 @@ from dp_core import (
 )
 
 from . import wire
+from .binder import Binder
 from .logs import emit
 from .proto import v1 as podresources
 from .proto import v1beta1 as pb
@@ -136,8 +139,12 @@ class Runtime:
         pci_names: dict[PciId, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         reload: Callable[[], tuple[Config, dict[PciId, str]]] | None = None,
+        binder: Binder | None = None,
     ) -> None:
         self.settings = settings
+        self._binder = binder or Binder(settings.sysfs)
+        self._binding = asyncio.Lock()
+        self._binds_pending = 0
         self.config = config
         self._reload = reload
         self._clock = clock
@@ -221,6 +228,9 @@ class Runtime:
             self._next_pod_poll = max(
                 self.now(), self._last_pod_poll + self.settings.pod_resources_min_gap
             )
+        elif isinstance(effect, BindDevice):
+            self._binds_pending += 1
+            self._spawn(self._bind(effect))
         elif isinstance(effect, BindConnection):
             _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
         elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
@@ -393,6 +403,18 @@ class Runtime:
                         channel.close()
 
     # -- host ------------------------------------------------------------------------
+
+    async def _bind(self, effect: BindDevice) -> None:
+        # One at a time, off the loop: a GPU driver can take seconds to let go,
+        # and Allocate must not wait for it.
+        async with self._binding:
+            error = await asyncio.get_running_loop().run_in_executor(
+                None, self._binder.bind, effect.address, effect.driver
+            )
+        self._binds_pending -= 1
+        self.feed(BindingFinished(effect.address, error, self.now()))
+        if not self._binds_pending:  # one look at the host after a batch of binds
+            self._safely(self.rescan)
 
     def rescan(self) -> None:
         shared_paths = [device.path for device in self.config.enabled_shared_devices]

@@ -562,6 +562,9 @@ def _scan_host(
     mdevs = scan.mdevs(known_groups)
     groups = cross_checked_groups(scan.sys, kernel_groups, devices, mdevs, scan.problem)
     dev_nodes = scan.dev_nodes(dev_paths)
+    # Only binding looks at these. Absent, no driver is registered; unreadable
+    # (None), binding waits rather than calling vfio-pci missing.
+    drivers = scan.optional_listdir(f"{scan.sys}/bus/pci/drivers")
 
     return HostSnapshot(
         pci_devices=tuple(devices.values()),
@@ -570,4 +573,5 @@ def _scan_host(
         mdevs=sorted(mdevs, key=lambda m: m.uuid),
         dev_nodes=dev_nodes,
         problems=sorted(scan.problems, key=lambda p: (p.path, p.reason)),
+        pci_drivers=None if drivers is None else sorted(drivers),
     )

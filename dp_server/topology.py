@@ -262,6 +262,8 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
         mdev_types=mdev_types,
         mdevs=mdevs,
         dev_nodes=dev_nodes,
+        # write_sysfs makes a driver directory for each driver some function uses.
+        pci_drivers=sorted({fn.driver for fn in topology.pci if fn.driver is not None}),
     )
 
 

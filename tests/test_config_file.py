@@ -268,7 +268,7 @@ def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
     line = only_problem("colour: blue\n")
     assert line == (
         "test.yaml: colour: unknown key 'colour'; "
-        "expected one of: naming, permittedHostDevices, sharedDevices"
+        "expected one of: binding, naming, permittedHostDevices, sharedDevices"
     )
 
 
@@ -577,7 +577,7 @@ def test_every_error_is_reported() -> None:
         "have defaults)",
         "node.yaml: naming.source: 'pciids' is not one of 'vendor-device', 'pci-ids'",
         "node.yaml: extra: unknown key 'extra'; "
-        "expected one of: naming, permittedHostDevices, sharedDevices",
+        "expected one of: binding, naming, permittedHostDevices, sharedDevices",
         "node.yaml: permittedHostDevices.pciHostDevices[2].pciVendorSelector: "
         "'10DE:1EB8' is listed twice (first at pciHostDevices[1])",
     ]

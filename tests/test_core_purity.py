@@ -193,6 +193,9 @@ def _value_for(field_name: str) -> object:
         "container_path": "/dev/x",
         "host_path": "/dev/x",
         "permissions": "rw",
+        "address": dp_core.PciAddress.parse("0000:18:00.0"),
+        "driver": "i40e",
+        "error": None,
     }
     return samples[field_name]
 

@@ -408,7 +408,7 @@ def test_dev_paths_outside_dev_are_refused(tree: tuple[Path, Path]) -> None:
 
 
 def test_empty_and_missing_roots_do_not_raise(tmp_path: Path) -> None:
-    assert scan_host(tmp_path / "nothing", tmp_path / "none") == HostSnapshot()
+    assert scan_host(tmp_path / "nothing", tmp_path / "none") == HostSnapshot(pci_drivers=())
     (tmp_path / "sys" / "bus" / "pci").mkdir(parents=True)
     (tmp_path / "sys" / "bus" / "pci" / "devices").write_text("not a directory")
     result = scan_host(tmp_path / "sys", tmp_path / "dev")

@@ -1,0 +1,108 @@
+"""Carrying out `BindDevice`: the kernel's rebinding files, in the safe order.
+
+DESIGN.md §6: write `vfio-pci` to the function's `driver_override`, unbind it
+from its driver, then ask the kernel to probe it; never `new_id`, which would
+bind every function with that vendor and device ID. The core decided that the
+function may be moved (`dp_core.binding`); this checks just before writing
+that the driver the core saw still holds it, and gives the function back
+(previous `driver_override`, probe) when the move fails halfway, so a failed
+bind does not leave a device driverless.
+
+Every write goes through one function, so tests can stand a fake kernel in
+for sysfs (tests/fake_kernel.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from dp_core import VFIO_DRIVER, PciAddress
+
+__all__ = ["Binder", "Writer", "write_attribute"]
+
+_log = logging.getLogger("dp.binder")
+
+Writer = Callable[[str, str], None]
+
+
+def write_attribute(path: str, text: str) -> None:
+    """One write to a sysfs attribute, as the kernel expects it.
+
+    Never creates the file: a missing attribute is an error to report, and on a
+    real sysfs creating files is impossible anyway.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _why(error: OSError) -> str:
+    return error.strerror or type(error).__name__
+
+
+class Binder:
+    """Moves PCI functions under `sysfs_root` to vfio-pci, one call at a time."""
+
+    def __init__(self, sysfs_root: str, write: Writer = write_attribute) -> None:
+        self.sys = os.fspath(sysfs_root).rstrip("/")
+        self._write = write
+
+    def driver_of(self, address: PciAddress) -> str | None:
+        try:
+            return os.path.basename(os.readlink(f"{self._device(address)}/driver"))
+        except FileNotFoundError:
+            return None
+
+    def bind(self, address: PciAddress, driver: str | None) -> str | None:
+        """Move `address` from `driver` to vfio-pci: None when it got there, else why not."""
+        device = self._device(address)
+        try:
+            current = self.driver_of(address)
+            with open(f"{device}/driver_override") as file:
+                previous = file.read().strip()
+        except OSError as error:
+            return f"cannot read {device}: {_why(error)}; left alone"
+        if current != driver:
+            return (
+                f"its driver is {current or 'none'} now, not {driver or 'none'} as scanned; "
+                "left alone"
+            )
+        steps = [(f"{device}/driver_override", VFIO_DRIVER)]
+        if driver is not None:
+            steps.append((f"{self.sys}/bus/pci/drivers/{driver}/unbind", str(address)))
+        steps.append((f"{self.sys}/bus/pci/drivers_probe", str(address)))
+        error_text: str | None = None
+        for path, text in steps:
+            try:
+                self._write(path, text)
+            except OSError as error:
+                error_text = f"writing {text!r} to {path} failed: {_why(error)}"
+                break
+        after = self.driver_of(address)
+        if error_text is None and after == VFIO_DRIVER:
+            return None
+        if error_text is None:
+            error_text = f"after drivers_probe it is bound to {after or 'no driver'}"
+        return error_text + self._give_back(address, previous, after)
+
+    def _give_back(self, address: PciAddress, previous: str, now: str | None) -> str:
+        """Undo a bind that did not finish; what could not be undone, for the message."""
+        device = self._device(address)
+        # The kernel shows an empty override as "(null)"; writing a newline clears it.
+        restore = "\n" if previous in ("", "(null)") else previous
+        try:
+            self._write(f"{device}/driver_override", restore)
+            if now is None:
+                self._write(f"{self.sys}/bus/pci/drivers_probe", str(address))
+        except OSError as error:
+            _log.error("could not give %s back to its driver: %s", address, _why(error))
+            return f"; giving it back failed too: {_why(error)}"
+        back = self.driver_of(address)
+        return f"; given back to {back}" if back else "; it has no driver now"
+
+    def _device(self, address: PciAddress) -> str:
+        return f"{self.sys}/bus/pci/devices/{address}"
