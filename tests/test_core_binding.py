@@ -1,0 +1,364 @@
+"""Binding (DESIGN.md §6): which selected devices the core moves to vfio-pci, and why not.
+
+Tables of host + config -> decisions, the Node's BindDevice / BindingFinished
+cycle, and properties over generated hosts: nothing outside the config's
+selection is ever bound, and nothing is bound that could not end up usable.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_core import (
+    VFIO_DRIVER,
+    BindDevice,
+    Binding,
+    BindingFinished,
+    Config,
+    ConfigApplied,
+    ConfigError,
+    HostObserved,
+    HostSnapshot,
+    Log,
+    Node,
+    PciAddress,
+    PciDevice,
+    PciHostDevice,
+    PciId,
+    PermittedHostDevices,
+    UsageError,
+    build_inventory,
+    plan_bindings,
+)
+
+from core_builders import AUDIO, GPU, configs, effects_of, host_snapshots, pci, snapshot
+
+NIC = PciId(0x8086, 0x1572)
+VGA = PciId(0x1A03, 0x2000)
+LOADED = frozenset({VFIO_DRIVER, "i40e", "nouveau", "snd_hda_intel", "ast", "4xxx"})
+
+
+def a(text: str) -> PciAddress:
+    return PciAddress.parse(text)
+
+
+def host(devices: list[PciDevice], drivers: frozenset[str] | None = LOADED) -> HostSnapshot:
+    return attrs.evolve(snapshot(devices), pci_drivers=drivers)
+
+
+def config(*ids: PciId, drivers: tuple[str, ...] = (), unbound: bool = False) -> Config:
+    return Config(
+        PermittedHostDevices(tuple(PciHostDevice(pci_id) for pci_id in ids)),
+        shared_devices=(),
+        binding=Binding(drivers, unbound),
+    )
+
+
+def nic(
+    address: str = "0000:18:00.0", driver: str | None = "i40e", group: int | None = 18
+) -> PciDevice:
+    return pci(address, NIC, group, driver=driver, class_code=0x020000)
+
+
+def refusal(plan: dict[PciAddress, object], address: str) -> str:
+    decision = plan[a(address)]
+    return decision.refusal  # type: ignore[attr-defined, no-any-return]
+
+
+# ---------------------------------------------------------------------------
+# One device, one rule at a time
+
+NIC_CONFIG = config(NIC, drivers=("i40e",))
+
+REFUSALS = [
+    # (why, host, config, expected refusal substring; "" = it is bound)
+    ("listed driver", host([nic()]), NIC_CONFIG, ""),
+    ("driver not listed", host([nic(driver="ixgbe")]), NIC_CONFIG, "does not list ixgbe"),
+    (
+        "boot display",
+        host([attrs.evolve(pci("0000:03:00.0", VGA, 3, driver="ast"), boot_vga=True)]),
+        config(VGA, drivers=("ast",)),
+        "boot display",
+    ),
+    ("no IOMMU group", host([nic(group=None)]), NIC_CONFIG, "no IOMMU group"),
+    (
+        "physical function with VFs",
+        host([attrs.evolve(nic(), virtfns=(a("0000:18:02.0"), a("0000:18:02.1")))]),
+        NIC_CONFIG,
+        "2 virtual functions enabled",
+    ),
+    ("vfio-pci not loaded", host([nic()], frozenset({"i40e"})), NIC_CONFIG, "modprobe vfio-pci"),
+    ("driver list unreadable", host([nic()], None), NIC_CONFIG, "could not be read"),
+    ("no driver, bindUnbound", host([nic(driver=None)]), config(NIC, unbound=True), ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("host_", "config_", "expected"),
+    [case[1:] for case in REFUSALS],
+    ids=[case[0] for case in REFUSALS],
+)
+def test_each_rule(host_: HostSnapshot, config_: Config, expected: str) -> None:
+    plan = plan_bindings(host_, config_)
+    address = str(host_.pci_devices[0].address)
+    if expected:
+        assert expected in refusal(plan, address)
+    else:
+        assert plan[a(address)].binds
+
+
+def test_nothing_is_considered_without_a_binding_section() -> None:
+    unbound = Config(PermittedHostDevices((PciHostDevice(NIC),)), shared_devices=())
+    assert plan_bindings(host([nic()]), unbound) == {}
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        nic(driver=VFIO_DRIVER),  # already there
+        nic(driver=None),  # no driver, and bindUnbound is off
+        pci("0000:19:00.0", GPU, 19, driver="nouveau"),  # no selector names it
+        pci("0000:5d:00.0", NIC, 93, driver="pcieport", class_code=0x060400),  # a bridge
+    ],
+    ids=["on vfio-pci", "unbound", "unselected", "bridge"],
+)
+def test_devices_binding_does_not_look_at(device: PciDevice) -> None:
+    assert plan_bindings(host([device]), config(NIC, drivers=("i40e", "pcieport"))) == {}
+
+
+def test_external_resource_provider_is_left_to_the_other_plugin() -> None:
+    external = Config(
+        PermittedHostDevices((PciHostDevice(NIC, external_resource_provider=True),)),
+        shared_devices=(),
+        binding=Binding(("i40e",)),
+    )
+    assert plan_bindings(host([nic()]), external) == {}
+
+
+# ---------------------------------------------------------------------------
+# IOMMU groups: bind all of a group's blockers or none
+
+
+def gpu_and_audio(audio_driver: str = "snd_hda_intel") -> HostSnapshot:
+    return host(
+        [
+            pci("0000:d8:00.0", GPU, 216, driver="nouveau"),
+            pci("0000:d8:00.1", AUDIO, 216, driver=audio_driver, class_code=0x040300),
+        ]
+    )
+
+
+def test_an_unselected_sibling_on_a_host_driver_blocks_the_group() -> None:
+    plan = plan_bindings(gpu_and_audio(), config(GPU, drivers=("nouveau", "snd_hda_intel")))
+    assert list(plan) == [a("0000:d8:00.0")]
+    assert refusal(plan, "0000:d8:00.0") == (
+        "IOMMU group 216 also holds 0000:d8:00.1, bound to snd_hda_intel, which stays there "
+        "(no selector names it); the group would not be usable"
+    )
+
+
+def test_a_selected_sibling_whose_driver_is_not_listed_blocks_the_group() -> None:
+    plan = plan_bindings(gpu_and_audio(), config(GPU, AUDIO, drivers=("nouveau",)))
+    assert "does not list snd_hda_intel" in refusal(plan, "0000:d8:00.1")
+    assert "0000:d8:00.1, bound to snd_hda_intel" in refusal(plan, "0000:d8:00.0")
+
+
+def test_a_group_whose_blockers_all_move_is_bound_whole() -> None:
+    plan = plan_bindings(gpu_and_audio(), config(GPU, AUDIO, drivers=("nouveau", "snd_hda_intel")))
+    assert [d.binds for d in plan.values()] == [True, True]
+
+
+def test_siblings_without_a_driver_or_on_vfio_do_not_block() -> None:
+    for sibling in (None, VFIO_DRIVER):
+        plan = plan_bindings(gpu_and_audio(sibling), config(GPU, drivers=("nouveau",)))  # type: ignore[arg-type]
+        assert plan[a("0000:d8:00.0")].binds
+
+
+def test_a_refusal_spreads_through_the_group() -> None:
+    # The boot display refuses itself, which leaves its sibling's group
+    # unusable, which refuses the sibling too.
+    vga = attrs.evolve(pci("0000:03:00.0", VGA, 3, driver="ast"), boot_vga=True)
+    audio = pci("0000:03:00.1", AUDIO, 3, driver="snd_hda_intel", class_code=0x040300)
+    plan = plan_bindings(host([vga, audio]), config(VGA, AUDIO, drivers=("ast", "snd_hda_intel")))
+    assert "boot display" in refusal(plan, "0000:03:00.0")
+    assert "0000:03:00.0, bound to ast, which stays there (drives the boot" in refusal(
+        plan, "0000:03:00.1"
+    )
+
+
+# ---------------------------------------------------------------------------
+# What the inventory shows
+
+
+def test_inventory_advertises_a_device_being_moved_and_skips_a_refused_one() -> None:
+    snap = host([nic(), nic("0000:18:00.1", driver="ixgbe", group=19)])
+    plan = plan_bindings(snap, NIC_CONFIG)
+    inventory = build_inventory(snap, NIC_CONFIG, bindings=plan)
+    (resource,) = inventory.resources
+    (device,) = resource.devices
+    assert device.id == "0000:18:00.0" and not device.healthy
+    assert device.reason == "bound to host driver i40e; dp is moving it to vfio-pci"
+    (skipped,) = inventory.skipped
+    assert skipped.id == "0000:18:00.1"
+    assert skipped.reason == (
+        "bound to host driver ixgbe; not moved to vfio-pci: binding.replaceDrivers does not "
+        "list ixgbe"
+    )
+
+
+def test_inventory_without_a_plan_keeps_host_held_devices_out() -> None:
+    (skipped,) = build_inventory(host([nic()]), NIC_CONFIG).skipped
+    assert "no binding policy moves it" in skipped.reason
+
+
+# ---------------------------------------------------------------------------
+# The Node: BindDevice once, BindingFinished, failures until the config changes
+
+
+def test_node_binds_once_and_reports_the_result() -> None:
+    node = Node(NIC_CONFIG)
+    effects = node.handle(HostObserved(host([nic()]), 1.0))
+    assert effects_of(effects, BindDevice) == [BindDevice(a("0000:18:00.0"), "i40e")]
+    bind_log = [e for e in effects_of(effects, Log) if e.event == "bind"]
+    assert bind_log and dict(bind_log[0].fields) == {"device": "0000:18:00.0", "driver": "i40e"}
+    # A rescan while the bind is under way does not start a second one.
+    assert effects_of(node.handle(HostObserved(host([nic()]), 2.0)), BindDevice) == []
+    done = node.handle(BindingFinished(a("0000:18:00.0"), None, 3.0))
+    assert [e.event for e in effects_of(done, Log)] == ["bound"]
+    # The kernel moved it: the next scan shows it on vfio-pci, Healthy.
+    effects = node.handle(HostObserved(host([nic(driver=VFIO_DRIVER)]), 4.0))
+    assert effects_of(effects, BindDevice) == []
+    assert [d.healthy for d in node.inventory.resources[0].devices] == [True]
+
+
+def test_a_failed_bind_is_not_retried_until_the_config_changes() -> None:
+    node = Node(NIC_CONFIG)
+    node.handle(HostObserved(host([nic()]), 1.0))
+    failed = node.handle(BindingFinished(a("0000:18:00.0"), "writing to unbind failed: EBUSY", 2.0))
+    assert [(e.level, e.event) for e in effects_of(failed, Log)] == [("warning", "bind-failed")]
+    again = node.handle(HostObserved(host([nic()]), 3.0))
+    assert effects_of(again, BindDevice) == []
+    (skipped,) = node.inventory.skipped
+    assert "binding it to vfio-pci failed: writing to unbind failed: EBUSY" in skipped.reason
+    # One log line for the refusal, not one per rescan.
+    assert [e.event for e in effects_of(again, Log)].count("bind-refused") == 1
+    later = node.handle(HostObserved(host([nic()]), 4.0))
+    assert [e.event for e in effects_of(later, Log)].count("bind-refused") == 0
+    retried = node.handle(ConfigApplied(NIC_CONFIG, now=5.0))
+    assert effects_of(retried, BindDevice) == [BindDevice(a("0000:18:00.0"), "i40e")]
+
+
+def test_a_failed_device_that_leaves_and_returns_is_tried_again() -> None:
+    node = Node(NIC_CONFIG)
+    node.handle(HostObserved(host([nic()]), 1.0))
+    node.handle(BindingFinished(a("0000:18:00.0"), "EIO", 2.0))
+    node.handle(HostObserved(host([]), 3.0))
+    back = node.handle(HostObserved(host([nic()]), 4.0))
+    assert effects_of(back, BindDevice) == [BindDevice(a("0000:18:00.0"), "i40e")]
+
+
+def test_a_result_for_a_bind_never_asked_for_is_a_caller_error() -> None:
+    with pytest.raises(UsageError, match="no bind of 0000:18:00.0 is in flight"):
+        Node(NIC_CONFIG).handle(BindingFinished(a("0000:18:00.0"), None, 1.0))
+
+
+# ---------------------------------------------------------------------------
+# Config validation
+
+
+@pytest.mark.parametrize(
+    ("drivers", "message"),
+    [
+        (("vfio-pci",), "moved to, not from"),
+        (("../unbind",), "not a kernel driver name"),
+        (("",), "not a kernel driver name"),
+        (("i40e", "i40e"), "'i40e' is listed twice"),
+    ],
+)
+def test_binding_refuses_bad_driver_names(drivers: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Binding(drivers)
+
+
+def test_binding_needs_selectors() -> None:
+    with pytest.raises(ConfigError, match="only devices a selector names are ever rebound"):
+        Config(binding=Binding(("i40e",)))
+
+
+# ---------------------------------------------------------------------------
+# Properties over generated hosts
+
+HOST_DRIVERS = ("nvidia", "snd_hda_intel")
+
+
+@st.composite
+def binding_cases(draw: st.DrawFn) -> tuple[HostSnapshot, Config]:
+    base = draw(host_snapshots())
+    devices = [
+        attrs.evolve(
+            device,
+            boot_vga=draw(st.integers(0, 7)) == 0,
+            virtfns=(a("0000:f0:00.0"),) if draw(st.integers(0, 7)) == 0 else (),
+        )
+        for device in base.pci_devices
+    ]
+    loaded = {VFIO_DRIVER, *HOST_DRIVERS} if draw(st.integers(0, 5)) else set(HOST_DRIVERS)
+    snap = host(devices, frozenset(loaded))
+    chosen = draw(configs())
+    if chosen.permitted_host_devices is None or not chosen.permitted_host_devices.pci_host_devices:
+        return snap, chosen
+    binding = Binding(
+        tuple(d for d in HOST_DRIVERS if draw(st.booleans())), bind_unbound=draw(st.booleans())
+    )
+    return snap, attrs.evolve(chosen, binding=binding)
+
+
+@settings(max_examples=300, deadline=None)
+@given(binding_cases())
+def test_only_selected_devices_that_can_end_up_usable_are_bound(
+    case: tuple[HostSnapshot, Config],
+) -> None:
+    snap, config_ = case
+    plan = plan_bindings(snap, config_)
+    assert plan == plan_bindings(snap, config_)  # same inputs, same plan
+    binds = {address for address, decision in plan.items() if decision.binds}
+    if config_.binding is None:
+        assert plan == {}
+        return
+    for address in plan:
+        device = snap.device(address)
+        assert device is not None and not device.is_bridge
+        entry = config_.pci_entry(device.pci_id)
+        assert entry is not None and not entry.external_resource_provider
+    for address in binds:
+        device = snap.device(address)
+        assert device is not None
+        assert device.driver in config_.binding.replace_drivers or (
+            device.driver is None and config_.binding.bind_unbound
+        )
+        assert not device.boot_vga and not (device.virtfns and device.driver)
+        assert snap.pci_drivers is not None and VFIO_DRIVER in snap.pci_drivers
+        group = snap.group(device.iommu_group)
+        assert group is not None
+        # Once every bind is done, the group is viable.
+        for member in group.endpoints:
+            assert member.driver in (None, VFIO_DRIVER) or member.address in binds
+
+
+@settings(max_examples=100, deadline=None)
+@given(binding_cases())
+def test_node_asks_for_exactly_the_planned_binds(case: tuple[HostSnapshot, Config]) -> None:
+    snap, config_ = case
+    node = Node(config_)
+    effects = node.handle(HostObserved(snap, 1.0))
+    planned = {address for address, d in plan_bindings(snap, config_).items() if d.binds}
+    assert {effect.address for effect in effects_of(effects, BindDevice)} == planned
+    # Every selected device is advertised or skipped, whatever binding decided.
+    inventory = node.inventory
+    seen = {d.id for r in inventory.resources for d in r.devices} | {
+        s.id for s in inventory.skipped
+    }
+    assert {str(address) for address in plan_bindings(snap, config_)} <= seen
