@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from dp_core import Backoff, Config, SocketMode, Timing
+from dp_server.binder import Binder
 from dp_server.config_file import parse_config
 from dp_server.demo import DEMO_CONFIG
 from dp_server.emulator import KubeletEmulator
@@ -65,10 +66,12 @@ class Harness:
         self,
         config: Config | None = None,
         socket_mode: SocketMode = SocketMode.SINGLE,
+        binder: Binder | None = None,
         **overrides: Any,
     ) -> Runtime:
         config = config or parse_config(DEMO_CONFIG, "<demo>")
-        self.runtime = Runtime(self.settings(socket_mode=socket_mode, **overrides), config)
+        settings = self.settings(socket_mode=socket_mode, **overrides)
+        self.runtime = Runtime(settings, config, binder=binder)
         self._serving = asyncio.create_task(self.runtime.run())
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         return self.runtime

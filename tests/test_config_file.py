@@ -959,3 +959,44 @@ def test_any_document_gives_config_or_config_file_error(document: object) -> Non
         assert all(line.startswith("<config>: ") for line in exc.problems)
     else:
         assert isinstance(result, Config)
+
+
+# --- binding --------------------------------------------------------------------------
+
+SELECT_NIC = """\
+permittedHostDevices:
+  pciHostDevices:
+    - pciVendorSelector: "8086:1572"
+"""
+
+
+def test_binding_section() -> None:
+    config = parse_config(
+        SELECT_NIC + "binding: {replaceDrivers: [i40e, ixgbe], bindUnbound: true}"
+    )
+    assert config.binding is not None
+    assert config.binding.replace_drivers == ("i40e", "ixgbe")
+    assert config.binding.bind_unbound is True
+    assert parse_config(yaml.safe_dump(dump_config(config))) == config
+    assert parse_config(SELECT_NIC).binding is None
+
+
+@pytest.mark.parametrize(
+    ("binding", "path", "message"),
+    [
+        ("{replaceDrivers: [vfio-pci]}", "binding.replaceDrivers", "moved to, not from"),
+        ("{replaceDrivers: [../../x]}", "binding.replaceDrivers", "not a kernel driver name"),
+        ("{replaceDrivers: i40e}", "binding.replaceDrivers", "expected a list"),
+        ("{bindUnbound: yes please}", "binding.bindUnbound", ""),
+        ("{replaceDriver: [i40e]}", "binding", "replaceDrivers"),
+    ],
+)
+def test_bad_binding(binding: str, path: str, message: str) -> None:
+    line = only_problem(SELECT_NIC + f"binding: {binding}")
+    assert line.startswith(f"test.yaml: {path}"), line
+    assert message in line
+
+
+def test_binding_without_selectors_is_refused() -> None:
+    line = only_problem("binding: {replaceDrivers: [i40e]}")
+    assert "only devices a selector names are ever rebound" in line
