@@ -9,6 +9,7 @@ and the Kubernetes manifests are loaded and checked field by field.
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import glob
 import importlib.util
@@ -967,3 +968,37 @@ def test_daemonset_args_are_accepted_by_the_cli() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--config" in result.stdout
     assert "--log-format" in result.stdout
+
+
+def _replace(document: Any, pointer: str, value: Any) -> None:
+    """RFC 6902 `replace`, enough for the overlay's patches."""
+    *parents, last = [p for p in pointer.split("/") if p]
+    for part in parents:
+        document = document[int(part)] if isinstance(document, list) else document[part]
+    key: Any = int(last) if isinstance(document, list) else last
+    assert key in document if isinstance(document, dict) else key < len(document), pointer
+    document[key] = value
+
+
+def test_binding_overlay_makes_only_sys_writable(daemonset: dict[str, Any]) -> None:
+    overlay = DEPLOY / "binding"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../"]
+    (patch,) = kustomization["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "dp"}
+    operations = yaml.safe_load((overlay / patch["path"]).read_text())
+    patched = copy.deepcopy(daemonset)
+    for operation in operations:
+        assert operation["op"] == "replace"
+        _replace(patched, operation["path"], operation["value"])
+    (container,) = patched["spec"]["template"]["spec"]["containers"]
+    (base,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["privileged"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    base_mounts = {m["name"]: m for m in base["volumeMounts"]}
+    assert mounts["sys"] == {"name": "sys", "mountPath": "/sys", "readOnly": False}
+    # Everything else as in the base, /dev still read-only.
+    assert {n: m for n, m in mounts.items() if n != "sys"} == {
+        n: m for n, m in base_mounts.items() if n != "sys"
+    }
+    assert mounts["dev"]["readOnly"] is True
