@@ -136,7 +136,9 @@ def build_inventory(
     groups = {group.number: group for group in snapshot.iommu_groups}
     entries = _pci_entries(config)
     for pci in sorted(snapshot.pci_devices, key=_address_key):
-        decision = _select_pci(pci, config, pci_names or {}, entries, bindings.get(pci.address))
+        # Most hosts bind nothing: skip hashing 4,096 addresses for an empty plan.
+        bind = bindings.get(pci.address) if bindings else None
+        decision = _select_pci(pci, config, pci_names or {}, entries, bind)
         if decision is None:
             continue
         name, skip_reason = decision
@@ -144,7 +146,6 @@ def build_inventory(
             skipped.append(SkippedDevice(str(pci.address), skip_reason, name, pci.driver))
             continue
         device = _pci_device(pci, snapshot, nodes, groups)
-        bind = bindings.get(pci.address)
         if bind is not None:
             held = f"bound to host driver {pci.driver}" if pci.driver else "not bound to any driver"
             doing = (
