@@ -2,7 +2,8 @@
 
 Everything comes from Debian packages (see ../shared/qemu-notes.md for what
 was tried): `qemu-system-x86`, `kmod`, `cpio`, `busybox-static`, `e2fsprogs`,
-and the cloud kernel, fetched with `apt-get download` and unpacked, never
+and the cloud kernel (or, with `Guest.with_kernel`, another flavour such as
+the generic one), fetched with `apt-get download` and unpacked, never
 installed. The guest boots from an initramfs whose busybox `/init` loads the
 virtio and VFIO modules and runs the scenario's steps: pieces of shell run as
 root (the operator's part, such as binding devices to vfio-pci), in which
@@ -16,6 +17,7 @@ boot is kept in `<workdir>/console.txt`.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -63,16 +65,29 @@ class Guest:
 
     def __init__(self, workdir: Path, project: Path) -> None:
         self.workdir = workdir
-        self.vmlinuz, self.modules_dir, self.version = self._kernel(workdir / "kernel")
+        self.modules: tuple[str, ...] = MODULES
+        self.vmlinuz, self.modules_dir, self.version = self._kernel(
+            workdir / "kernel", KERNEL_PACKAGE
+        )
         self.python_image = self._python_image(workdir / "pyroot", project)
+
+    def with_kernel(self, workdir: Path, package: str, modules: tuple[str, ...]) -> Guest:
+        """The same guest (python image and all) on the kernel of another
+        meta-package, such as the generic flavour, which has the host drivers
+        the cloud one lacks; `/init` loads `modules` and what they need."""
+        other = copy.copy(self)
+        other.workdir = workdir
+        other.modules = modules
+        other.vmlinuz, other.modules_dir, other.version = self._kernel(workdir, package)
+        return other
 
     # -- building ---------------------------------------------------------------
 
     @staticmethod
-    def _kernel(directory: Path) -> tuple[Path, Path, str]:
+    def _kernel(directory: Path, meta_package: str) -> tuple[Path, Path, str]:
         directory.mkdir(parents=True, exist_ok=True)
         # The versioned package behind the meta-package; unpacked, not installed.
-        depends = _run("apt-cache", "depends", KERNEL_PACKAGE)
+        depends = _run("apt-cache", "depends", meta_package)
         package = next(
             line.split(":", 1)[1].strip()
             for line in depends.splitlines()
@@ -88,7 +103,7 @@ class Guest:
 
     def _module_files(self) -> list[Path]:
         ordered: list[Path] = []
-        for module in MODULES:
+        for module in self.modules:
             shown = _run(
                 "modprobe", "-d", self.modules_dir, "-S", self.version, "--show-depends", module
             )

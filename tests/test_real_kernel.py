@@ -7,6 +7,9 @@ The guest's init binds devices to vfio-pci as an operator would (dp never
 does), then runs the scan, and asks the kernel itself, through the VFIO API
 (VFIO_GROUP_GET_STATUS), which groups are viable. A second boot serves the
 grpc-go kubelet (tests/gokubelet) from the guest and unbinds a device under it.
+A third boot, on Debian's generic kernel (the cloud one has no e1000e or
+bochs-drm), lets dp move an e1000e from its host driver to vfio-pci itself
+(`binding`) and refuse the boot display.
 
 The guest is emulated (about 10 s per boot here). Without QEMU and the other
 Debian packages these tests are skipped, unless DP_REQUIRE_QEMU=1 (as in CI),
@@ -60,7 +63,10 @@ for address in sorted(os.listdir("/sys/bus/pci/devices")):
         "driver": link(base + "driver"),
         "group": None if group is None else int(group),
         "numa": None if numa < 0 else numa,
+        "override": open(base + "driver_override").read().strip(),
     }
+    if os.path.exists(base + "boot_vga"):  # VGA devices only
+        devices[address]["boot_vga"] = int(open(base + "boot_vga").read())
 viable = {}
 for name in os.listdir("/dev/vfio"):
     if name == "vfio":
@@ -307,3 +313,151 @@ def test_serve_on_a_real_kernel_to_a_grpc_go_kubelet(
     health = {d["id"]: d["health"] for d in report["changed"]["example.com/e1000e"]}
     assert health[taken] == "Unhealthy"
     assert sorted(h for i, h in health.items() if i != taken) == ["Healthy"] * 3
+
+
+# Debian's generic kernel has the host drivers the cloud one lacks; the guest's
+# /init loads them with the rest (there is no udev to do it).
+GENERIC_KERNEL = "linux-image-amd64"
+GENERIC_MODULES = (*qemu_guest.MODULES, "ext4", "e1000e", "bochs")
+
+BINDING_CONFIG = """
+permittedHostDevices:
+  pciHostDevices:
+    - {pciVendorSelector: "8086:10D3", resourceName: example.com/nic}
+    - {pciVendorSelector: "1234:1111", resourceName: example.com/display}
+binding:
+  replaceDrivers: [e1000e, bochs-drm]
+sharedDevices:
+  devices.kubevirt.io/kvm: {enabled: false}
+  devices.kubevirt.io/tun: {enabled: false}
+  devices.kubevirt.io/vhost-net: {enabled: false}
+"""
+
+SERVE_BINDING = """
+mkdir -p /py/tmp/dp
+PYTHONPATH=/site PYTHONDONTWRITEBYTECODE=1 chroot /py /usr/bin/python3.11 -m dp_server serve \\
+  --config /scenario/config.yaml --device-plugin-dir /tmp/dp --log-format json \\
+  --pod-resources-socket /tmp/pod-resources.sock --rescan-interval 3600 > /py/tmp/server.log 2>&1 &
+server=$!
+# The kubelet comes once the server has moved the e1000e and looked at it again.
+for i in $(seq 600); do
+  grep -qE '"health": "Healthy"|"bind-failed"|Traceback' /py/tmp/server.log && break
+  sleep 0.2
+done
+chroot /py /scenario/gokubelet -dir /tmp/dp -expect 1 -timeout 60s \\
+  > /py/tmp/report.json 2> /py/tmp/gokubelet.err
+echo "gokubelet exit $?"
+kill -TERM $server
+wait $server
+echo "server exit $?"
+echo "=== log"
+cat /py/tmp/server.log
+echo "=== report"
+cat /py/tmp/report.json
+"""
+
+
+@pytest.fixture(scope="module")
+def generic_guest(
+    guest: qemu_guest.Guest, tmp_path_factory: pytest.TempPathFactory
+) -> qemu_guest.Guest:
+    return guest.with_kernel(tmp_path_factory.mktemp("generic"), GENERIC_KERNEL, GENERIC_MODULES)
+
+
+def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
+    generic_guest: qemu_guest.Guest, gokubelet: Path, tmp_path: Path
+) -> None:
+    steps = generic_guest.run(
+        tmp_path,
+        [
+            *("-device", "pcie-root-port,id=rp1,chassis=1", "-device", "e1000e,bus=rp1,romfile="),
+            *("-device", "VGA"),  # the q35 default display: boot_vga is 1
+        ],
+        ["ls /sys/bus/pci/drivers", SCAN, TRUTH_STEP, SERVE_BINDING, TRUTH_STEP, SCAN],
+        files={"config.yaml": BINDING_CONFIG, "truth.py": TRUTH},
+        binaries={"gokubelet": gokubelet},
+    )
+    code, drivers = steps[0]
+    assert code == 0 and {"e1000e", "bochs-drm", "vfio-pci"} <= set(drivers.split()), drivers
+    before = parsed(steps[2])["devices"]
+    (nic,) = (a for a, f in before.items() if f["id"] == "8086:10d3")
+    (vga,) = (a for a, f in before.items() if f["id"] == "1234:1111")
+    group = before[nic]["group"]
+    assert before[nic]["driver"] == "e1000e" and before[nic]["override"] == "(null)"
+    assert [a for a, f in before.items() if f["group"] == group] == [nic]  # alone in its group
+    assert before[vga]["driver"] == "bochs-drm" and before[vga]["boot_vga"] == 1
+    assert str(group) not in parsed(steps[2])["viable"]
+
+    # The scan shows the plan and changes nothing (the truth was read after it).
+    scan = parsed(steps[1])
+    boot_display = "drives the boot display (boot_vga is 1); dp never rebinds it"
+    assert {d["id"]: d for d in scan["binding"]} == {
+        nic: {"id": nic, "driver": "e1000e", "action": "bind"},
+        vga: {"id": vga, "driver": "bochs-drm", "action": "refused", "reason": boot_display},
+    }
+    (resource,) = scan["resources"]
+    assert resource["name"] == "example.com/nic"
+    (device,) = resource["devices"]
+    assert device["id"] == nic and device["health"] == "Unhealthy"
+    assert device["reason"] == "bound to host driver e1000e; dp is moving it to vfio-pci"
+    (skipped,) = scan["skipped"]
+    assert skipped["id"] == vga and skipped["driver"] == "bochs-drm"
+    assert skipped["resource_name"] == "example.com/display"
+    assert (
+        skipped["reason"]
+        == f"bound to host driver bochs-drm; not moved to vfio-pci: {boot_display}"
+    )
+
+    # serve moved the e1000e, and only it.
+    code, output = steps[3]
+    head, _, report_text = output.partition("=== report\n")
+    outcome, _, log_text = head.partition("=== log\n")
+    assert code == 0 and "gokubelet exit 0" in outcome and "server exit 0" in outcome, output
+    assert "Traceback" not in log_text, log_text
+    log = [json.loads(line) for line in log_text.splitlines() if line.startswith("{")]
+    binding = [
+        (e["event"], e["device"], e.get("driver"), e.get("reason"))
+        for e in log
+        if e["event"] in ("bind", "bound", "bind-refused", "bind-failed")
+    ]
+    # Logged once each, the refusal in any place, `bound` after `bind`.
+    assert sorted(binding) == [
+        ("bind", nic, "e1000e", None),
+        ("bind-refused", vga, None, boot_display),
+        ("bound", nic, "vfio-pci", None),
+    ], log_text
+    assert [e for e, *_ in binding if e != "bind-refused"] == ["bind", "bound"]
+    # Advertised Unhealthy while it moved, then Healthy.
+    assert [(e["health"], e["reason"]) for e in log if e["event"] == "health-changed"] == [
+        ("Unhealthy", "bound to host driver e1000e; dp is moving it to vfio-pci"),
+        ("Healthy", ""),
+    ]
+    after = parsed(steps[4])
+    assert after["devices"][nic]["driver"] == "vfio-pci"
+    assert after["devices"][nic]["override"] == "vfio-pci"
+    # /dev/vfio/<group> is there, and the kernel calls the group viable.
+    assert after["viable"] == {str(group): True}
+    # The boot display is where it was; its driver_override was never written.
+    assert after["devices"][vga]["driver"] == "bochs-drm"
+    assert after["devices"][vga]["override"] == "(null)"
+
+    # The kubelet was sent the e1000e Healthy, and Allocate names its group's node.
+    report = json.loads(report_text)
+    assert report["errors"] == []
+    listed = {r["resource"]: r for r in report["resources"]}
+    assert sorted(listed) == ["example.com/nic"]
+    assert [(d["id"], d["health"]) for d in listed["example.com/nic"]["devices"]] == [
+        (nic, "Healthy")
+    ]
+    (container,) = report["samples"]["example.com/nic"]
+    assert [s["host_path"] for s in container["devices"]] == [
+        "/dev/vfio/vfio",
+        f"/dev/vfio/{group}",
+    ]
+
+    # Scanned again: the e1000e is served as it is, the display still refused.
+    again = parsed(steps[5])
+    assert again["binding"] == [
+        {"id": vga, "driver": "bochs-drm", "action": "refused", "reason": boot_display}
+    ]
+    assert [(d["id"], d["health"]) for d in again["resources"][0]["devices"]] == [(nic, "Healthy")]
