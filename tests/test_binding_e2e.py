@@ -139,3 +139,21 @@ async def test_a_driver_that_changed_since_the_scan_is_left_alone(harness: Harne
     error = binder.bind(PciAddress.parse("0000:18:00.0"), "ixgbe")
     assert error == "its driver is i40e now, not ixgbe as scanned; left alone"
     assert kernel.writes == []
+
+
+async def test_a_probe_that_does_not_reach_vfio_gives_the_device_back(harness: Harness) -> None:
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    # vfio-pci unloaded between the scan and the bind: the probe finds no driver.
+    vfio = harness.sysfs / "bus/pci/drivers/vfio-pci"
+    vfio.rename(vfio.with_name("vfio-pci.unloaded"))
+    error = Binder(str(harness.sysfs), kernel.write).bind(PciAddress.parse("0000:18:00.0"), "i40e")
+    assert error == "after drivers_probe it is bound to no driver; given back to i40e"
+    assert kernel.driver("0000:18:00.0") == "i40e"
+    assert kernel.override("0000:18:00.0") == "(null)"
+    assert [path for path, _ in kernel.writes] == [
+        "bus/pci/devices/0000:18:00.0/driver_override",
+        "bus/pci/drivers/i40e/unbind",
+        "bus/pci/drivers_probe",
+        "bus/pci/devices/0000:18:00.0/driver_override",
+        "bus/pci/drivers_probe",
+    ]
