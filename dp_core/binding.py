@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from .config import Binding, Config
+from .config import Binding, Config, PciHostDevice
 from .host import VFIO_DRIVER, HostSnapshot
 from .pci import PciAddress, PciDevice
 
@@ -97,13 +97,15 @@ _CHECKS: tuple[_Check, ...] = (
 )
 
 
-def _candidate(pci: PciDevice, config: Config, binding: Binding) -> bool:
+def _candidate(
+    pci: PciDevice, selectors: Mapping[tuple[int, int], PciHostDevice], binding: Binding
+) -> bool:
     """Whether binding considers `pci` at all (the config selects it, it is not on vfio-pci)."""
     if pci.driver == VFIO_DRIVER or pci.is_bridge:
         return False
     if pci.driver is None and not binding.bind_unbound:
         return False
-    entry = config.pci_entry(pci.pci_id)
+    entry = selectors.get((pci.vendor, pci.device))
     return entry is not None and not entry.external_resource_provider
 
 
@@ -119,9 +121,10 @@ def plan_bindings(
     if binding is None:
         return {}
     failed = failed or {}
+    selectors = config.pci_selectors()
     decisions: dict[PciAddress, BindDecision] = {}
     for pci in snapshot.pci_devices:
-        if not _candidate(pci, config, binding):
+        if not _candidate(pci, selectors, binding):
             continue
         refusal = next((r for r in (check(pci, snapshot, binding) for check in _CHECKS) if r), "")
         if not refusal and pci.address in failed:

@@ -248,14 +248,18 @@ class Config:
                 )
             seen[folded] = name
 
-    def pci_entry(self, pci_id: PciId) -> PciHostDevice | None:
-        """The pciHostDevices entry selecting `pci_id`, if any."""
+    def pci_selectors(self) -> dict[tuple[int, int], PciHostDevice]:
+        """(vendor, device) -> the pciHostDevices entry selecting it; selectors are unique.
+
+        Keyed by a plain tuple, which hashes far faster than a PciId, for
+        lookups of every function on a large host.
+        """
         if self.permitted_host_devices is None:
-            return None
-        for entry in self.permitted_host_devices.pci_host_devices:
-            if entry.pci_vendor_selector == pci_id:
-                return entry
-        return None
+            return {}
+        return {
+            (e.pci_vendor_selector.vendor, e.pci_vendor_selector.device): e
+            for e in self.permitted_host_devices.pci_host_devices
+        }
 
     @property
     def enabled_shared_devices(self) -> tuple[SharedDevice, ...]:

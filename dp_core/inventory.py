@@ -134,7 +134,7 @@ def build_inventory(
     # share its strings instead of keeping a second copy per device.
     nodes = {node: node for node in snapshot.dev_nodes}
     groups = {group.number: group for group in snapshot.iommu_groups}
-    entries = _pci_entries(config)
+    entries = config.pci_selectors()
     for pci in sorted(snapshot.pci_devices, key=_address_key):
         # Most hosts bind nothing: skip hashing 4,096 addresses for an empty plan.
         bind = bindings.get(pci.address) if bindings else None
@@ -175,16 +175,6 @@ def build_inventory(
         for name, (kind, devices, permissions) in sorted(collected.items())
     )
     return Inventory(resources, tuple(skipped))
-
-
-def _pci_entries(config: Config) -> dict[tuple[int, int], PciHostDevice]:
-    """Selector -> entry; selectors are unique (PermittedHostDevices checks)."""
-    if config.permitted_host_devices is None:
-        return {}
-    return {
-        (e.pci_vendor_selector.vendor, e.pci_vendor_selector.device): e
-        for e in config.permitted_host_devices.pci_host_devices
-    }
 
 
 def _address_key(pci: PciDevice) -> tuple[int, int, int, int]:

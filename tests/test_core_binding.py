@@ -331,7 +331,7 @@ def test_only_selected_devices_that_can_end_up_usable_are_bound(
     for address in plan:
         device = snap.device(address)
         assert device is not None and not device.is_bridge
-        entry = config_.pci_entry(device.pci_id)
+        entry = config_.pci_selectors().get((device.vendor, device.device))
         assert entry is not None and not entry.external_resource_provider
     for address in binds:
         device = snap.device(address)
