@@ -171,12 +171,9 @@ class BindingBook:
     """Binds in flight and binds that failed, by function address."""
 
     def __init__(self) -> None:
-        self.in_flight: dict[PciAddress, BindDecision] = {}
+        self.in_flight: set[PciAddress] = set()
         self.failed: dict[PciAddress, str] = {}
         self.refusals: dict[PciAddress, str] = {}  # last refusal logged, to log changes only
-
-    def forget_failures(self) -> None:
-        self.failed.clear()
 
     def forget_gone(self, present: set[PciAddress]) -> None:
         """A function that left the host and came back is a new device: try it again."""

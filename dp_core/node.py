@@ -121,7 +121,7 @@ class Node:
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
-        self.binding = BindingBook()
+        self.bind_book = BindingBook()
         self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
             socket_mode, dial_wait=self.timing.dial_wait, backoff=self.timing.backoff
@@ -195,7 +195,7 @@ class Node:
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
         self.config = event.config
         self.pci_names = event.pci_names
-        self.binding.forget_failures()
+        self.bind_book.failed.clear()
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:
@@ -219,7 +219,7 @@ class Node:
     # -- binding (DESIGN.md §6) -------------------------------------------------
 
     def _plan_bindings(self) -> list[Effect]:
-        book = self.binding
+        book = self.bind_book
         if book.failed or book.refusals:
             book.forget_gone({pci.address for pci in self.snapshot.pci_devices})
         self.bindings = plan_bindings(self.snapshot, self.config, book.failed)
@@ -228,7 +228,7 @@ class Node:
             if decision.binds:
                 book.refusals.pop(address, None)
                 if address not in book.in_flight:
-                    book.in_flight[address] = decision
+                    book.in_flight.add(address)
                     effects.append(
                         Log.info("bind", device=str(address), driver=decision.driver or "none")
                     )
@@ -241,12 +241,12 @@ class Node:
         return effects
 
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
-        decision = self.binding.in_flight.pop(event.address, None)
-        if decision is None:
+        if event.address not in self.bind_book.in_flight:
             raise UsageError(f"no bind of {event.address} is in flight")
+        self.bind_book.in_flight.discard(event.address)
         if event.error is None:
             return [Log.info("bound", device=str(event.address), driver="vfio-pci")]
-        self.binding.failed[event.address] = event.error
+        self.bind_book.failed[event.address] = event.error
         return [Log.warning("bind-failed", device=str(event.address), reason=event.error)]
 
     def _effective(
