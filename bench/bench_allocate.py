@@ -23,9 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import (  # noqa: E402
+    CLK_TCK,
     bench_config,
     bench_topology,
     percentile,
+    proc_cpu_ticks,
     resource_names,
     serve_command,
     server_env,
@@ -34,12 +36,6 @@ from bench_serve import (  # noqa: E402
 
 from dp_server.emulator import KubeletEmulator  # noqa: E402
 from dp_server.topology import write_sysfs  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
@@ -58,7 +54,7 @@ def one_run(host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
             for name in names:  # warm-up, not counted
                 emulator.allocate(name, [devices[name][-1]])
             time.sleep(0.5)
-            before = cpu_seconds(server.pid)
+            before = proc_cpu_ticks(server.pid)
             latencies = []
             for i in range(calls):
                 name = names[i % len(names)]
@@ -66,7 +62,7 @@ def one_run(host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
                 t0 = time.perf_counter()
                 emulator.allocate(name, [device])
                 latencies.append((time.perf_counter() - t0) * 1000.0)
-            cpu = (cpu_seconds(server.pid) - before) / calls * 1e6
+            cpu = (proc_cpu_ticks(server.pid) - before) / CLK_TCK / calls * 1e6
         finally:
             server.terminate()
             server.wait(10)
