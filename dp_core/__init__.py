@@ -70,10 +70,12 @@ from .inventory import (
     SkippedDevice,
     build_inventory,
 )
+from .metrics import MetricFamily, Sample, collect
 from .names import endpoint_name, min_endpoint_length
 from .node import Node, Timing
 from .pci import PciAddress, PciDevice, PciId
 from .registration import Backoff, Phase, SocketMode
+from .tally import Tally
 
 __all__ = [
     "DEFAULT_SHARED_DEVICES",
@@ -114,6 +116,7 @@ __all__ = [
     "MdevDevice",
     "MdevType",
     "MediatedDevice",
+    "MetricFamily",
     "Naming",
     "Node",
     "OptionsRequested",
@@ -136,18 +139,21 @@ __all__ = [
     "Reject",
     "Reply",
     "ReportUnhealthy",
+    "Sample",
     "Resource",
     "ScanProblem",
     "SharedDevice",
     "SkippedDevice",
     "SocketMode",
     "StatusCode",
+    "Tally",
     "Tick",
     "Timing",
     "UsageError",
     "WatchEnded",
     "WatchStarted",
     "build_inventory",
+    "collect",
     "container_allocation",
     "endpoint_name",
     "plan_bindings",

@@ -61,6 +61,7 @@ from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
+from .tally import Tally
 
 __all__ = ["Node", "Timing"]
 
@@ -127,6 +128,7 @@ class Node:
             socket_mode, dial_wait=self.timing.dial_wait, backoff=self.timing.backoff
         )
         self.allocations = AllocationBook(self.timing.release_grace)
+        self.tally = Tally()
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
         self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
@@ -170,6 +172,7 @@ class Node:
             self._now = now
         effects = handler(event)
         effects.extend(self._start_due_registrations())
+        self.tally.observe(event, effects, self.registrar.owner)
         return effects
 
     def next_deadline(self) -> float | None:

@@ -42,6 +42,7 @@ from dp_core import (
     build_inventory,
 )
 from dp_core.names import resource_name_error
+from dp_core.tally import RPC_METHODS
 
 from core_builders import (
     PCI_NAMES,
@@ -148,8 +149,12 @@ class Invariants:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.bound: dict[int, str] = {}  # connection -> resource, since the last restart
+        self.calls: Counter[tuple[str, bool]] = Counter()  # (method, answered) -> count
+        self.handed_out = 0
+        self.last_rpcs: Counter[tuple[str, str, str]] = Counter()
 
     def check(self, event: Input, effects: list[Effect]) -> None:
+        self.counted(event, effects)
         self.answers_exactly_the_call(event, effects)
         self.registration(event, effects)
         self.connections(event, effects)
@@ -174,6 +179,30 @@ class Invariants:
                 # Served, then ended because its resource registers again right away.
                 assert effects.index(ended[0]) > effects.index(opened[0])
                 assert opened[0].resource in {r.resource for r in effects_of(effects, Register)}
+
+    def counted(self, event: Input, effects: list[Effect]) -> None:
+        """Count, from the effects, what the tally should have counted."""
+        if isinstance(event, (*RPC_INPUTS, WatchStarted)):
+            served = bool(effects_of(effects, Reply)) or (
+                isinstance(event, WatchStarted)
+                and any(p.stream == event.stream for p in effects_of(effects, Publish))
+            )
+            self.calls[RPC_METHODS[type(event)], served] += 1
+            if served and isinstance(event, AllocateRequested):
+                self.handed_out += sum(len(ids) for ids in event.containers)
+
+    def tally_agrees(self) -> None:
+        """After a batch of inputs: the tally matches the count kept here, and only grew."""
+        tally = self.node.tally
+        by_method: Counter[tuple[str, bool]] = Counter()
+        for (method, resource, code), count in tally.rpcs.items():
+            by_method[method, code == "OK"] += count
+            if code == "OK":
+                assert resource in self.node.registrar.phases(), (method, resource)
+        assert by_method == self.calls
+        assert sum(tally.allocated_devices.values()) == self.handed_out
+        assert all(count >= self.last_rpcs[key] for key, count in self.last_rpcs.items())
+        self.last_rpcs = Counter(tally.rpcs)
 
     def registration(self, event: Input, effects: list[Effect]) -> None:
         phases = self.node.registrar.phases()
@@ -260,6 +289,7 @@ def run_invariants(
     for _ in range(data.draw(st.integers(0, 60))):
         for event, effects in kubelet.step():
             invariants.check(event, effects)
+        invariants.tally_agrees()
     return kubelet
 
 

@@ -1,0 +1,198 @@
+"""What a Node reports to monitoring, as metric families.
+
+`collect(node)` reads the Node's state (gauges) and its `Tally` (counters)
+into plain `MetricFamily` values. The names, label sets and help texts here
+are dp's monitoring interface; rendering them in Prometheus' text format is the
+shell's job, so another shell can export them another way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import Literal
+
+import attrs
+
+from .node import Node
+from .registration import Phase
+
+__all__ = ["MetricFamily", "Sample", "collect"]
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _check_labels(instance: object, attribute: object, labels: Labels) -> None:
+    for name, _ in labels:
+        if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ValueError(f"{name!r} is not a metric label name")
+
+
+@attrs.frozen
+class Sample:
+    """One value of a family, with its labels in a fixed order."""
+
+    labels: Labels = attrs.field(validator=_check_labels)
+    value: float
+
+
+def _check_name(instance: MetricFamily, attribute: object, name: str) -> None:
+    if not _METRIC_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a metric name")
+    if instance.kind == "counter" and not name.endswith("_total"):
+        raise ValueError(f"counter {name!r} must end in _total")
+
+
+@attrs.frozen
+class MetricFamily:
+    kind: Literal["gauge", "counter"] = attrs.field(
+        validator=attrs.validators.in_(("gauge", "counter"))
+    )
+    name: str = attrs.field(validator=_check_name)
+    help: str
+    samples: tuple[Sample, ...]
+
+
+def _family(
+    kind: Literal["gauge", "counter"],
+    name: str,
+    text: str,
+    samples: Iterable[tuple[Labels, float]],
+) -> MetricFamily:
+    return MetricFamily(kind, name, text, tuple(Sample(labels, value) for labels, value in samples))
+
+
+def _per_resource(node: Node) -> list[MetricFamily]:
+    names = node.resource_names()
+    held: Counter[str] = Counter()
+    for allocation in node.allocations.all():
+        held[allocation.resource] += len(allocation.device_ids)
+    phases = node.registrar.phases()
+    devices = []
+    for name in names:
+        advertised = node.advertised(name)
+        healthy = sum(1 for device in advertised if device.healthy)
+        devices.append(((("resource", name), ("health", "healthy")), healthy))
+        devices.append(((("resource", name), ("health", "unhealthy")), len(advertised) - healthy))
+    return [
+        _family(
+            "gauge",
+            "dp_resource_devices",
+            "Devices a resource advertises to the kubelet, by health.",
+            devices,
+        ),
+        _family(
+            "gauge",
+            "dp_resource_allocated_devices",
+            "Devices of a resource that dp handed out and has not seen released.",
+            [((("resource", name),), held[name]) for name in names],
+        ),
+        _family(
+            "gauge",
+            "dp_resource_registration_phase",
+            "1 for the phase a resource's registration with the kubelet is in, else 0.",
+            (
+                ((("resource", name), ("phase", phase.value)), int(phases.get(name) is phase))
+                for name in names
+                for phase in Phase
+            ),
+        ),
+        _family(
+            "gauge",
+            "dp_resource_streams",
+            "ListAndWatch streams the kubelet has open for a resource.",
+            [((("resource", name),), len(node.streams(name))) for name in names],
+        ),
+    ]
+
+
+def _node_wide(node: Node) -> list[MetricFamily]:
+    tally = node.tally
+    return [
+        _family(
+            "gauge",
+            "dp_skipped_devices",
+            "Selected devices dp does not advertise; `dp-server scan` says why.",
+            [((), len(node.inventory.skipped))],
+        ),
+        _family(
+            "gauge",
+            "dp_host_scan_problems",
+            "Entries the last host scan could not read (malformed or vanished sysfs).",
+            [((), len(node.snapshot.problems))],
+        ),
+        _family(
+            "gauge",
+            "dp_binds",
+            "Functions dp is moving to vfio-pci now (in_flight) or failed to move (failed).",
+            [
+                ((("state", "in_flight"),), len(node.bind_book.in_flight)),
+                ((("state", "failed"),), len(node.bind_book.failed)),
+            ],
+        ),
+        _family(
+            "counter",
+            "dp_rpcs_total",
+            "Device-plugin RPCs the kubelet made, by method, resource and status code "
+            "(resource empty when the connection could not be attributed).",
+            (
+                ((("method", method), ("resource", resource), ("code", code)), count)
+                for (method, resource, code), count in sorted(tally.rpcs.items())
+            ),
+        ),
+        _family(
+            "counter",
+            "dp_allocated_devices_total",
+            "Devices handed out by successful Allocate calls.",
+            (((("resource", r),), n) for r, n in sorted(tally.allocated_devices.items())),
+        ),
+        _family(
+            "counter",
+            "dp_registrations_total",
+            "Register calls to the kubelet that ended, by resource and result.",
+            (
+                ((("resource", r), ("result", "ok" if ok else "failed")), n)
+                for (r, ok), n in sorted(tally.registrations.items())
+            ),
+        ),
+        _family(
+            "counter",
+            "dp_health_changes_total",
+            "Devices that turned healthy or unhealthy, by resource and new health "
+            "(a device first seen unhealthy counts).",
+            (
+                ((("resource", r), ("health", "healthy" if ok else "unhealthy")), n)
+                for (r, ok), n in sorted(tally.health_changes.items())
+            ),
+        ),
+        _family(
+            "counter",
+            "dp_binds_total",
+            "Moves of a function to vfio-pci that dp carried out, by result.",
+            (
+                ((("result", "ok" if ok else "failed"),), n)
+                for ok, n in sorted(tally.bindings.items())
+            ),
+        ),
+        _family(
+            "counter",
+            "dp_kubelet_starts_total",
+            "Times kubelet.sock appeared, the first included: each makes dp register again.",
+            [((), tally.kubelet_starts)],
+        ),
+        _family(
+            "counter",
+            "dp_host_scans_total",
+            "Host scans the core was given.",
+            [((), tally.host_scans)],
+        ),
+    ]
+
+
+def collect(node: Node) -> tuple[MetricFamily, ...]:
+    """Every dp metric family of `node`, in a stable order."""
+    return (*_per_resource(node), *_node_wide(node))
