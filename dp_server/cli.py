@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--rescan-interval", type=float, default=30.0, help="seconds between host rescans"
     )
+    serve.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz over HTTP here, e.g. :9475 (default: off)",
+    )
     _log_arguments(serve)
 
     demo = commands.add_parser(
@@ -115,8 +121,16 @@ def _scan(args: argparse.Namespace) -> int:
 
 async def _serve_until_signalled(args: argparse.Namespace) -> int:
     from .runtime import Runtime, Settings, SettingsError
+    from .status import parse_address
 
     config, names = load_settings(args.config)
+    metrics_address = None
+    if args.metrics_address is not None:
+        try:
+            metrics_address = parse_address(args.metrics_address)
+        except ValueError as error:
+            print(f"dp-server: --metrics-address: {error}", file=sys.stderr)
+            return EXIT_CONFIG
     settings = Settings(
         sysfs=args.sysfs,
         dev=args.dev,
@@ -125,6 +139,7 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         socket_mode=SocketMode(args.socket_mode),
         rescan_interval=args.rescan_interval,
         config_path=args.config,
+        metrics_address=metrics_address,
     )
     try:
         runtime = Runtime(
@@ -136,7 +151,11 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runtime.stop)
-    await runtime.run()
+    try:
+        await runtime.run()
+    except SettingsError as error:
+        print(f"dp-server: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     return 0
 
 

@@ -68,6 +68,7 @@ from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
 from .sockets import PluginSockets, socket_identity
+from .status import StatusEndpoint, start_status
 from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
 from .watcher import DirectoryWatcher
@@ -110,6 +111,8 @@ class Settings:
     timing: Timing = Timing()
     # Watched for changes when set; a ConfigMap update swaps a symlink in its directory.
     config_path: str | None = None
+    # Where /metrics, /healthz and /readyz are served; None: nowhere.
+    metrics_address: tuple[str, int] | None = None
 
 
 class SettingsError(ValueError):
@@ -184,6 +187,9 @@ class Runtime:
         self._last_pod_poll = -1e9
         self._pod_poll_warned = False
         self.ready = asyncio.Event()
+        self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
+        self._timer: asyncio.Task[None] | None = None
+        self._status: StatusEndpoint | None = None
 
     # -- feeding the core ------------------------------------------------------
 
@@ -417,10 +423,12 @@ class Runtime:
             self._safely(self.rescan)
 
     def rescan(self) -> None:
+        started = time.perf_counter()
         shared_paths = [device.path for device in self.config.enabled_shared_devices]
         snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
         self.feed(HostObserved(snapshot, self.now()))
         self._next_rescan = self.now() + self.settings.rescan_interval
+        self.last_rescan = (self.now(), time.perf_counter() - started)
         # The host model is thousands of long-lived objects; left to the cyclic
         # collector, each full collection walks them all, in the middle of some
         # Allocate. Collect here instead, between requests, and keep what
@@ -554,13 +562,21 @@ class Runtime:
 
     async def run(self) -> None:
         """Serve until `stop()`; then end streams, close and remove sockets."""
+        if self.settings.metrics_address is not None:
+            host, port = self.settings.metrics_address
+            try:
+                self._status = await start_status(self, (host, port))
+            except OSError as error:
+                raise SettingsError(
+                    f"--metrics-address {host}:{port}: cannot listen: {error.strerror or error}"
+                ) from error
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._sockets.remove_stale()
         self.rescan()
         if self.settings.socket_mode is SocketMode.SINGLE:
             await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
         self._spawn(self._watch_files())
-        self._spawn(self._timer_loop())
+        self._timer = self._spawn(self._timer_loop())
         await self._check_sockets()
         self.ready.set()
         try:
@@ -586,7 +602,18 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._watcher is not None:
             self._watcher.stop()
+        if self._status is not None:
+            await self._status.close()
         _log.info("stopped")
+
+    def timer_stopped(self) -> bool:
+        """True once the loop that drives rescans, ticks and polls has ended."""
+        return self._timer is not None and self._timer.done()
+
+    @property
+    def status_address(self) -> tuple[str, int] | None:
+        """Where /metrics is served, once `run()` has started it (port 0 resolved)."""
+        return self._status.address if self._status is not None else None
 
     @property
     def socket_paths(self) -> list[Path]:
