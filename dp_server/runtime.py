@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import attrs
 import grpclib.server
 from grpclib.client import Channel
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.exceptions import GRPCError
 
 from dp_core import (
     AllocationsObserved,
@@ -63,7 +63,7 @@ from dp_core import (
 from . import wire
 from .binder import Binder
 from .logs import emit
-from .proto import v1 as podresources
+from .pod_resources import PodResourcesPoller, describe_error
 from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
@@ -183,9 +183,11 @@ class Runtime:
         self._channel_users: dict[Channel, int] = {}
         self._encoded_lists: dict[str, tuple[object, bytes]] = {}
         self._next_rescan = 0.0
-        self._next_pod_poll: float | None = None
-        self._last_pod_poll = -1e9
-        self._pod_poll_warned = False
+        self._pods = PodResourcesPoller(
+            settings.pod_resources_socket,
+            settings.pod_resources_interval,
+            settings.pod_resources_min_gap,
+        )
         self.ready = asyncio.Event()
         self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
         self._timer: asyncio.Task[None] | None = None
@@ -231,9 +233,7 @@ class Runtime:
         elif isinstance(effect, Log):
             emit(effect)
         elif isinstance(effect, RefreshAllocations):
-            self._next_pod_poll = max(
-                self.now(), self._last_pod_poll + self.settings.pod_resources_min_gap
-            )
+            self._pods.request(self.now())
         elif isinstance(effect, BindDevice):
             self._binds_pending += 1
             self._spawn(self._bind(effect))
@@ -396,7 +396,7 @@ class Runtime:
         except Exception as error:  # noqa: BLE001 - every failure must reach the core
             if not isinstance(error, GRPCError) and channel is self._kubelet_channel:
                 self._retire_kubelet_channel()
-            reason = _describe(error)
+            reason = describe_error(error)
             self.feed(RegistrationFailed(effect.resource, effect.attempt, reason, self.now()))
         else:
             self.feed(RegistrationSucceeded(effect.resource, effect.attempt, self.now()))
@@ -444,48 +444,16 @@ class Runtime:
         self._scanned = True
 
     async def _poll_pod_resources(self) -> None:
-        self._last_pod_poll = self.now()
-        self._next_pod_poll = None
-        channel = Channel(path=self.settings.pod_resources_socket)
-        try:
-            stub = podresources.PodResourcesListerStub(channel)
-            response = await stub.list(podresources.ListPodResourcesRequest(), timeout=5)
-        except (TimeoutError, GRPCError, OSError, StreamTerminatedError) as error:
-            if not self._pod_poll_warned:
-                _log.warning(
-                    "pod-resources-unavailable",
-                    extra={
-                        "dp_fields": {
-                            "socket": self.settings.pod_resources_socket,
-                            "reason": _describe(error),
-                            "effect": "IOMMU group reservations are kept until it answers",
-                        }
-                    },
-                )
-                self._pod_poll_warned = True
-            return
-        finally:
-            channel.close()
-        self._pod_poll_warned = False
-        self.feed(AllocationsObserved(wire.held_devices(response), self.now()))
+        held = await self._pods.poll(self.now())
+        if held is not None:
+            self.feed(AllocationsObserved(held, self.now()))
 
     # -- loops -------------------------------------------------------------------------
 
-    def _pod_poll_at(self) -> float | None:
-        """When PodResources should be asked next; None while nothing is reserved."""
-        candidates = []
-        if len(self.node.allocations):
-            release = self.node.allocations.next_release_check() or self.now()
-            candidates.append(
-                max(release, self._last_pod_poll + self.settings.pod_resources_interval)
-            )
-        if self._next_pod_poll is not None:
-            candidates.append(self._next_pod_poll)
-        return min(candidates) if candidates else None
-
     def _deadline(self) -> float:
         candidates = [self._next_rescan]
-        for deadline in (self.node.next_deadline(), self._pod_poll_at()):
+        pod_poll = self._pods.due_at(self.node.allocations, self.now())
+        for deadline in (self.node.next_deadline(), pod_poll):
             if deadline is not None:
                 candidates.append(deadline)
         return min(candidates)
@@ -508,10 +476,9 @@ class Runtime:
                 self._safely(self.rescan)
                 # Should a file event ever be missed, the periodic look catches it.
                 self._spawn(self._check_sockets())
-            poll_at = self._pod_poll_at()
-            if poll_at is not None and poll_at <= now:
-                if now - self._last_pod_poll >= self.settings.pod_resources_min_gap:
-                    self._spawn(self._poll_pod_resources())
+            poll_at = self._pods.due_at(self.node.allocations, now)
+            if poll_at is not None and poll_at <= now and self._pods.may_poll(now):
+                self._spawn(self._poll_pod_resources())
 
     def _safely(self, action: Callable[[], None]) -> None:
         try:
@@ -618,11 +585,3 @@ class Runtime:
     @property
     def socket_paths(self) -> list[Path]:
         return self._sockets.paths
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, GRPCError):
-        return f"{error.status.name}: {error.message}"
-    if isinstance(error, asyncio.TimeoutError):
-        return "timed out"
-    return f"{type(error).__name__}: {error}"
