@@ -41,6 +41,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 NAMESPACE = "dp-system"
 CONFIG_PATH = "/etc/dp/config.yaml"
+METRICS_PORT = 9475
 
 
 # --- a small Containerfile parser ---------------------------------------------------
@@ -892,7 +893,15 @@ def _container(daemonset: dict[str, Any]) -> dict[str, Any]:
 def test_daemonset_container(daemonset: dict[str, Any], containerfile: Containerfile) -> None:
     container = _container(daemonset)
     assert container["image"] == f"ghcr.io/example/dp:{PYPROJECT['project']['version']}"
-    assert container["args"] == ["serve", "--config", CONFIG_PATH, "--log-format", "json"]
+    assert container["args"] == [
+        "serve",
+        "--config",
+        CONFIG_PATH,
+        "--log-format",
+        "json",
+        "--metrics-address",
+        f":{METRICS_PORT}",
+    ]
     # args replace the image's CMD; the ENTRYPOINT (dp-server) stays.
     assert "command" not in container
     cmd = containerfile.final.last("CMD")
@@ -908,8 +917,14 @@ def test_daemonset_container(daemonset: dict[str, Any], containerfile: Container
         "requests": {"cpu": "10m", "memory": "32Mi"},
         "limits": {"memory": "64Mi"},
     }
-    # The kubelet's registration is the health signal; no probe re-reads sysfs.
-    assert "livenessProbe" not in container
+    # The probes ask dp's own HTTP endpoint, on the port its flag names.
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
+    ]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
 
 
 def test_daemonset_volumes(daemonset: dict[str, Any], configmap: dict[str, Any]) -> None:
@@ -968,6 +983,7 @@ def test_daemonset_args_are_accepted_by_the_cli() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--config" in result.stdout
     assert "--log-format" in result.stdout
+    assert "--metrics-address" in result.stdout
 
 
 def _replace(document: Any, pointer: str, value: Any) -> None:
