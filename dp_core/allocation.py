@@ -21,6 +21,7 @@ from .names import env_var_name
 __all__ = [
     "Allocation",
     "AllocationBook",
+    "as_advertised",
     "container_allocation",
     "preferred_devices",
 ]
@@ -229,3 +230,19 @@ def _pack_groups(
                 return picks
             picks.append(device)
     return picks
+
+
+def as_advertised(
+    resource: str, device: AdvertisedDevice, reserved: Mapping[int, Allocation]
+) -> AdvertisedDevice:
+    """`device` as `resource` advertises it while `reserved` groups are held."""
+    holder = reserved.get(device.iommu_group) if device.iommu_group is not None else None
+    if holder is None or not device.healthy:
+        return device
+    if holder.resource == resource and device.id in holder.device_ids:
+        return device
+    return attrs.evolve(
+        device,
+        healthy=False,
+        reason=f"IOMMU group {device.iommu_group} is held by {holder.describe()}",
+    )

@@ -8,12 +8,19 @@ the ListAndWatch streams. The shell feeds it and executes what it returns.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
+from .allocation import (
+    Allocation,
+    AllocationBook,
+    as_advertised,
+    container_allocation,
+    preferred_devices,
+)
 from .binding import BindDecision, BindingBook, plan_bindings
 from .config import Config
 from .effects import (
@@ -81,16 +88,6 @@ def _show(device_id: str) -> str:
     if len(device_id) <= _SHOWN_ID_LENGTH:
         return repr(device_id)
     return f"{device_id[:_SHOWN_ID_LENGTH]!r}... ({len(device_id)} characters)"
-
-
-def _repeated(items: Sequence[str]) -> set[str]:
-    seen: set[str] = set()
-    repeated: set[str] = set()
-    for item in items:
-        if item in seen:
-            repeated.add(item)
-        seen.add(item)
-    return repeated
 
 
 class _Rejection(Exception):
@@ -257,7 +254,7 @@ class Node:
     ) -> tuple[AdvertisedDevice, ...]:
         if not reserved or resource.kind is DeviceKind.SHARED:
             return resource.devices
-        return tuple(_as_advertised(resource.name, device, reserved) for device in resource.devices)
+        return tuple(as_advertised(resource.name, device, reserved) for device in resource.devices)
 
     def _refresh_groups(self, groups: Iterable[int]) -> list[Effect]:
         """`_refresh` for an allocation change: only groups it touched can change
@@ -270,7 +267,7 @@ class Node:
             for name, index in self._group_members.get(group, ()):
                 published = self._published.get(name, ())
                 device = self._by_name[name].devices[index]
-                if index >= len(published) or published[index] != _as_advertised(
+                if index >= len(published) or published[index] != as_advertised(
                     name, device, reserved
                 ):
                     changed.add(name)
@@ -436,17 +433,30 @@ class Node:
             f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
         )
 
-    def _answer(self, call: int, connection: int, work: Callable[[str], Answer]) -> list[Effect]:
+    def _answer(
+        self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
+    ) -> list[Effect]:
         try:
             resource, effects = self._resource_for(connection)
             answer = work(resource)
         except _Rejection as rejection:
-            return [Reject(call, rejection.status, rejection.message)]
+            return [
+                Reject(call, rejection.status, rejection.message),
+                Log.warning(
+                    "rejected",
+                    rpc=rpc,
+                    resource=self.registrar.owner(connection) or "",
+                    status=rejection.status.name,
+                    reason=rejection.message,
+                ),
+            ]
         effects.append(Reply(call, answer))
         return effects
 
     def _options_requested(self, event: OptionsRequested) -> list[Effect]:
-        return self._answer(event.call, event.connection, self._options_for)
+        return self._answer(
+            "GetDevicePluginOptions", event.call, event.connection, self._options_for
+        )
 
     def _watch_started(self, event: WatchStarted) -> list[Effect]:
         try:
@@ -474,8 +484,8 @@ class Node:
                     f"unknown device ID {_show(device_id)} for resource {resource}",
                 )
             found.append(device)
-        duplicates = sorted(_repeated(device_ids))
-        if duplicates:
+        if len(set(device_ids)) != len(device_ids):
+            duplicates = sorted(d for d, n in Counter(device_ids).items() if n > 1)
             raise _Rejection(
                 StatusCode.INVALID_ARGUMENT,
                 f"device ID {_show(duplicates[0])} is requested twice for resource {resource}",
@@ -491,7 +501,7 @@ class Node:
                 answers.append(preferred_devices(available, must, container.size))
             return PreferredAnswer(tuple(answers))
 
-        return self._answer(event.call, event.connection, work)
+        return self._answer("GetPreferredAllocation", event.call, event.connection, work)
 
     def _allocate_requested(self, event: AllocateRequested) -> list[Effect]:
         logs: list[Effect] = []
@@ -551,7 +561,7 @@ class Node:
                 )
             return AllocateAnswer(tuple(answers))
 
-        effects = self._answer(event.call, event.connection, work)
+        effects = self._answer("Allocate", event.call, event.connection, work)
         effects.extend(logs)
         if any(isinstance(e, Reply) for e in effects):
             effects.extend(self._refresh_groups(touched))
@@ -562,7 +572,7 @@ class Node:
             self._lookup(resource, event.device_ids)
             return PreStartAnswer()
 
-        return self._answer(event.call, event.connection, work)
+        return self._answer("PreStartContainer", event.call, event.connection, work)
 
     def _allocations_observed(self, event: AllocationsObserved) -> list[Effect]:
         released = self.allocations.release_unheld(event.held, event.now)
@@ -592,19 +602,3 @@ class Node:
             ),
             self.inventory.skipped,
         )
-
-
-def _as_advertised(
-    resource: str, device: AdvertisedDevice, reserved: Mapping[int, Allocation]
-) -> AdvertisedDevice:
-    """`device` as `resource` advertises it while `reserved` groups are held."""
-    holder = reserved.get(device.iommu_group) if device.iommu_group is not None else None
-    if holder is None or not device.healthy:
-        return device
-    if holder.resource == resource and device.id in holder.device_ids:
-        return device
-    return attrs.evolve(
-        device,
-        healthy=False,
-        reason=f"IOMMU group {device.iommu_group} is held by {holder.describe()}",
-    )

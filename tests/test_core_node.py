@@ -222,6 +222,16 @@ def test_rpcs_on_an_unattributed_connection_are_unavailable(index: int) -> None:
     reject = one(effects, Reject)
     assert reject.call == 55 and reject.status is StatusCode.UNAVAILABLE
     assert len(node.allocations) == 0
+    # The operator sees it in dp's log too, with the method and no resource.
+    log = one(effects, Log)
+    rpc = ["GetDevicePluginOptions", "Allocate", "GetPreferredAllocation", "PreStartContainer"]
+    assert (log.level, log.event) == ("warning", "rejected")
+    assert dict(log.fields) == {
+        "rpc": rpc[index],
+        "resource": "",
+        "status": "UNAVAILABLE",
+        "reason": reject.message,
+    }
 
 
 @pytest.mark.parametrize(
@@ -244,6 +254,8 @@ def test_prestart_validates_ids(
     else:
         reject = one(effects, Reject)
         assert reject.status is status and part is not None and part in reject.message
+        fields = dict(one(effects, Log).fields)
+        assert fields["resource"] == GPU_RESOURCE and fields["reason"] == reject.message
 
 
 # ---------------------------------------------------------------------------
