@@ -17,6 +17,7 @@ import attrs
 
 from .node import Node
 from .registration import Phase
+from .tally import OK, RPC_METHODS
 
 __all__ = ["MetricFamily", "Sample", "collect"]
 
@@ -72,17 +73,29 @@ def _per_resource(node: Node) -> list[MetricFamily]:
     for allocation in node.allocations.all():
         held[allocation.resource] += len(allocation.device_ids)
     phases = node.registrar.phases()
-    devices = []
+    # Healthy before reservations: a device whose group another allocation
+    # holds is Unhealthy to the kubelet, but it is reserved, not broken.
+    usable = {
+        resource.name: {device.id for device in resource.devices if device.healthy}
+        for resource in node.inventory.resources
+    }
+    devices: list[tuple[Labels, float]] = []
     for name in names:
-        advertised = node.advertised(name)
-        healthy = sum(1 for device in advertised if device.healthy)
-        devices.append(((("resource", name), ("health", "healthy")), healthy))
-        devices.append(((("resource", name), ("health", "unhealthy")), len(advertised) - healthy))
+        health: Counter[str] = Counter({"healthy": 0, "unhealthy": 0, "reserved": 0})
+        for device in node.advertised(name):
+            if device.healthy:
+                health["healthy"] += 1
+            elif device.id in usable.get(name, ()):
+                health["reserved"] += 1
+            else:
+                health["unhealthy"] += 1
+        devices.extend(((("resource", name), ("health", h)), n) for h, n in health.items())
     return [
         _family(
             "gauge",
             "dp_resource_devices",
-            "Devices a resource advertises to the kubelet, by health.",
+            "Devices a resource advertises to the kubelet: healthy, unhealthy, or reserved "
+            "(Unhealthy to the kubelet while another allocation holds their IOMMU group).",
             devices,
         ),
         _family(
@@ -112,6 +125,13 @@ def _per_resource(node: Node) -> list[MetricFamily]:
 
 def _node_wide(node: Node) -> list[MetricFamily]:
     tally = node.tally
+    errors: Counter[str] = Counter()
+    unattributed = 0
+    for (method, resource, code), count in tally.rpcs.items():
+        if code != OK:
+            errors[method] += count
+        if not resource:
+            unattributed += count
     return [
         _family(
             "gauge",
@@ -127,7 +147,7 @@ def _node_wide(node: Node) -> list[MetricFamily]:
         ),
         _family(
             "gauge",
-            "dp_binds",
+            "dp_bind_functions",
             "Functions dp is moving to vfio-pci now (in_flight) or failed to move (failed).",
             [
                 ((("state", "in_flight"),), len(node.bind_book.in_flight)),
@@ -143,6 +163,19 @@ def _node_wide(node: Node) -> list[MetricFamily]:
                 ((("method", method), ("resource", resource), ("code", code)), count)
                 for (method, resource, code), count in sorted(tally.rpcs.items())
             ),
+        ),
+        _family(
+            "counter",
+            "dp_rpc_errors_total",
+            "Device-plugin RPCs answered with an error, by method; every method is always "
+            "reported, so the first error shows as an increase.",
+            [((("method", method),), errors[method]) for method in sorted(RPC_METHODS.values())],
+        ),
+        _family(
+            "counter",
+            "dp_unattributed_rpcs_total",
+            "RPCs on a connection dp could not attribute to a resource (answered UNAVAILABLE).",
+            [((), unattributed)],
         ),
         _family(
             "counter",
@@ -162,8 +195,8 @@ def _node_wide(node: Node) -> list[MetricFamily]:
         _family(
             "counter",
             "dp_health_changes_total",
-            "Devices that turned healthy or unhealthy, by resource and new health "
-            "(a device first seen unhealthy counts).",
+            "Devices that turned healthy or unhealthy to the kubelet, by resource and new "
+            "health (a device first seen unhealthy, or reserved with its group, counts).",
             (
                 ((("resource", r), ("health", "healthy" if ok else "unhealthy")), n)
                 for (r, ok), n in sorted(tally.health_changes.items())

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
-        help="serve /metrics, /healthz and /readyz over HTTP here, e.g. :9475 (default: off)",
+        help="serve /metrics, /healthz and /readyz over HTTP here: :9475 (every address), "
+        "127.0.0.1:9475, [::1]:9475 (default: off)",
     )
     _log_arguments(serve)
 
@@ -99,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     # The demo prints its own report; only real trouble belongs on stderr.
     demo.set_defaults(log_level="error")
     return parser
+
+
+def parse_address(text: str) -> tuple[str | None, int]:
+    """`host:port`, `:port` (every address, IPv4 and IPv6) or `[v6]:port`, as (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (for example :9475 or 127.0.0.1:9475)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 host in brackets, as [{host}]:{port_text}")
+    return host or None, int(port_text)
 
 
 def _scan(args: argparse.Namespace) -> int:
@@ -121,7 +134,6 @@ def _scan(args: argparse.Namespace) -> int:
 
 async def _serve_until_signalled(args: argparse.Namespace) -> int:
     from .runtime import Runtime, Settings, SettingsError
-    from .status import parse_address
 
     config, names = load_settings(args.config)
     metrics_address = None

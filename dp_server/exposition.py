@@ -27,7 +27,10 @@ def _escape_label(value: str) -> str:
 
 
 def _number(value: float) -> str:
-    if isinstance(value, int) or (math.isfinite(value) and value.is_integer()):
+    if isinstance(value, int):
+        return str(value)
+    # Integral floats print as integers while exact; beyond 2**53 repr is honest.
+    if math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
         return str(int(value))
     if math.isnan(value):
         return "NaN"

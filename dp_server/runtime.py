@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import grpclib.server
@@ -68,10 +68,12 @@ from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
 from .sockets import PluginSockets, socket_identity
-from .status import StatusEndpoint, start_status
 from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
 from .watcher import DirectoryWatcher
+
+if TYPE_CHECKING:
+    from .status import StatusEndpoint
 
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings", "SettingsError"]
 
@@ -112,7 +114,7 @@ class Settings:
     # Watched for changes when set; a ConfigMap update swaps a symlink in its directory.
     config_path: str | None = None
     # Where /metrics, /healthz and /readyz are served; None: nowhere.
-    metrics_address: tuple[str, int] | None = None
+    metrics_address: tuple[str | None, int] | None = None  # host None: every address
 
 
 class SettingsError(ValueError):
@@ -191,7 +193,7 @@ class Runtime:
         self.ready = asyncio.Event()
         self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
         self._timer: asyncio.Task[None] | None = None
-        self._status: StatusEndpoint | None = None
+        self._status: StatusEndpoint | None = None  # serving /metrics, with --metrics-address
 
     # -- feeding the core ------------------------------------------------------
 
@@ -426,9 +428,10 @@ class Runtime:
         started = time.perf_counter()
         shared_paths = [device.path for device in self.config.enabled_shared_devices]
         snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
+        scanned_in = time.perf_counter() - started
         self.feed(HostObserved(snapshot, self.now()))
         self._next_rescan = self.now() + self.settings.rescan_interval
-        self.last_rescan = (self.now(), time.perf_counter() - started)
+        self.last_rescan = (self.now(), scanned_in)
         # The host model is thousands of long-lived objects; left to the cyclic
         # collector, each full collection walks them all, in the middle of some
         # Allocate. Collect here instead, between requests, and keep what
@@ -530,26 +533,36 @@ class Runtime:
     async def run(self) -> None:
         """Serve until `stop()`; then end streams, close and remove sockets."""
         if self.settings.metrics_address is not None:
-            host, port = self.settings.metrics_address
-            try:
-                self._status = await start_status(self, (host, port))
-            except OSError as error:
-                raise SettingsError(
-                    f"--metrics-address {host}:{port}: cannot listen: {error.strerror or error}"
-                ) from error
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self._sockets.remove_stale()
-        self.rescan()
-        if self.settings.socket_mode is SocketMode.SINGLE:
-            await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
-        self._spawn(self._watch_files())
-        self._timer = self._spawn(self._timer_loop())
-        await self._check_sockets()
+            await self._start_status(*self.settings.metrics_address)
+        try:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            self._sockets.remove_stale()
+            self.rescan()
+            if self.settings.socket_mode is SocketMode.SINGLE:
+                await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
+            self._spawn(self._watch_files())
+            self._timer = self._spawn(self._timer_loop())
+            await self._check_sockets()
+        except BaseException:
+            if self._status is not None:
+                await self._status.close()
+            raise
         self.ready.set()
         try:
             await self._stop.wait()
         finally:
             await self._shutdown()
+
+    async def _start_status(self, host: str | None, port: int) -> None:
+        # Imported here: without --metrics-address neither it nor h11 is loaded.
+        from .status import start_status
+
+        try:
+            self._status = await start_status(self, (host, port))
+        except OSError as error:
+            raise SettingsError(
+                f"--metrics-address {host or ''}:{port}: cannot listen: {error.strerror or error}"
+            ) from error
 
     def stop(self) -> None:
         if self._watcher is not None:

@@ -12,7 +12,6 @@ else the server does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Check",
     "StatusEndpoint",
-    "parse_address",
     "process_families",
     "runtime_health",
     "runtime_readiness",
@@ -47,6 +45,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _READ_SIZE = 8192
 _MAX_HEADER_BYTES = 16 * 1024
+_TEXT = "text/plain; charset=utf-8"
 
 
 @attrs.frozen
@@ -55,18 +54,6 @@ class Check:
 
     ok: bool
     detail: str
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`host:port`, `:port` (every interface) or `[v6]:port`, as (host, port)."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"{text!r} is not HOST:PORT (for example :9475 or 127.0.0.1:9475)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 host in brackets, as [{host}]:{port_text}")
-    return host or "0.0.0.0", int(port_text)  # noqa: S104 - the operator's choice; documented
 
 
 def _boot_time() -> float:
@@ -140,7 +127,14 @@ class _Route:
 
 
 class StatusEndpoint:
-    """Serves `/metrics`, `/healthz` and `/readyz` until closed."""
+    """Serves `/metrics`, `/healthz` and `/readyz` until closed.
+
+    A request must arrive whole within `request_timeout` of the connection
+    opening or of the previous answer, and a client must take each answer
+    within that time too; otherwise the connection is dropped. At most
+    `max_clients` connections are kept: a new one pushes out the oldest, so
+    stalled or slow clients can never keep a probe out.
+    """
 
     def __init__(
         self,
@@ -148,7 +142,7 @@ class StatusEndpoint:
         metrics: Callable[[], Iterable[MetricFamily]],
         health: Callable[[], Check],
         readiness: Callable[[], Check],
-        idle_timeout: float = 10.0,
+        request_timeout: float = 10.0,
         max_clients: int = 16,
     ) -> None:
         self._routes = {
@@ -156,56 +150,79 @@ class StatusEndpoint:
             "/healthz": _Route(check=health),
             "/readyz": _Route(check=readiness),
         }
-        self.idle_timeout = idle_timeout
+        self.request_timeout = request_timeout
         self.max_clients = max_clients
         self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.Task[None]] = set()
+        # Oldest first; a connection stays here until its task has ended.
+        self._clients: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.address: tuple[str, int] | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        """Listen on `host:port` (port 0: any free port; `address` says which)."""
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    async def start(self, host: str | None, port: int) -> None:
+        """Listen on `host:port`; None: every address, IPv4 and IPv6. Port 0: any free one."""
         self._server = await asyncio.start_server(self._client, host, port)
         bound = self._server.sockets[0].getsockname()
         self.address = (bound[0], bound[1])
-        _log.info("status-listening", extra={"dp_fields": {"address": f"{host}:{bound[1]}"}})
+        shown = f"{host or '*'}:{bound[1]}"
+        _log.info("status-listening", extra={"dp_fields": {"address": shown}})
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for task in list(self._clients):
-                task.cancel()
-            await asyncio.gather(*self._clients, return_exceptions=True)
-            await self._server.wait_closed()
+        if self._server is None:
+            return
+        self._server.close()
+        for task, writer in list(self._clients.items()):
+            writer.transport.abort()
+            task.cancel()
+        await asyncio.gather(*self._clients, return_exceptions=True)
+        await self._server.wait_closed()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._clients) >= self.max_clients:
+            oldest, oldest_writer = next(iter(self._clients.items()))
+            oldest_writer.transport.abort()
+            oldest.cancel()
+        self._clients[task] = writer
+        finished = False
         try:
-            if len(self._clients) >= self.max_clients:
-                return  # closed at once: a monitoring endpoint is no reason to run out of fds
-            self._clients.add(task)
             await self._converse(reader, writer)
-        except (OSError, TimeoutError):
-            pass  # the peer went away or stalled; nothing of ours is left half-done
+            finished = True
+        except (OSError, TimeoutError, h11.ProtocolError):
+            pass  # the peer went away, stalled or broke HTTP; nothing of ours is half-done
+        except asyncio.CancelledError:
+            pass  # closed or pushed out; this task is the connection's own, nobody awaits it
         finally:
-            self._clients.discard(task)
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            try:
+                if finished:
+                    writer.close()  # sends what is buffered (a last answer), then closes
+                    await asyncio.wait_for(writer.wait_closed(), self.request_timeout)
+            except (OSError, TimeoutError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.transport.abort()  # no-op once closed; never waits on the peer
+                del self._clients[task]
 
     async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEADER_BYTES)
+        deadline = loop.time() + self.request_timeout
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as error:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    await self._send(
-                        conn, writer, error.error_status_hint, f"bad request: {error}\n", close=True
-                    )
+                    message = f"bad request: {error}\n"
+                    await self._send(conn, writer, error.error_status_hint, message, close=True)
                 return
             if event is h11.NEED_DATA:
-                data = await asyncio.wait_for(reader.read(_READ_SIZE), self.idle_timeout)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError
+                data = await asyncio.wait_for(reader.read(_READ_SIZE), remaining)
                 conn.receive_data(data)
             elif isinstance(event, h11.Request):
                 await self._answer(conn, writer, event)
@@ -213,6 +230,7 @@ class StatusEndpoint:
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
+                deadline = loop.time() + self.request_timeout
             elif isinstance(event, h11.ConnectionClosed):
                 return
             if conn.our_state is h11.MUST_CLOSE:
@@ -222,24 +240,30 @@ class StatusEndpoint:
         self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request
     ) -> None:
         method = request.method.decode("ascii", "replace")
+        head = method == "HEAD"
         path = request.target.decode("ascii", "replace").partition("?")[0]
         route = self._routes.get(path)
         if route is None:
             known = ", ".join(sorted(self._routes))
-            await self._send(conn, writer, 404, f"no such path {path!r}; try {known}\n")
-        elif method not in ("GET", "HEAD"):
-            await self._send(
-                conn, writer, 405, f"{method} is not allowed on {path}; use GET\n", allow=True
-            )
-        elif route.metrics is not None:
-            body = render(route.metrics())
-            await self._send(conn, writer, 200, body, CONTENT_TYPE, head=method == "HEAD")
-        else:
-            assert route.check is not None
-            check = route.check()
-            await self._send(
-                conn, writer, 200 if check.ok else 503, check.detail + "\n", head=method == "HEAD"
-            )
+            text = f"no such path {path!r}; try {known}\n"
+            await self._send(conn, writer, 404, text, head=head)
+            return
+        if method not in ("GET", "HEAD"):
+            text = f"{method} is not allowed on {path}; use GET\n"
+            await self._send(conn, writer, 405, text, allow=True)
+            return
+        try:
+            if route.metrics is not None:
+                status, body, content_type = 200, render(route.metrics()), CONTENT_TYPE
+            else:
+                assert route.check is not None
+                check = route.check()
+                status, body = (200 if check.ok else 503), (check.detail + "\n").encode()
+                content_type = _TEXT
+        except Exception as error:  # noqa: BLE001 - answer it; the server goes on
+            _log.exception("status-failed", extra={"dp_fields": {"path": path}})
+            status, body, content_type = 500, f"{path} failed: {error!r}\n".encode(), _TEXT
+        await self._send(conn, writer, status, body, content_type, head=head)
 
     async def _send(
         self,
@@ -247,7 +271,7 @@ class StatusEndpoint:
         writer: asyncio.StreamWriter,
         status: int,
         body: str | bytes,
-        content_type: str = "text/plain; charset=utf-8",
+        content_type: str = _TEXT,
         *,
         head: bool = False,
         allow: bool = False,
@@ -267,7 +291,7 @@ class StatusEndpoint:
         if not head:
             writer.write(conn.send(h11.Data(data=payload)))
         writer.write(conn.send(h11.EndOfMessage()))
-        await asyncio.wait_for(writer.drain(), self.idle_timeout)
+        await asyncio.wait_for(writer.drain(), self.request_timeout)
 
 
 # -- what the serving process reports ---------------------------------------------
@@ -318,7 +342,7 @@ def runtime_families(runtime: Runtime) -> list[MetricFamily]:
     return [*collect(runtime.node), *shell, *process_families(), build_info()]
 
 
-async def start_status(runtime: Runtime, address: tuple[str, int]) -> StatusEndpoint:
+async def start_status(runtime: Runtime, address: tuple[str | None, int]) -> StatusEndpoint:
     endpoint = StatusEndpoint(
         metrics=lambda: runtime_families(runtime),
         health=lambda: runtime_health(runtime),

@@ -32,11 +32,14 @@ from core_builders import (
     AUDIO,
     GPU,
     GPU_RESOURCE,
+    QAT_RESOURCE,
     VF,
     VF_RESOURCE,
     gpu_config,
     live_node,
     pci,
+    qat_config,
+    shared_group_host,
     snapshot,
     started_node,
     two_gpus_and_vfs,
@@ -147,12 +150,12 @@ def test_binds_in_flight_failed_and_done_are_reported() -> None:
     node = Node(config)
     node.handle(HostObserved(nics("i40e", "i40e"), 1.0))
     got = values(node)
-    assert got["dp_binds", (("state", "in_flight"),)] == 2
+    assert got["dp_bind_functions", (("state", "in_flight"),)] == 2
     node.handle(BindingFinished(PciAddress.parse("0000:18:00.0"), None, 2.0))
     node.handle(BindingFinished(PciAddress.parse("0000:18:00.1"), "EBUSY", 2.0))
     got = values(node)
-    assert got["dp_binds", (("state", "in_flight"),)] == 0
-    assert got["dp_binds", (("state", "failed"),)] == 1
+    assert got["dp_bind_functions", (("state", "in_flight"),)] == 0
+    assert got["dp_bind_functions", (("state", "failed"),)] == 1
     assert got["dp_binds_total", (("result", "ok"),)] == 1
     assert got["dp_binds_total", (("result", "failed"),)] == 1
 
@@ -181,6 +184,42 @@ def test_gauges_follow_health_registration_and_streams() -> None:
     assert phases(got) == {VF_RESOURCE: "live", GPU_RESOURCE: "live"}
     for resource in (GPU_RESOURCE, VF_RESOURCE):
         assert got["dp_resource_streams", (("resource", resource),)] == 1
+
+
+def test_a_sibling_held_by_an_allocation_is_reserved_not_unhealthy() -> None:
+    node, kubelet = live_node(qat_config(shared_devices=()), shared_group_host())
+    kubelet.allocate(QAT_RESOURCE, ("0000:3f:01.0",))
+    got = values(node)
+    qat = ("resource", QAT_RESOURCE)
+    # 3f:01.1 shares group 40 with the allocated 3f:01.0: Unhealthy to the kubelet,
+    # but nothing is wrong with it.
+    assert got["dp_resource_devices", (qat, ("health", "healthy"))] == 2
+    assert got["dp_resource_devices", (qat, ("health", "reserved"))] == 1
+    assert got["dp_resource_devices", (qat, ("health", "unhealthy"))] == 0
+    # Released: healthy again.
+    node.handle(AllocationsObserved({}, 100.0))
+    got = values(node)
+    assert got["dp_resource_devices", (qat, ("health", "healthy"))] == 3
+    assert got["dp_resource_devices", (qat, ("health", "reserved"))] == 0
+
+
+def test_error_and_unattributed_counters_exist_from_the_start() -> None:
+    node, kubelet = live_node()
+    got = values(node)
+    methods = ["Allocate", "GetDevicePluginOptions", "GetPreferredAllocation"]
+    methods += ["ListAndWatch", "PreStartContainer"]
+    assert {labels[0][1]: v for (n, labels), v in got.items() if n == "dp_rpc_errors_total"} == {
+        method: 0 for method in methods
+    }
+    assert got["dp_unattributed_rpcs_total", ()] == 0
+    kubelet.allocate(GPU_RESOURCE, ("0000:00:00.0",))
+    stray = kubelet.fresh()
+    node.handle(ConnectionOpened(stray, 0.0, None))
+    node.handle(OptionsRequested(stray, kubelet.fresh(), 0.0))
+    got = values(node)
+    assert got["dp_rpc_errors_total", (("method", "Allocate"),)] == 1
+    assert got["dp_rpc_errors_total", (("method", "GetDevicePluginOptions"),)] == 1
+    assert got["dp_unattributed_rpcs_total", ()] == 1
 
 
 def test_families_are_unique_and_each_has_one_label_set() -> None:

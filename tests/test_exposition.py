@@ -8,8 +8,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dp_core import MetricFamily, Sample, collect
+from dp_server.cli import parse_address
 from dp_server.exposition import render
-from dp_server.status import build_info, parse_address, process_families
+from dp_server.status import build_info, process_families
 
 from core_builders import GPU_RESOURCE, live_node
 
@@ -74,7 +75,7 @@ def test_a_whole_node_and_this_process_parse() -> None:
 @pytest.mark.parametrize(
     ("text", "address"),
     [
-        (":9475", ("0.0.0.0", 9475)),
+        (":9475", (None, 9475)),
         ("127.0.0.1:9475", ("127.0.0.1", 9475)),
         ("[::1]:80", ("::1", 80)),
         ("localhost:0", ("localhost", 0)),

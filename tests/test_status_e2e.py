@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
+import logging
 import socket
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dp_core import MetricFamily, Sample
 from dp_server.cli import main
 from dp_server.status import Check, StatusEndpoint
 
@@ -139,46 +144,170 @@ async def test_keep_alive_serves_several_requests_on_one_connection(harness: Har
     await harness.serve(metrics_address=LOCAL)
     port = port_of(harness)
 
-    def two_requests() -> list[int]:
+    def three_requests() -> tuple[list[int], int]:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        statuses = []
+        statuses, sockets = [], set()
         for path in ("/healthz", "/readyz", "/metrics"):
             connection.request("GET", path)
             response = connection.getresponse()
             response.read()
             statuses.append(response.status)
+            sockets.add(id(connection.sock))  # http.client reconnects silently otherwise
         connection.close()
-        return statuses
+        return statuses, len(sockets)
 
-    assert await asyncio.to_thread(two_requests) == [200, 200, 200]
+    assert await asyncio.to_thread(three_requests) == ([200, 200, 200], 1)
 
 
-async def test_a_stalled_client_is_cut_off_and_others_still_get_through() -> None:
-    endpoint = StatusEndpoint(
-        metrics=list,
-        health=lambda: Check(True, "ok"),
-        readiness=lambda: Check(True, "ok"),
-        idle_timeout=0.2,
-        max_clients=2,
-    )
-    await endpoint.start(*LOCAL)
-    assert endpoint.address is not None
-    port = endpoint.address[1]
+async def test_stale_host_scans_fail_the_liveness_check(harness: Harness) -> None:
+    runtime = await harness.serve(metrics_address=LOCAL)
+    port = port_of(harness)
+    assert runtime.last_rescan is not None
+    # The harness rescans every 3600 s: stale after 3 x 3600 + 30 s.
+    runtime.last_rescan = (runtime.now() - 10_000.0, 0.01)
+    assert (await get(port, "/healthz"))[0] == 200
+    runtime.last_rescan = (runtime.now() - 20_000.0, 0.01)
+    status, _, body = await get(port, "/healthz")
+    assert status == 503 and "last host scan that succeeded was 20000 s ago" in body
+
+
+# -- the endpoint alone, against clients that misbehave -----------------------------
+
+
+def big_metrics() -> list[MetricFamily]:
+    samples = tuple(Sample((("i", str(i)),), i) for i in range(5000))
+    return [MetricFamily("gauge", "dp_test_big", "Many samples.", samples)]
+
+
+@contextlib.asynccontextmanager
+async def endpoint(**kwargs: Any) -> AsyncIterator[tuple[StatusEndpoint, int]]:
+    kwargs.setdefault("metrics", big_metrics)
+    kwargs.setdefault("health", lambda: Check(True, "ok"))
+    kwargs.setdefault("readiness", lambda: Check(True, "ok"))
+    server = StatusEndpoint(**kwargs)
+    await server.start("127.0.0.1", 0)
+    assert server.address is not None
     try:
-        stalled = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        await asyncio.sleep(0.05)
-        # Both slots taken: a third client is closed at once, without an answer.
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        assert await asyncio.wait_for(reader.read(), 1) == b""
-        writer.close()
-        # The stalled ones are dropped after the idle timeout...
-        for reader, writer in stalled:
-            assert await asyncio.wait_for(reader.read(), 2) == b""
-            writer.close()
-        # ...and the endpoint answers again.
-        assert (await get(port, "/healthz"))[:1] == (200,)
+        yield server, server.address[1]
     finally:
-        await endpoint.close()
+        await server.close()
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def test_a_full_endpoint_pushes_out_its_oldest_client_so_probes_get_in() -> None:
+    async with endpoint(request_timeout=30.0, max_clients=2) as (server, port):
+        stalled = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        assert await eventually(lambda: server.clients == 2, 1)
+        # Both slots are held by clients that send nothing, for longer than any
+        # probe waits; a probe still gets its answer, at once.
+        started = asyncio.get_running_loop().time()
+        assert (await get(port, "/healthz"))[0] == 200
+        assert asyncio.get_running_loop().time() - started < 1.0
+        # To make room, the oldest was dropped.
+        assert await asyncio.wait_for(stalled[0][0].read(), 1) == b""
+        for _, writer in stalled:
+            writer.close()
+
+
+async def test_a_client_that_trickles_its_request_is_cut_off_at_the_deadline() -> None:
+    async with endpoint(request_timeout=0.3) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        closed_by_server = asyncio.ensure_future(reader.read())  # b"" once the server hangs up
+        started = asyncio.get_running_loop().time()
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 100
+        for byte in request:  # one byte every 50 ms: never idle for long, never done
+            if closed_by_server.done():
+                break
+            with contextlib.suppress(ConnectionError):
+                writer.write(bytes([byte]))
+                await writer.drain()
+            await asyncio.sleep(0.05)
+        assert closed_by_server.done(), "a request trickled in byte by byte was never cut off"
+        assert await closed_by_server == b""
+        assert asyncio.get_running_loop().time() - started < 1.5
+        writer.close()
+        assert await eventually(lambda: server.clients == 0, 1)
+
+
+async def test_a_client_that_never_reads_is_dropped_and_close_does_not_wait_for_it() -> None:
+    async with endpoint(request_timeout=0.3) as (server, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 50)  # and never reads
+        assert await eventually(lambda: server.clients == 1, 1)
+        assert await eventually(lambda: server.clients == 0, 3), "the stalled reader was kept"
+        sock.close()
+    async with endpoint(request_timeout=30.0) as (server, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
+        assert await eventually(lambda: server.clients == 1, 1)
+        await asyncio.sleep(0.2)  # its answers are stuck in the socket buffers now
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(server.close(), 2)
+        assert asyncio.get_running_loop().time() - started < 1.0
+        assert server.clients == 0
+        sock.close()
+
+
+async def test_head_errors_and_failing_checks_are_answered_without_tracebacks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken() -> Check:
+        raise RuntimeError("no /proc here")
+
+    async with endpoint(readiness=broken) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # Two requests on one connection: the HEAD 404 must leave it usable.
+        writer.write(b"HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(), 2)
+        writer.close()
+        first, _, rest = data.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 404 ")
+        assert rest.startswith(b"HTTP/1.1 500 ")
+        assert rest.endswith(b"/readyz failed: RuntimeError('no /proc here')\n")
+        # Clients still connected when the endpoint closes end quietly.
+        still_open = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        assert await eventually(lambda: server.clients == 3, 1), server.clients
+    for _, open_writer in still_open:
+        open_writer.close()
+    unexpected = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "asyncio"]
+    assert unexpected == []
+    (logged,) = [r for r in caplog.records if r.getMessage() == "status-failed"]
+    assert logged.exc_info is not None
+
+
+async def test_every_address_means_ipv4_and_ipv6() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    server = StatusEndpoint(
+        metrics=list, health=lambda: Check(True, "ok"), readiness=lambda: Check(True, "ok")
+    )
+    with socket.socket() as probe:  # port 0 would give each family its own port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    await server.start(None, port)
+    try:
+        families = {s.family for s in server._server.sockets}  # type: ignore[union-attr]
+        assert families == {socket.AF_INET, socket.AF_INET6}
+        assert (await get(port, "/healthz"))[0] == 200
+        reader, writer = await asyncio.open_connection("::1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 2)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+    finally:
+        await server.close()
 
 
 def test_serve_exits_with_a_message_when_the_metrics_port_is_taken(
