@@ -1,13 +1,14 @@
 """What `--metrics-address` costs, and what a scrape of /metrics costs.
 
 For each run, starts `dp-server serve` on the 64 x 64 host of `bench_serve.py`
-against the grpcio emulator twice, without and with `--metrics-address`, and
+against the grpcio emulator twice, without and with `--metrics-address` (the
+order alternating between runs), and
 measures in each: RSS and threads after registration and a settle, the
 Allocate round trip p50 / p99 and the server's CPU per Allocate (the Tally
 counts every call). With metrics on it also scrapes /metrics `--scrapes`
 times and reports the scrape's p50 / p99, the body size and the series count.
 
-    python bench/bench_metrics.py [--runs 3] [--calls 3000] [--scrapes 200]
+    python bench/bench_metrics.py [--runs 4] [--calls 3000] [--scrapes 200]
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def one_run(host: Path, metrics: bool, calls: int, scrapes: int, settle: float) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before RSS is read")
@@ -128,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     warm_page_cache(host)
     print(f"64 resources x 64 devices, {args.calls} Allocates per server, single-socket mode")
     for run in range(args.runs):
-        for metrics in (False, True):
+        # Alternate which server goes first, so a drift in the machine's speed
+        # does not always land on the same side.
+        for metrics in (False, True) if run % 2 == 0 else (True, False):
             r = one_run(host, metrics, args.calls, args.scrapes, args.settle)
             line = (
                 f"  run {run} metrics {'on ' if metrics else 'off'}: RSS {r['rss_mb']:.1f} MB, "
