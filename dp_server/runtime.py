@@ -192,6 +192,7 @@ class Runtime:
         )
         self.ready = asyncio.Event()
         self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
+        self.rescan_failures = 0
         self._timer: asyncio.Task[None] | None = None
         self._status: StatusEndpoint | None = None  # serving /metrics, with --metrics-address
 
@@ -487,6 +488,7 @@ class Runtime:
         try:
             action()
         except Exception:  # one bad rescan must not stop the server
+            self.rescan_failures += 1
             _log.exception("rescan-failed")
             self._next_rescan = self.now() + self.settings.rescan_interval
 
@@ -586,8 +588,7 @@ class Runtime:
             await self._status.close()
         _log.info("stopped")
 
-    def timer_stopped(self) -> bool:
-        """True once the loop that drives rescans, ticks and polls has ended."""
+    def timer_stopped(self) -> bool:  # the loop that drives rescans, ticks and polls
         return self._timer is not None and self._timer.done()
 
     @property

@@ -43,7 +43,9 @@ def load(name: str) -> dict[str, Any]:
 def exported() -> dict[str, set[str]]:
     """Every family dp exports -> its label names."""
     node, kubelet = live_node()
-    runtime = SimpleNamespace(node=node, last_rescan=(0.0, 0.01))
+    runtime = SimpleNamespace(
+        node=node, last_rescan=(0.0, 0.01), rescan_failures=0, now=lambda: 1.0
+    )
     return {
         family.name: {name for sample in family.samples for name, _ in sample.labels}
         for family in runtime_families(runtime)  # type: ignore[arg-type]
