@@ -70,7 +70,7 @@ from .service import DevicePluginService
 from .sockets import PluginSockets, socket_identity
 from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
-from .watcher import DirectoryWatcher
+from .watcher import DirectoryWatcher, touches_file
 
 if TYPE_CHECKING:
     from .status import StatusEndpoint
@@ -435,12 +435,11 @@ class Runtime:
         self.last_rescan = (self.now(), scanned_in)
         # The host model is thousands of long-lived objects; left to the cyclic
         # collector, each full collection walks them all, in the middle of some
-        # Allocate. Collect here instead, between requests, and keep what
-        # survives out of later collections (unfreezing first, so a cycle that
-        # died since the last rescan is still collected). At start a full
-        # collection frees little (0.3 MB on a 4,096-function host) and costs
-        # 30-40 ms before the first Register: freeze only; the next rescan
-        # collects.
+        # Allocate. Collect here, between requests, and keep what survives out
+        # of later collections (unfreezing first, so a cycle that died since the
+        # last rescan is still collected). At start a full collection frees
+        # little (0.3 MB on 4,096 functions) and costs 30-40 ms before the first
+        # Register: freeze only; the next rescan collects.
         if self._scanned:
             gc.unfreeze()
             gc.collect()
@@ -516,18 +515,19 @@ class Runtime:
         vfio = Path(self.settings.dev) / "vfio"
         if vfio.is_dir():
             directories.append(vfio)
-        config_dir = None
+        config = None
         if self.settings.config_path is not None and self._reload is not None:
-            config_dir = Path(self.settings.config_path).absolute().parent
-            if config_dir.is_dir() and config_dir not in (self.plugin_dir, vfio):
-                directories.append(config_dir)
+            config = Path(self.settings.config_path).absolute()
+            if config.parent.is_dir() and config.parent not in (self.plugin_dir, vfio):
+                directories.append(config.parent)
         self._watcher = DirectoryWatcher(directories)
         async for changed in self._watcher.changes():
-            if self.plugin_dir in changed:
+            parents = {path.parent for path in changed}
+            if self.plugin_dir in parents:
                 await self._check_sockets()
-            if vfio in changed:
+            if vfio in parents:
                 self._safely(self.rescan)
-            if config_dir is not None and config_dir in changed:
+            if config is not None and touches_file(changed, config):
                 self.reload_config()
 
     # -- life cycle ----------------------------------------------------------------------

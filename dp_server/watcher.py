@@ -14,11 +14,24 @@ from pathlib import Path
 
 from watchfiles import watch
 
-__all__ = ["DirectoryWatcher"]
+__all__ = ["DirectoryWatcher", "touches_file"]
+
+
+def touches_file(changed: set[Path], file: Path) -> bool:
+    """Whether `changed` holds `file` itself or a ConfigMap volume's swap next to it.
+
+    A ConfigMap update replaces the `..data` symlink (through `..data_tmp`
+    and a new `..<timestamp>` directory); the file is a symlink through it.
+    Anything else in the same directory is no change to `file`.
+    """
+    return any(
+        path.parent == file.parent and (path.name == file.name or path.name.startswith(".."))
+        for path in changed
+    )
 
 
 class DirectoryWatcher:
-    """Reports which of `directories` had an entry added, removed or changed.
+    """Reports which entries of `directories` were added, removed or changed.
 
     Not recursive. The thread looks at its stop flag every `step` ms (the
     cost of an idle server: 0.1 % of a core at 50 ms) and groups changes over
@@ -35,7 +48,7 @@ class DirectoryWatcher:
         self._thread: threading.Thread | None = None
 
     async def changes(self) -> AsyncIterator[set[Path]]:
-        """Each batch of changes, as the set of directories they happened in."""
+        """Each batch of changes, as the set of paths that changed."""
         batches: asyncio.Queue[set[Path]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -48,7 +61,7 @@ class DirectoryWatcher:
                 recursive=False,
                 raise_interrupt=False,
             ):
-                changed = {Path(path).parent for _, path in found}
+                changed = {Path(path) for _, path in found}
                 loop.call_soon_threadsafe(batches.put_nowait, changed)
 
         self._thread = threading.Thread(target=run, name="dp-watch", daemon=True)

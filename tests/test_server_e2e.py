@@ -9,7 +9,7 @@ import socket
 import grpc
 import pytest
 
-from dp_core import SocketMode
+from dp_core import Config, PciId, SocketMode
 from dp_server.cli import load_settings
 from dp_server.config_file import parse_config
 from dp_server.demo import DEMO_CONFIG
@@ -323,6 +323,42 @@ async def test_kubelet_socket_missing_keeps_the_server_up(harness: Harness) -> N
     assert runtime.socket_paths and runtime.socket_paths[0].exists()
     harness.start_kubelet()
     assert await harness.registered()
+
+
+async def test_a_configmap_update_is_applied_and_other_files_beside_it_are_ignored(
+    harness: Harness,
+) -> None:
+    # A ConfigMap volume as the kubelet writes it: config.yaml -> ..data/config.yaml,
+    # ..data -> ..<timestamp>/, swapped atomically on an update.
+    volume = harness.root / "cm"
+    (volume / "..v1").mkdir(parents=True)
+    (volume / "..v1" / "config.yaml").write_text(DEMO_CONFIG)
+    (volume / "..data").symlink_to("..v1")
+    path = volume / "config.yaml"
+    path.symlink_to("..data/config.yaml")
+    reloads = []
+
+    def reload() -> tuple[Config, dict[PciId, str]]:
+        reloads.append(1)
+        return load_settings(str(path))
+
+    config, _ = load_settings(str(path))
+    harness.start_kubelet()
+    harness.runtime = Runtime(harness.settings(config_path=str(path)), config, reload=reload)
+    harness._serving = asyncio.create_task(harness.runtime.run())
+    await harness.runtime.ready.wait()
+    assert await harness.registered()
+
+    (volume / "notes.txt").write_text("not the config")
+    await asyncio.sleep(0.6)  # the watcher groups events for up to 200 ms
+    assert reloads == []
+
+    (volume / "..v2").mkdir()
+    (volume / "..v2" / "config.yaml").write_text(DEMO_CONFIG.replace("{count: 1000}", "{count: 7}"))
+    (volume / "..data_tmp").symlink_to("..v2")
+    os.replace(volume / "..data_tmp", volume / "..data")
+    assert await harness.wait(lambda e: len(e.resources()[KVM].devices) == 7)
+    assert reloads
 
 
 async def test_config_file_change_is_applied_and_a_broken_one_is_kept_out(
