@@ -18,11 +18,18 @@ def lean_imports() -> None:
       lookup loads importlib.metadata with email, zipfile, csv and friends:
       2.3 MB. The installed distribution's directory name gives the same
       version, so the lookup is answered from it and the check still runs.
+    - watchfiles' package imports its process runner, and with it
+      multiprocessing and pickle (0.2 MB); dp uses only `watch`. The runner is
+      replaced by one that says so if it is ever called.
 
     Library users importing dp_server themselves are not affected.
     """
     if "ssl" not in sys.modules:
         sys.modules["ssl"] = None  # type: ignore[assignment]
+    if "watchfiles" not in sys.modules and "watchfiles.run" not in sys.modules:
+        runner = types.ModuleType("watchfiles.run")
+        runner.run_process = runner.arun_process = _no_process_runner  # type: ignore[attr-defined]
+        sys.modules["watchfiles.run"] = runner
     if "betterproto2" in sys.modules or "importlib.metadata" in sys.modules:
         return
     version = _installed_version("betterproto2")
@@ -35,6 +42,10 @@ def lean_imports() -> None:
         import betterproto2  # noqa: F401
     finally:
         del sys.modules["importlib.metadata"]
+
+
+def _no_process_runner(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("watchfiles' process runner is not loaded in dp-server")
 
 
 def _installed_version(distribution: str) -> str | None:

@@ -200,7 +200,7 @@ def test_serve_stops_cleanly_on_signal(
         emulator.stop()
 
 
-def test_the_command_leaves_ssl_and_importlib_metadata_unloaded() -> None:
+def test_the_command_leaves_ssl_metadata_multiprocessing_and_libz_unloaded() -> None:
     import importlib.metadata
 
     probe = (
@@ -210,13 +210,23 @@ def test_the_command_leaves_ssl_and_importlib_metadata_unloaded() -> None:
         "import dp_server.cli, dp_server.runtime, dp_server.proto.v1beta1, betterproto2\n"
         "print(sys.modules['ssl'], 'importlib.metadata' in sys.modules, betterproto2.__version__)\n"
         "print('_hashlib' in sys.modules)\n"
+        "import dp_server.watcher, watchfiles\n"
+        "print(sorted(m for m in ('multiprocessing', 'pickle', 'zlib') if m in sys.modules))\n"
+        "print(callable(watchfiles.watch))\n"
+        "try:\n"
+        "    watchfiles.run_process('x')\n"
+        "except RuntimeError as error:\n"
+        "    print('not-loaded' if 'not loaded' in str(error) else error)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     # betterproto2 still checked its version against the compiler's, with the
     # real number; and OpenSSL did not come in through hashlib either.
-    assert out == ["None", "False", importlib.metadata.version("betterproto2"), "False"]
+    assert out[:4] == ["None", "False", importlib.metadata.version("betterproto2"), "False"]
+    # Nor multiprocessing and pickle through watchfiles' process runner, nor libz;
+    # watch works, and the runner says why it does not.
+    assert out[4:] == ["[]", "True", "not-loaded"]
 
 
 def test_installed_version_reads_dist_info_names() -> None:
