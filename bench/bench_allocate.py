@@ -38,6 +38,28 @@ from dp_server.emulator import KubeletEmulator  # noqa: E402
 from dp_server.topology import write_sysfs  # noqa: E402
 
 
+def timed_allocates(
+    emulator: KubeletEmulator, pid: int, names: list[str], calls: int, settle: float = 0.0
+) -> tuple[list[float], float]:
+    """`calls` Allocates round-robin over `names`, after one untimed each.
+
+    Returns each round trip in ms and the server's CPU (utime + stime) per call in µs.
+    """
+    devices = {n: sorted(emulator.resources()[n].devices) for n in names}
+    for name in names:
+        emulator.allocate(name, [devices[name][-1]])
+    time.sleep(settle)
+    before = proc_cpu_ticks(pid)
+    latencies = []
+    for i in range(calls):
+        name = names[i % len(names)]
+        device = devices[name][(i // len(names)) % len(devices[name])]
+        t0 = time.perf_counter()
+        emulator.allocate(name, [device])
+        latencies.append((time.perf_counter() - t0) * 1000.0)
+    return latencies, (proc_cpu_ticks(pid) - before) / CLK_TCK / calls * 1e6
+
+
 def one_run(host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
     names = resource_names(64)
     config = host / "config.yaml"
@@ -50,19 +72,7 @@ def one_run(host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
                 os.sched_setaffinity(server.pid, {0})
             if not emulator.wait_registered(names, 30, listed=True):
                 raise SystemExit("the server did not register every resource within 30 s")
-            devices = {n: sorted(emulator.resources()[n].devices) for n in names}
-            for name in names:  # warm-up, not counted
-                emulator.allocate(name, [devices[name][-1]])
-            time.sleep(0.5)
-            before = proc_cpu_ticks(server.pid)
-            latencies = []
-            for i in range(calls):
-                name = names[i % len(names)]
-                device = devices[name][(i // len(names)) % len(devices[name])]
-                t0 = time.perf_counter()
-                emulator.allocate(name, [device])
-                latencies.append((time.perf_counter() - t0) * 1000.0)
-            cpu = (proc_cpu_ticks(server.pid) - before) / CLK_TCK / calls * 1e6
+            latencies, cpu = timed_allocates(emulator, server.pid, names, calls, settle=0.5)
         finally:
             server.terminate()
             server.wait(10)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_allocate import timed_allocates  # noqa: E402
 from bench_serve import (  # noqa: E402
     CLK_TCK,
     bench_config,
@@ -81,18 +82,7 @@ def one_run(host: Path, metrics: bool, calls: int, scrapes: int, settle: float) 
             status = proc_status(server.pid)
             result["rss_mb"] = int(status["VmRSS"].split()[0]) / 1024
             result["threads"] = int(status["Threads"])
-            devices = {n: sorted(emulator.resources()[n].devices) for n in names}
-            for name in names:  # warm-up, not counted
-                emulator.allocate(name, [devices[name][-1]])
-            before = proc_cpu_ticks(server.pid)
-            latencies = []
-            for i in range(calls):
-                name = names[i % len(names)]
-                device = devices[name][(i // len(names)) % len(devices[name])]
-                t0 = time.perf_counter()
-                emulator.allocate(name, [device])
-                latencies.append((time.perf_counter() - t0) * 1000.0)
-            result["cpu_us"] = (proc_cpu_ticks(server.pid) - before) / CLK_TCK / calls * 1e6
+            latencies, result["cpu_us"] = timed_allocates(emulator, server.pid, names, calls)
             result["p50"] = percentile(latencies, 50)
             result["p99"] = percentile(latencies, 99)
             if metrics:
