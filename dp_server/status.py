@@ -56,6 +56,7 @@ class Check:
     detail: str
 
 
+@functools.cache  # the boot time does not change
 def _boot_time() -> float:
     with open("/proc/stat", encoding="ascii") as stat:
         for line in stat:
