@@ -147,13 +147,8 @@ def build_inventory(
             continue
         device = _pci_device(pci, snapshot, nodes, groups)
         if bind is not None:
-            held = f"bound to host driver {pci.driver}" if pci.driver else "not bound to any driver"
-            doing = (
-                "dp is moving it to vfio-pci"
-                if bind.binds
-                else f"not moved to vfio-pci: {bind.refusal}"
-            )
-            device = attrs.evolve(device, healthy=False, reason=f"{held}; {doing}")
+            reason = f"{_held_by(pci)}; {_bind_outcome(bind)}"
+            device = attrs.evolve(device, healthy=False, reason=reason)
         add(name, DeviceKind.PCI, device, VFIO_PERMISSIONS)
 
     for mdev in sorted(snapshot.mdevs, key=lambda m: m.uuid):
@@ -211,12 +206,19 @@ def _select_pci(
     if entry.external_resource_provider:
         return name, "externalResourceProvider is true: another plugin serves it"
     if pci.driver not in (VFIO_DRIVER, None):
-        held = f"bound to host driver {pci.driver}"
         if bind is None:
-            return name, f"{held}; no binding policy moves it to vfio-pci"
+            return name, f"{_held_by(pci)}; no binding policy moves it to vfio-pci"
         if not bind.binds:
-            return name, f"{held}; not moved to vfio-pci: {bind.refusal}"
+            return name, f"{_held_by(pci)}; {_bind_outcome(bind)}"
     return name, ""
+
+
+def _held_by(pci: PciDevice) -> str:
+    return f"bound to host driver {pci.driver}" if pci.driver else "not bound to any driver"
+
+
+def _bind_outcome(bind: BindDecision) -> str:
+    return "dp is moving it to vfio-pci" if bind.binds else f"not moved to vfio-pci: {bind.refusal}"
 
 
 def _group_paths(group_number: int | None, nodes: Mapping[str, str]) -> tuple[str, ...]:
