@@ -70,7 +70,7 @@ from .service import DevicePluginService
 from .sockets import PluginSockets, socket_identity
 from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
-from .watcher import DirectoryWatcher, touches_file
+from .watcher import DirectoryWatcher, FileVersion
 
 if TYPE_CHECKING:
     from .status import StatusEndpoint
@@ -111,9 +111,7 @@ class Settings:
     pod_resources_min_gap: float = 1.0
     endpoint_prefix: str | None = None
     timing: Timing = Timing()
-    # Watched for changes when set; a ConfigMap update swaps a symlink in its directory.
-    config_path: str | None = None
-    # Where /metrics, /healthz and /readyz are served; None: nowhere.
+    config_path: str | None = None  # reloaded when it changes (see FileVersion)
     metrics_address: tuple[str | None, int] | None = None  # host None: every address
 
 
@@ -195,6 +193,8 @@ class Runtime:
         self.rescan_failures = 0
         self._timer: asyncio.Task[None] | None = None
         self._status: StatusEndpoint | None = None  # serving /metrics, with --metrics-address
+        watched = settings.config_path if reload is not None else None
+        self._config_version = FileVersion(Path(watched).absolute()) if watched else None
 
     # -- feeding the core ------------------------------------------------------
 
@@ -479,6 +479,7 @@ class Runtime:
                 self._safely(self.rescan)
                 # Should a file event ever be missed, the periodic look catches it.
                 self._spawn(self._check_sockets())
+                self._reload_if_changed()
             poll_at = self._pods.due_at(self.node.allocations, now)
             if poll_at is not None and poll_at <= now and self._pods.may_poll(now):
                 self._spawn(self._poll_pod_resources())
@@ -490,6 +491,10 @@ class Runtime:
             self.rescan_failures += 1
             _log.exception("rescan-failed")
             self._next_rescan = self.now() + self.settings.rescan_interval
+
+    def _reload_if_changed(self) -> None:
+        if self._config_version is not None and self._config_version.changed():
+            self.reload_config()
 
     def reload_config(self) -> None:
         """Apply the config file again; a broken one is logged and the old one kept."""
@@ -511,31 +516,36 @@ class Runtime:
         self.rescan()
 
     async def _watch_files(self) -> None:
-        directories = [self.plugin_dir]
-        vfio = Path(self.settings.dev) / "vfio"
-        if vfio.is_dir():
-            directories.append(vfio)
-        config = None
-        if self.settings.config_path is not None and self._reload is not None:
-            config = Path(self.settings.config_path).absolute()
-            if config.parent.is_dir() and config.parent not in (self.plugin_dir, vfio):
-                directories.append(config.parent)
+        # watchfiles reports absolute paths, whatever the flags said.
+        plugin_dir, vfio = self.plugin_dir.absolute(), Path(self.settings.dev).absolute() / "vfio"
+        directories = [plugin_dir, *([vfio] if vfio.is_dir() else [])]
+        config = self._config_version.path.parent if self._config_version else None
+        if config is not None and config.is_dir() and config not in directories:
+            directories.append(config)
         self._watcher = DirectoryWatcher(directories)
         async for changed in self._watcher.changes():
             parents = {path.parent for path in changed}
-            if self.plugin_dir in parents:
+            if plugin_dir in parents:
                 await self._check_sockets()
             if vfio in parents:
                 self._safely(self.rescan)
-            if config is not None and touches_file(changed, config):
-                self.reload_config()
+            if config in parents:
+                self._reload_if_changed()
 
     # -- life cycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Serve until `stop()`; then end streams, close and remove sockets."""
         if self.settings.metrics_address is not None:
-            await self._start_status(*self.settings.metrics_address)
+            from .status import start_status  # only with the flag: h11 stays unloaded
+
+            host, port = self.settings.metrics_address
+            try:
+                self._status = await start_status(self, (host, port))
+            except OSError as error:
+                reason = error.strerror or error
+                message = f"--metrics-address {host or ''}:{port}: cannot listen: {reason}"
+                raise SettingsError(message) from error
         try:
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
             self._sockets.remove_stale()
@@ -554,17 +564,6 @@ class Runtime:
             await self._stop.wait()
         finally:
             await self._shutdown()
-
-    async def _start_status(self, host: str | None, port: int) -> None:
-        # Imported here: without --metrics-address neither it nor h11 is loaded.
-        from .status import start_status
-
-        try:
-            self._status = await start_status(self, (host, port))
-        except OSError as error:
-            raise SettingsError(
-                f"--metrics-address {host or ''}:{port}: cannot listen: {error.strerror or error}"
-            ) from error
 
     def stop(self) -> None:
         if self._watcher is not None:

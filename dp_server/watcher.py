@@ -8,26 +8,43 @@ watchfiles' blocking watcher runs in a thread of our own rather than through
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from watchfiles import watch
 
-__all__ = ["DirectoryWatcher", "touches_file"]
+__all__ = ["DirectoryWatcher", "FileVersion"]
 
 
-def touches_file(changed: set[Path], file: Path) -> bool:
-    """Whether `changed` holds `file` itself or a ConfigMap volume's swap next to it.
+class FileVersion:
+    """Tells whether a file, followed through any symlinks, changed since last asked.
 
-    A ConfigMap update replaces the `..data` symlink (through `..data_tmp`
-    and a new `..<timestamp>` directory); the file is a symlink through it.
-    Anything else in the same directory is no change to `file`.
+    Watching a config file's name is not enough: a ConfigMap update swaps the
+    `..data` link it goes through, and a file may be a link to a sibling or
+    through a directory link that a deploy tool swaps. What the path resolves
+    to, and that file's size and times, change in every such case; a stat is
+    cheap enough to take on any event in the directory and on every rescan.
     """
-    return any(
-        path.parent == file.parent and (path.name == file.name or path.name.startswith(".."))
-        for path in changed
-    )
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen = self._version()
+
+    def _version(self) -> tuple[int, int, int, int, int] | None:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None  # gone (or unreadable): coming back is a change too
+        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    def changed(self) -> bool:
+        version = self._version()
+        if version == self._seen:
+            return False
+        self._seen = version
+        return True
 
 
 class DirectoryWatcher:

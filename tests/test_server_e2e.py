@@ -361,6 +361,26 @@ async def test_a_configmap_update_is_applied_and_other_files_beside_it_are_ignor
     assert reloads
 
 
+async def test_editing_the_file_a_config_link_points_to_is_applied(harness: Harness) -> None:
+    # config.yaml -> config.prod.yaml: an edit of the target is reported for
+    # config.prod.yaml only, yet it changes the config.
+    etc = harness.root / "etc"
+    etc.mkdir()
+    (etc / "config.prod.yaml").write_text(DEMO_CONFIG)
+    path = etc / "config.yaml"
+    path.symlink_to("config.prod.yaml")
+    config, _ = load_settings(str(path))
+    harness.start_kubelet()
+    harness.runtime = Runtime(
+        harness.settings(config_path=str(path)), config, reload=lambda: load_settings(str(path))
+    )
+    harness._serving = asyncio.create_task(harness.runtime.run())
+    await harness.runtime.ready.wait()
+    assert await harness.registered()
+    (etc / "config.prod.yaml").write_text(DEMO_CONFIG.replace("{count: 1000}", "{count: 9}"))
+    assert await harness.wait(lambda e: len(e.resources()[KVM].devices) == 9)
+
+
 async def test_config_file_change_is_applied_and_a_broken_one_is_kept_out(
     harness: Harness,
 ) -> None:
