@@ -139,7 +139,8 @@ def endpoint_name(prefix: str, resource: str | None, max_length: int = NAME_MAX)
         return name
     check_endpoint_room(prefix, max_length)
     # CRC-32, not hashlib (which loads OpenSSL, 4 MB of the server's 35 MB), and
-    # binascii's rather than zlib's: the same checksum, without loading libz.
+    # binascii's rather than zlib's: the same checksum, from a module the server
+    # has loaded anyway.
     digest = f"{binascii.crc32(resource.encode()):08x}"
     room = max_length - min_endpoint_length(prefix) - 1  # the dash before the digest
     return f"{prefix}-{safe[:room]}-{digest}.sock" if room > 0 else f"{prefix}-{digest}.sock"

@@ -28,7 +28,8 @@ def lean_imports() -> None:
         sys.modules["ssl"] = None  # type: ignore[assignment]
     if "watchfiles" not in sys.modules and "watchfiles.run" not in sys.modules:
         runner = types.ModuleType("watchfiles.run")
-        runner.run_process = runner.arun_process = _no_process_runner  # type: ignore[attr-defined]
+        # Any name a watchfiles release imports from it: the runner says it is absent.
+        runner.__getattr__ = lambda name: _no_process_runner  # type: ignore[method-assign]
         sys.modules["watchfiles.run"] = runner
     if "betterproto2" in sys.modules or "importlib.metadata" in sys.modules:
         return

@@ -200,7 +200,7 @@ def test_serve_stops_cleanly_on_signal(
         emulator.stop()
 
 
-def test_the_command_leaves_ssl_metadata_multiprocessing_and_libz_unloaded() -> None:
+def test_the_command_leaves_ssl_metadata_multiprocessing_and_zlib_unloaded() -> None:
     import importlib.metadata
 
     probe = (
@@ -224,7 +224,7 @@ def test_the_command_leaves_ssl_metadata_multiprocessing_and_libz_unloaded() -> 
     # betterproto2 still checked its version against the compiler's, with the
     # real number; and OpenSSL did not come in through hashlib either.
     assert out[:4] == ["None", "False", importlib.metadata.version("betterproto2"), "False"]
-    # Nor multiprocessing and pickle through watchfiles' process runner, nor libz;
+    # Nor multiprocessing and pickle through watchfiles' process runner, nor zlib;
     # watch works, and the runner says why it does not.
     assert out[4:] == ["[]", "True", "not-loaded"]
 
