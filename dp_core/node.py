@@ -440,18 +440,15 @@ class Node:
             resource, effects = self._resource_for(connection)
             answer = work(resource)
         except _Rejection as rejection:
-            return [
-                Reject(call, rejection.status, rejection.message),
-                Log.warning(
-                    "rejected",
-                    rpc=rpc,
-                    resource=self.registrar.owner(connection) or "",
-                    status=rejection.status.name,
-                    reason=rejection.message,
-                ),
-            ]
+            reject = Reject(call, rejection.status, rejection.message)
+            return [reject, self._rejected(rpc, connection, rejection)]
         effects.append(Reply(call, answer))
         return effects
+
+    def _rejected(self, rpc: str, connection: int, rejection: _Rejection) -> Log:
+        owner = self.registrar.owner(connection) or ""
+        status, reason = rejection.status.name, rejection.message
+        return Log.warning("rejected", rpc=rpc, resource=owner, status=status, reason=reason)
 
     def _options_requested(self, event: OptionsRequested) -> list[Effect]:
         return self._answer(
@@ -462,7 +459,8 @@ class Node:
         try:
             resource, effects = self._resource_for(event.connection)
         except _Rejection as rejection:
-            return [EndStream(event.stream, rejection.message)]
+            end = EndStream(event.stream, rejection.message)
+            return [end, self._rejected("ListAndWatch", event.connection, rejection)]
         self._streams[event.stream] = (event.connection, resource)
         effects.append(Publish(event.stream, resource, self._published.get(resource, ())))
         return effects

@@ -234,6 +234,20 @@ def test_rpcs_on_an_unattributed_connection_are_unavailable(index: int) -> None:
     }
 
 
+def test_a_watch_on_an_unattributed_connection_is_ended_and_logged() -> None:
+    node, kubelet = live_node()
+    effects = node.handle(WatchStarted(777, 56, 5.0))
+    end = one(effects, EndStream)
+    assert end.stream == 56 and "not attributed" in end.reason
+    assert dict(one(effects, Log).fields) == {
+        "rpc": "ListAndWatch",
+        "resource": "",
+        "status": "UNAVAILABLE",
+        "reason": end.reason,
+    }
+    assert node.streams(GPU_RESOURCE) == [kubelet.stream_of[GPU_RESOURCE]]
+
+
 @pytest.mark.parametrize(
     ("ids", "status", "part"),
     [
