@@ -11,8 +11,9 @@ from typing import Any
 
 import attrs
 
-from dp_core import Backoff, Config, SocketMode, Timing
+from dp_core import Backoff, Config, PciId, SocketMode, Timing
 from dp_server.binder import Binder
+from dp_server.cli import load_settings
 from dp_server.config_file import parse_config
 from dp_server.demo import DEMO_CONFIG
 from dp_server.emulator import KubeletEmulator
@@ -75,6 +76,23 @@ class Harness:
         self._serving = asyncio.create_task(self.runtime.run())
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         return self.runtime
+
+    async def serve_config_file(
+        self, path: Path, reload: Callable[[], tuple[Config, dict[PciId, str]]] | None = None
+    ) -> tuple[Runtime, Config]:
+        """Start the kubelet, then serve `path` as `dp-server serve --config` does:
+        loaded, and watched for changes (reloaded with `reload`, or by loading it)."""
+        config, _ = load_settings(str(path))
+        self.start_kubelet()
+        self.runtime = Runtime(
+            self.settings(config_path=str(path)),
+            config,
+            reload=reload or (lambda: load_settings(str(path))),
+        )
+        self._serving = asyncio.create_task(self.runtime.run())
+        await self.runtime.ready.wait()
+        assert await self.registered()
+        return self.runtime, config
 
     async def serve(self, kubelet: dict[str, Any] | None = None, **server: Any) -> Runtime:
         """Start the kubelet (with `kubelet` options), then the server (with

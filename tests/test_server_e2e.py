@@ -342,12 +342,7 @@ async def test_a_configmap_update_is_applied_and_other_files_beside_it_are_ignor
         reloads.append(1)
         return load_settings(str(path))
 
-    config, _ = load_settings(str(path))
-    harness.start_kubelet()
-    harness.runtime = Runtime(harness.settings(config_path=str(path)), config, reload=reload)
-    harness._serving = asyncio.create_task(harness.runtime.run())
-    await harness.runtime.ready.wait()
-    assert await harness.registered()
+    await harness.serve_config_file(path, reload)
 
     (volume / "notes.txt").write_text("not the config")
     await asyncio.sleep(0.6)  # the watcher groups events for up to 200 ms
@@ -369,14 +364,7 @@ async def test_editing_the_file_a_config_link_points_to_is_applied(harness: Harn
     (etc / "config.prod.yaml").write_text(DEMO_CONFIG)
     path = etc / "config.yaml"
     path.symlink_to("config.prod.yaml")
-    config, _ = load_settings(str(path))
-    harness.start_kubelet()
-    harness.runtime = Runtime(
-        harness.settings(config_path=str(path)), config, reload=lambda: load_settings(str(path))
-    )
-    harness._serving = asyncio.create_task(harness.runtime.run())
-    await harness.runtime.ready.wait()
-    assert await harness.registered()
+    await harness.serve_config_file(path)
     (etc / "config.prod.yaml").write_text(DEMO_CONFIG.replace("{count: 1000}", "{count: 9}"))
     assert await harness.wait(lambda e: len(e.resources()[KVM].devices) == 9)
 
@@ -388,19 +376,11 @@ async def test_config_file_change_is_applied_and_a_broken_one_is_kept_out(
     config_dir.mkdir()
     path = config_dir / "config.yaml"
     path.write_text(DEMO_CONFIG)
-    config, _ = load_settings(str(path))
-    harness.start_kubelet()
-    # As `dp-server serve --config` runs it: the config file is watched.
-    harness.runtime = Runtime(
-        harness.settings(config_path=str(path)), config, reload=lambda: load_settings(str(path))
-    )
-    harness._serving = asyncio.create_task(harness.runtime.run())
-    await harness.runtime.ready.wait()
-    assert await harness.registered()
+    runtime, config = await harness.serve_config_file(path)
 
     path.write_text("permittedHostDevices: [unclosed\n")
     await asyncio.sleep(0.5)
-    assert harness.runtime.config == config  # the broken file changed nothing
+    assert runtime.config == config  # the broken file changed nothing
     path.write_text(
         DEMO_CONFIG.replace("{count: 1000}", "{count: 50}")
         + "  example.com/fuse: {path: /dev/kvm, count: 3}\n"
