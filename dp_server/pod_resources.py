@@ -12,17 +12,18 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from grpclib.client import Channel
+from grpclib.client import Channel, UnaryUnaryMethod
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from dp_core import AllocationBook
 
 from . import wire
-from .proto import v1 as podresources
 
 __all__ = ["PodResourcesPoller"]
 
 _log = logging.getLogger("dp.runtime")
+
+LIST_METHOD = "/v1.PodResourcesLister/List"
 
 
 class PodResourcesPoller:
@@ -55,11 +56,14 @@ class PodResourcesPoller:
         """The devices each resource has in use, or None (logged once) if unreachable."""
         self.last_poll = now
         self._requested = None
-        channel = Channel(path=self.socket)
+        channel = Channel(path=self.socket, codec=wire.PreEncodedCodec())
         try:
-            stub = podresources.PodResourcesListerStub(channel)
-            response = await stub.list(podresources.ListPodResourcesRequest(), timeout=5)
-        except (TimeoutError, GRPCError, OSError, StreamTerminatedError) as error:
+            # The empty ListPodResourcesRequest is no bytes; the answer is read
+            # by wire.held_devices, strictly.
+            call = UnaryUnaryMethod(channel, LIST_METHOD, bytes, wire.Raw)
+            data = await call(b"", timeout=5)
+            held = wire.held_devices(data)
+        except (TimeoutError, GRPCError, OSError, StreamTerminatedError, wire.WireError) as error:
             if not self._warned:
                 _log.warning(
                     "pod-resources-unavailable",
@@ -76,7 +80,7 @@ class PodResourcesPoller:
         finally:
             channel.close()
         self._warned = False
-        return wire.held_devices(response)
+        return held
 
 
 def describe_error(error: BaseException) -> str:
@@ -84,4 +88,6 @@ def describe_error(error: BaseException) -> str:
         return f"{error.status.name}: {error.message}"
     if isinstance(error, asyncio.TimeoutError):
         return "timed out"
+    if isinstance(error, wire.WireError):
+        return f"malformed answer: {error}"
     return f"{type(error).__name__}: {error}"

@@ -17,7 +17,6 @@ from dp_core import (
     StatusCode,
 )
 
-from .proto import v1 as podresources
 from .proto import v1beta1 as pb
 
 __all__ = [
@@ -249,11 +248,31 @@ def preferred_response(answer: PreferredAnswer) -> pb.PreferredAllocationRespons
     )
 
 
-def held_devices(response: podresources.ListPodResourcesResponse) -> dict[str, frozenset[str]]:
-    """Resource -> the device IDs some container of an active pod holds."""
+def held_devices(data: bytes) -> dict[str, frozenset[str]]:
+    """Resource -> the device IDs some container of an active pod holds.
+
+    From `ListPodResourcesResponse` bytes, read as strictly as
+    `allocate_request`: what this answer says decides which IOMMU group
+    reservations end, so a truncated or garbled one raises WireError (and
+    keeps them) rather than reading as "nothing is held". betterproto2 would
+    decode arbitrary bytes to an empty message.
+    """
     held: dict[str, set[str]] = {}
-    for pod in response.pod_resources:
-        for container in pod.containers:
-            for devices in container.devices:
-                held.setdefault(devices.resource_name, set()).update(devices.device_ids)
+    for number, pod in _fields(data, "ListPodResourcesResponse"):
+        if number != 1:
+            continue
+        for number, container in _fields(_bytes(pod, "pod_resources"), "PodResources"):
+            if number != 3:
+                continue
+            for number, devices in _fields(_bytes(container, "containers"), "ContainerResources"):
+                if number != 2:
+                    continue
+                resource, ids = None, []
+                for number, value in _fields(_bytes(devices, "devices"), "ContainerDevices"):
+                    if number == 1:
+                        resource = _text(value, "resource_name")
+                    elif number == 2:
+                        ids.append(_text(value, "device_ids"))
+                if resource is not None:  # a nameless entry cannot be one of ours
+                    held.setdefault(resource, set()).update(ids)
     return {name: frozenset(ids) for name, ids in held.items()}

@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import Any
 
 import grpc
+import grpclib.const
+import grpclib.server
 import pytest
 
 from dp_core import Config, PciId, SocketMode
+from dp_server import wire
 from dp_server.cli import load_settings
 from dp_server.config_file import parse_config
 from dp_server.demo import DEMO_CONFIG
@@ -276,6 +280,57 @@ async def test_group_reservation_until_pod_resources_release(harness: Harness) -
     )
     response = await harness.kubelet("allocate", NVME, [sibling])
     assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == sibling
+
+
+async def test_a_garbled_pod_resources_answer_keeps_group_reservations(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A PodResources answer that is not a ListPodResourcesResponse must not
+    read as "no pod holds anything": that would free the sibling of a running
+    VM's device, and the next VM would split the IOMMU group."""
+    answers = 0
+
+    class Garbled:
+        async def list(self, stream: Any) -> None:
+            nonlocal answers
+            await stream.recv_message()
+            await stream.send_message(b"\xff\xfe\xfd\x00\x01")
+            answers += 1
+
+        def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+            return {
+                "/v1.PodResourcesLister/List": grpclib.const.Handler(
+                    self.list, grpclib.const.Cardinality.UNARY_UNARY, wire.Raw, wire.Raw
+                )
+            }
+
+    garbled = grpclib.server.Server([Garbled()], codec=wire.PreEncodedCodec())
+    await garbled.start(path=str(harness.pod_resources))
+    try:
+        runtime = await harness.serve(kubelet={"pod_resources_socket": None})
+        await harness.kubelet("admit", "vm-a", "compute", {NVME: 1})
+        assert harness.emulator is not None
+        held = next(d for d, s in harness.emulator.resources()[NVME].devices.items() if s.healthy)
+        sibling = next(d for d in device_ids(harness, NVME) if d != held)
+        # Polls every 0.2 s while anything is reserved, with 0.2 s of grace: wait
+        # for several answers after the grace has passed.
+        seen = answers
+        for _ in range(100):
+            if answers >= seen + 4:
+                break
+            await asyncio.sleep(0.05)
+        assert answers >= seen + 4
+        assert len(runtime.node.allocations) == 1
+        with pytest.raises(grpc.RpcError) as caught:
+            await harness.kubelet("allocate", NVME, [sibling])
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        warnings = [r for r in caplog.records if r.getMessage() == "pod-resources-unavailable"]
+        assert len(warnings) == 1  # once, not at every poll
+        reason = warnings[0].dp_fields["reason"]  # type: ignore[attr-defined]
+        assert reason.startswith("malformed answer: ListPodResourcesResponse")
+    finally:
+        garbled.close()
+        await garbled.wait_closed()
 
 
 # -- bad input ---------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -156,24 +158,67 @@ def test_google_protobuf_reads_our_register_request(
     assert decoded.options.get_preferred_allocation_available is preferred
 
 
-def test_held_devices_merges_every_container_of_every_pod() -> None:
+def _pod_resources_answer(*pods: list[list[tuple[str, list[str]]]]) -> bytes:
     from dp_server.proto import v1 as podresources
 
-    def container(*devices: tuple[str, list[str]]) -> podresources.ContainerResources:
-        return podresources.ContainerResources(
-            devices=[
-                podresources.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in devices
+    return bytes(
+        podresources.ListPodResourcesResponse(
+            pod_resources=[
+                podresources.PodResources(
+                    name=f"pod-{i}",
+                    namespace="default",
+                    containers=[
+                        podresources.ContainerResources(
+                            name="compute",
+                            devices=[
+                                podresources.ContainerDevices(
+                                    resource_name=resource,
+                                    device_ids=ids,
+                                    topology=podresources.TopologyInfo(
+                                        nodes=[podresources.NumaNode(id=1)]
+                                    ),
+                                )
+                                for resource, ids in container
+                            ],
+                            cpu_ids=[2, 3],
+                        )
+                        for container in containers
+                    ],
+                )
+                for i, containers in enumerate(pods)
             ]
         )
-
-    response = podresources.ListPodResourcesResponse(
-        pod_resources=[
-            podresources.PodResources(containers=[container(("gpu", ["a"]), ("qat", ["q1"]))]),
-            podresources.PodResources(containers=[container(("gpu", ["b", "a"])), container()]),
-        ]
     )
-    assert wire.held_devices(response) == {
+
+
+def test_held_devices_merges_every_container_of_every_pod() -> None:
+    answer = _pod_resources_answer(
+        [[("gpu", ["a"]), ("qat", ["q1"])]],
+        [[("gpu", ["b", "a"])], []],
+    )
+    assert wire.held_devices(answer) == {
         "gpu": frozenset({"a", "b"}),
         "qat": frozenset({"q1"}),
     }
-    assert wire.held_devices(podresources.ListPodResourcesResponse()) == {}
+    assert wire.held_devices(b"") == {}
+
+
+@pytest.mark.parametrize(
+    ("mangle", "complaint"),
+    [
+        (lambda good: good[:-3], "runs past the end"),
+        (lambda good: b"\xff\xfe\xfd\x00\x01", "unsupported wire type"),
+        (lambda good: good + b"\x08\x01", "pod_resources: expected a length-delimited field"),
+        (lambda good: b"\x0a\x02\x18\x00", "containers: expected a length-delimited"),
+        (lambda good: b"\x0a\x07\x1a\x05\x12\x03\x0a\x01\xff", "resource_name: not valid UTF-8"),
+    ],
+    ids=["truncated", "garbage", "pod as a number", "container as a number", "bad UTF-8"],
+)
+def test_held_devices_refuses_a_malformed_answer(
+    mangle: Callable[[bytes], bytes], complaint: str
+) -> None:
+    # Read loosely, each of these would say "nothing is held" or name devices
+    # nobody holds, and end IOMMU group reservations of running VMs.
+    good = _pod_resources_answer([[("gpu", ["0000:3b:00.0"])]])
+    with pytest.raises(wire.WireError, match=complaint):
+        wire.held_devices(mangle(good))
