@@ -1,8 +1,10 @@
 """The plugin's listening sockets in the kubelet's device-plugin directory.
 
 The kubelet deletes every socket there when it restarts, so a socket is
-known by its identity (inode and change time), and one whose file was
-deleted or replaced is listened on again under the same name.
+known by its identity (inode and modification time), and one whose file was
+deleted or replaced is listened on again under the same name. Connections
+made through the old file are not cut: the kubelet's end decides when they
+close.
 """
 
 from __future__ import annotations
@@ -26,16 +28,18 @@ _log = logging.getLogger("dp")
 
 
 def socket_identity(path: Path) -> tuple[int, int] | None:
-    """Inode and change time of a socket file: a file created again differs.
+    """Inode and modification time of a socket file: a file created again differs.
 
     The inode alone is not enough, since a deleted socket's inode is often
-    reused at once by the next one.
+    reused at once by the next one; a new socket file has a new mtime. Not the
+    change time: chmod, chown, a hard link or an SELinux relabel of the same
+    file change that, and must not read as the kubelet having replaced it.
     """
     try:
         info = path.stat()
     except OSError:
         return None
-    return (info.st_ino, info.st_ctime_ns) if stat.S_ISSOCK(info.st_mode) else None
+    return (info.st_ino, info.st_mtime_ns) if stat.S_ISSOCK(info.st_mode) else None
 
 
 @attrs.define
@@ -54,6 +58,9 @@ class PluginSockets:
         self._service = service
         self._tracker = tracker
         self._listeners: dict[str, _Listener] = {}
+        # Servers whose socket file was replaced, kept while connections made
+        # through it live (a kubelet that is not restarting still uses them).
+        self._retired: list[TrackedServer] = []
         self._lock = asyncio.Lock()
 
     @property
@@ -62,7 +69,8 @@ class PluginSockets:
 
     @property
     def servers(self) -> list[TrackedServer]:
-        return [listener.server for listener in self._listeners.values()]
+        self._retired = [server for server in self._retired if server.connected]
+        return [listener.server for listener in self._listeners.values()] + self._retired
 
     async def ensure(self, endpoint: str, resource: str | None) -> None:
         """Listen on `endpoint` unless our socket is already there."""
@@ -72,8 +80,13 @@ class PluginSockets:
             if listener is not None and socket_identity(path) == listener.identity:
                 return
             if listener is not None:
-                # The kubelet deleted our socket (it does on every restart).
-                listener.server.close()
+                # The kubelet deleted our socket (it does on every restart), or
+                # someone replaced it. Stop accepting through the old one; its
+                # connections end when their peer closes them (a restarting
+                # kubelet does at once), or at shutdown.
+                listener.server.stop_listening()
+                self._retired = [server for server in self._retired if server.connected]
+                self._retired.append(listener.server)
                 _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -106,13 +119,16 @@ class PluginSockets:
 
     async def close(self, timeout: float) -> None:
         """Stop listening, wait up to `timeout` for each server, remove our files."""
-        for listener in self._listeners.values():
-            listener.server.close()
-        for listener in self._listeners.values():
+        servers = self.servers
+        for server in servers:
+            server.close()
+        for server in servers:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(listener.server.wait_closed(), timeout)
+                await asyncio.wait_for(server.wait_closed(), timeout)
+        for listener in self._listeners.values():
             # Another process may have taken the name since: leave its socket alone.
             if socket_identity(listener.path) == listener.identity:
                 with contextlib.suppress(OSError):
                     os.unlink(listener.path)
         self._listeners.clear()
+        self._retired.clear()

@@ -177,6 +177,16 @@ class TrackedServer(Server):
         self._dp_tracker = tracker
         self._dp_listener = listener
 
+    def stop_listening(self) -> None:
+        """Accept no more connections; those made keep being served until `close()`."""
+        if self._server is not None:
+            self._server.close()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection made through this server is still open."""
+        return bool(self._handlers)
+
     def _protocol_factory(self) -> H2Protocol:
         self.__gc_step__()
         handler = _Handler(
