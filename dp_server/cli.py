@@ -18,6 +18,7 @@ from .scanner import scan_host
 __all__ = ["main"]
 
 EXIT_CONFIG = 2
+EXIT_FAILED = 1  # the server stopped itself: a restart is what it needs
 _log = logging.getLogger("dp.cli")
 
 
@@ -168,6 +169,9 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(f"dp-server: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if runtime.failure is not None:
+        print(f"dp-server: {runtime.failure}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 

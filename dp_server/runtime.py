@@ -67,7 +67,7 @@ from .pod_resources import PodResourcesPoller, describe_error
 from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
-from .sockets import PluginSockets, socket_identity
+from .sockets import PluginDirectoryLost, PluginSockets, socket_identity
 from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
 from .watcher import DirectoryWatcher, FileVersion
@@ -174,6 +174,7 @@ class Runtime:
         self._stop = asyncio.Event()
         self._watcher: DirectoryWatcher | None = None
         self._stopping = False
+        self.failure: str | None = None  # why the server stopped itself, if it did
         self._kubelet_identity: tuple[int, int] | None = None
         self._follower: asyncio.Task[None] | None = None
         self._scanned = False
@@ -518,19 +519,23 @@ class Runtime:
     async def _watch_files(self) -> None:
         # watchfiles reports absolute paths, whatever the flags said.
         plugin_dir, vfio = self.plugin_dir.absolute(), Path(self.settings.dev).absolute() / "vfio"
-        directories = [plugin_dir, *([vfio] if vfio.is_dir() else [])]
         config = self._config_version.path.parent if self._config_version else None
-        if config is not None and config.is_dir() and config not in directories:
-            directories.append(config)
+        directories = list(dict.fromkeys(d for d in (plugin_dir, vfio, config) if d is not None))
         self._watcher = DirectoryWatcher(directories)
         async for changed in self._watcher.changes():
-            parents = {path.parent for path in changed}
-            if plugin_dir in parents:
-                await self._check_sockets()
-            if vfio in parents:
-                self._safely(self.rescan)
-            if config in parents:
-                self._reload_if_changed()
+            # An entry changed, or the directory itself (removed, made again).
+            touched = changed | {path.parent for path in changed}
+            try:
+                if plugin_dir in touched:
+                    await self._check_sockets()
+                if vfio in touched:
+                    self._safely(self.rescan)
+                if config in touched:
+                    self._reload_if_changed()
+            except PluginDirectoryLost as error:
+                self.fail(str(error))
+            except Exception:  # noqa: BLE001 - the next change must still be seen
+                _log.exception("watch-event-failed")
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -564,6 +569,12 @@ class Runtime:
             await self._stop.wait()
         finally:
             await self._shutdown()
+
+    def fail(self, reason: str) -> None:
+        """Stop, for a reason only a restart of the process can fix."""
+        _log.error("stopping", extra={"dp_fields": {"reason": reason}})
+        self.failure = reason
+        self.stop()
 
     def stop(self) -> None:
         if self._watcher is not None:

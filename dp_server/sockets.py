@@ -22,7 +22,7 @@ import attrs
 
 from .transport import ConnectionTracker, TrackedServer
 
-__all__ = ["PluginSockets", "socket_identity"]
+__all__ = ["PluginDirectoryLost", "PluginSockets", "socket_identity"]
 
 _log = logging.getLogger("dp")
 
@@ -40,6 +40,10 @@ def socket_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (info.st_ino, info.st_mtime_ns) if stat.S_ISSOCK(info.st_mode) else None
+
+
+class PluginDirectoryLost(RuntimeError):
+    """The device-plugin directory is now one the kubelet cannot be using."""
 
 
 @attrs.define
@@ -62,6 +66,8 @@ class PluginSockets:
         # through it live (a kubelet that is not restarting still uses them).
         self._retired: list[TrackedServer] = []
         self._lock = asyncio.Lock()
+        self._filesystem: int | None = None  # the directory's st_dev when first listened in
+        self._missing = False
 
     @property
     def paths(self) -> list[Path]:
@@ -97,9 +103,45 @@ class PluginSockets:
                 reason = error.strerror or str(error)
                 raise OSError(error.errno, f"cannot listen on {path}: {reason}") from None
             self._listeners[endpoint] = _Listener(path, resource, server, socket_identity(path))
+            if self._filesystem is None:
+                self._filesystem = os.stat(self.directory).st_dev
 
     async def restore(self) -> None:
-        """Listen again on every socket whose file was deleted or replaced."""
+        """Listen again on every socket whose file was deleted or replaced.
+
+        While the directory itself is gone there is nowhere to listen: the
+        kubelet's open connections are still served, and the sockets come back
+        with the directory. A directory that comes back on another filesystem
+        raises PluginDirectoryLost: that is what a container sees once the
+        host directory its hostPath volume mounted was removed, and no socket
+        made there reaches the kubelet.
+        """
+        try:
+            info = os.stat(self.directory)
+        except OSError:
+            info = None
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            if not self._missing:
+                _log.warning(
+                    "plugin-dir-missing",
+                    extra={
+                        "dp_fields": {
+                            "path": str(self.directory),
+                            "effect": "open connections are still served; "
+                            "the sockets are made again when the directory is back",
+                        }
+                    },
+                )
+            self._missing = True
+            return
+        self._missing = False
+        if self._filesystem is not None and info.st_dev != self._filesystem:
+            raise PluginDirectoryLost(
+                f"the device-plugin directory {self.directory} is now on another filesystem "
+                f"(device {info.st_dev}, was {self._filesystem}): in a container, its hostPath "
+                "mount ended when the directory was removed on the host, and only a restart "
+                "mounts the kubelet's directory again"
+            )
         for endpoint, listener in list(self._listeners.items()):
             if socket_identity(listener.path) != listener.identity:
                 await self.ensure(endpoint, listener.resource)

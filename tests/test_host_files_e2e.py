@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,3 +88,71 @@ async def test_a_chmod_of_kubelet_sock_is_not_a_kubelet_restart(harness: Harness
     assert {name: emulator.registration_count(name) for name in ALL} == registrations
     assert len(runtime._streams) == len(ALL)
     await _changes_still_reach_the_kubelet(harness)
+
+
+async def test_a_device_plugin_directory_made_again_is_watched_again(harness: Harness) -> None:
+    """Removed with the server's socket in it and made again (a node cleanup),
+    then the kubelet starts: it is seen at once, not at the next rescan an
+    hour later, because the watcher watches the new directory."""
+    runtime = await harness.start_server()
+    shutil.rmtree(harness.plugin_dir)
+    await asyncio.sleep(0.5)
+    harness.plugin_dir.mkdir()
+    await asyncio.sleep(1.5)  # the watcher's recheck finds the new directory
+    assert harness.sockets() == [runtime.socket_paths[0].name]  # listening there again
+    harness.start_kubelet()
+    assert await harness.registered(timeout=5)
+    response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
+    assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == "0000:5e:01.0"
+
+
+async def test_while_the_device_plugin_directory_is_gone_open_connections_are_served(
+    harness: Harness,
+) -> None:
+    runtime = await harness.serve()
+    for path in harness.plugin_dir.iterdir():
+        path.unlink()
+    harness.plugin_dir.rmdir()
+    await asyncio.sleep(0.5)
+    assert harness.runtime is not None and harness.runtime.failure is None
+    response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
+    assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == "0000:5e:01.0"
+    assert len(runtime._streams) == len(ALL)
+
+
+async def test_a_device_plugin_directory_on_another_filesystem_stops_the_server(
+    harness: Harness,
+) -> None:
+    """What a container sees when the host directory its hostPath volume
+    mounted is removed: the path is the container's own empty directory, on
+    another filesystem. Nothing made there reaches the kubelet; the server
+    stops with a reason, and its restart mounts the kubelet's directory again."""
+    runtime = await harness.serve()
+    # Stands for the other filesystem: st_dev cannot be changed from a test.
+    runtime._sockets._filesystem = os.stat(harness.plugin_dir).st_dev + 1
+    (harness.plugin_dir / "something").touch()
+    assert harness._serving is not None
+    await asyncio.wait_for(harness._serving, 5)
+    assert runtime.failure is not None
+    assert str(harness.plugin_dir) in runtime.failure and "another filesystem" in runtime.failure
+    assert not [name for name in harness.sockets() if name != "kubelet.sock"]
+
+
+async def test_dev_vfio_removed_and_made_again_is_seen_without_a_rescan(harness: Harness) -> None:
+    """devtmpfs removes /dev/vfio with its last group node (every device left
+    vfio-pci) and makes it again with the next; the watcher follows it."""
+    await harness.serve()
+    vfio = harness.dev / "vfio"
+    parked = harness.root / "vfio-parked"
+    vfio.rename(parked)
+    assert await harness.wait(
+        lambda e: all(not d.healthy for d in e.resources()[NVME].devices.values())
+    )
+    parked.rename(vfio)
+    assert await harness.wait(
+        lambda e: all(d.healthy for d in e.resources()[NVME].devices.values())
+    )
+    (vfio / "109").unlink()  # and changes inside the new directory are seen too
+    assert await harness.wait(
+        lambda e: e.resources()[QAT].devices["0000:6b:00.2"].health == "Unhealthy"
+    )

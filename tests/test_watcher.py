@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from dp_server.watcher import FileVersion
+from dp_server.watcher import DirectoryWatcher, FileVersion
 
 
 def configmap(root: Path) -> Path:
@@ -106,3 +108,54 @@ def test_a_config_that_goes_away_and_comes_back_is_a_change_each_time(tmp_path: 
     assert not version.changed()
     path.write_text("a: 3\n")
     assert version.changed()
+
+
+async def _next_batch_with(
+    batches: AsyncIterator[set[Path]], wanted: Path, timeout: float = 5.0
+) -> set[Path]:
+    """Batches until one names `wanted`; their union."""
+    seen: set[Path] = set()
+    async with asyncio.timeout(timeout):
+        while wanted not in seen:
+            seen |= await anext(batches)
+    return seen
+
+
+@pytest.mark.asyncio
+async def test_a_directory_made_again_is_reported_and_watched_again(tmp_path: Path) -> None:
+    watched = tmp_path / "device-plugins"
+    watched.mkdir()
+    watcher = DirectoryWatcher([watched], debounce_ms=20, recheck_ms=100)
+    batches = watcher.changes()
+    try:
+        first = asyncio.ensure_future(_next_batch_with(batches, watched / "a.sock"))
+        await asyncio.sleep(0.3)  # the thread is watching
+        (watched / "a.sock").touch()
+        await first
+        shutil.rmtree(watched)
+        watched.mkdir()
+        await _next_batch_with(batches, watched)
+        # Reported again once the new watch is in place (the old inotify watch
+        # died with the old directory): from here on, its entries are seen.
+        await _next_batch_with(batches, watched)
+        (watched / "b.sock").touch()
+        await _next_batch_with(batches, watched / "b.sock")
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_directory_missing_at_start_is_watched_once_it_exists(tmp_path: Path) -> None:
+    vfio = tmp_path / "vfio"
+    watcher = DirectoryWatcher([vfio], debounce_ms=20, recheck_ms=100)
+    batches = watcher.changes()
+    try:
+        appeared = asyncio.ensure_future(_next_batch_with(batches, vfio))
+        await asyncio.sleep(0.3)
+        vfio.mkdir()
+        await appeared
+        await _next_batch_with(batches, vfio)  # again, with the watch in place
+        (vfio / "93").touch()
+        await _next_batch_with(batches, vfio / "93")
+    finally:
+        watcher.stop()
