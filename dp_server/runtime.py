@@ -53,11 +53,9 @@ from dp_core import (
     ReportUnhealthy,
     SocketMode,
     Tick,
-    Timing,
     WatchEnded,
     WatchStarted,
     endpoint_name,
-    min_endpoint_length,
 )
 
 from . import wire
@@ -67,6 +65,7 @@ from .pod_resources import PodResourcesPoller, describe_error
 from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
+from .settings import Settings, SettingsError, socket_name_room
 from .sockets import PluginDirectoryLost, PluginSockets, socket_identity
 from .streams import StreamSlot
 from .transport import ConnectionTracker, KubeletChannel
@@ -78,13 +77,7 @@ if TYPE_CHECKING:
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings", "SettingsError"]
 
 KUBELET_SOCKET = "kubelet.sock"
-# A unix socket address holds at most 108 bytes with its terminating NUL; the
-# kubelet dials <its device-plugin dir>/<endpoint>, which must fit as well.
-SOCKET_PATH_MAX = 107
-# The kubelet's directory on the host may be longer than ours in the container
-# (MicroK8s: /var/snap/microk8s/common/var/lib/kubelet/device-plugins, 52
-# bytes): names are kept to 48 bytes, which leaves 58 for the kubelet's.
-SOCKET_NAME_MAX = 48
+
 _log = logging.getLogger("dp.runtime")
 # After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
 # second, then every 50 ms for half a minute: a restarted kubelet's new socket
@@ -94,41 +87,8 @@ _log = logging.getLogger("dp.runtime")
 _FOLLOW_FAST = (0.005, 1.0)  # (step, for how long)
 _FOLLOW_SLOW = (0.05, 30.0)
 _COLLECT_AFTER_REGISTRATION = 1.0  # seconds after every resource is registered again
+_CONFIG_SETTLE = 1.0  # a changed config file is read once it stayed the same this long
 _T = TypeVar("_T")
-
-
-@attrs.frozen
-class Settings:
-    sysfs: str = "/sys"
-    dev: str = "/dev"
-    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
-    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    socket_mode: SocketMode = SocketMode.SINGLE
-    rescan_interval: float = 30.0
-    pod_resources_interval: float = 10.0
-    register_timeout: float = 15.0
-    # The kubelet's own limit is 100 QPS; one poll a second is far below it.
-    pod_resources_min_gap: float = 1.0
-    endpoint_prefix: str | None = None
-    timing: Timing = Timing()
-    config_path: str | None = None  # reloaded when it changes (see FileVersion)
-    metrics_address: tuple[str | None, int] | None = None  # host None: every address
-
-
-class SettingsError(ValueError):
-    """Settings the server cannot run with; the message names the setting."""
-
-
-def _socket_name_room(directory: str, prefix: str) -> int:
-    """How long a socket file name in `directory` may be."""
-    room = min(SOCKET_NAME_MAX, SOCKET_PATH_MAX - len(os.fsencode(directory.rstrip("/"))) - 1)
-    if room < min_endpoint_length(prefix):
-        longest = SOCKET_PATH_MAX - 1 - min_endpoint_length(prefix)
-        raise SettingsError(
-            f"--device-plugin-dir {directory!r} is too long: a unix socket path is at most "
-            f"{SOCKET_PATH_MAX} bytes, which leaves at most {longest} bytes for the directory"
-        )
-    return room
 
 
 class Runtime:
@@ -156,7 +116,7 @@ class Runtime:
             config,
             socket_mode=settings.socket_mode,
             endpoint_prefix=prefix,
-            endpoint_max_length=_socket_name_room(settings.device_plugin_dir, prefix),
+            endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
             timing=settings.timing,
             pci_names=pci_names,
         )
@@ -195,7 +155,9 @@ class Runtime:
         self._timer: asyncio.Task[None] | None = None
         self._status: StatusEndpoint | None = None  # serving /metrics, with --metrics-address
         watched = settings.config_path if reload is not None else None
-        self._config_version = FileVersion(Path(watched).absolute()) if watched else None
+        self._config_version = (
+            FileVersion(Path(watched).absolute(), settle=_CONFIG_SETTLE) if watched else None
+        )
 
     # -- feeding the core ------------------------------------------------------
 
@@ -356,7 +318,11 @@ class Runtime:
 
     async def _check_sockets(self) -> None:
         """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
-        await self._sockets.restore()
+        try:
+            await self._sockets.restore()
+        except PluginDirectoryLost as error:
+            self.fail(str(error))
+            return
         self._probe_kubelet()
 
     def _probe_kubelet(self) -> None:
@@ -457,7 +423,8 @@ class Runtime:
     def _deadline(self) -> float:
         candidates = [self._next_rescan]
         pod_poll = self._pods.due_at(self.node.allocations, self.now())
-        for deadline in (self.node.next_deadline(), pod_poll):
+        config = self._config_version.due_at if self._config_version else None
+        for deadline in (self.node.next_deadline(), pod_poll, config):
             if deadline is not None:
                 candidates.append(deadline)
         return min(candidates)
@@ -484,6 +451,8 @@ class Runtime:
             poll_at = self._pods.due_at(self.node.allocations, now)
             if poll_at is not None and poll_at <= now and self._pods.may_poll(now):
                 self._spawn(self._poll_pod_resources())
+            if self._config_version is not None and self._config_version.settled(now):
+                self.reload_config()
 
     def _safely(self, action: Callable[[], None]) -> None:
         try:
@@ -494,14 +463,18 @@ class Runtime:
             self._next_rescan = self.now() + self.settings.rescan_interval
 
     def _reload_if_changed(self) -> None:
-        if self._config_version is not None and self._config_version.changed():
-            self.reload_config()
+        if self._config_version is not None:
+            self._config_version.noticed(self.now())
+            self._wake.set()  # the timer loop reads it once it has settled
 
     def reload_config(self) -> None:
         """Apply the config file again; a broken one is logged and the old one kept."""
         if self._reload is None:
             return
         try:
+            if self._config_version is not None and self._config_version.empty():
+                # Defaults at start; in a running server, a write caught half-way.
+                raise ValueError(f"{self._config_version.path} is empty")
             config, names = self._reload()
         except Exception as error:  # noqa: BLE001 - every failure keeps the old config
             _log.error(
@@ -532,8 +505,6 @@ class Runtime:
                     self._safely(self.rescan)
                 if config in touched:
                     self._reload_if_changed()
-            except PluginDirectoryLost as error:
-                self.fail(str(error))
             except Exception:  # noqa: BLE001 - the next change must still be seen
                 _log.exception("watch-event-failed")
 

@@ -30,11 +30,17 @@ class FileVersion:
     through a directory link that a deploy tool swaps. What the path resolves
     to, and that file's size and times, change in every such case; a stat is
     cheap enough to take on any event in the directory and on every rescan.
+
+    A change counts once the file has stayed the same for `settle` seconds
+    (`noticed`, then `settled`): a file written in place (an editor, `tee`, a
+    copy) is first empty or partial, and read then it is a different config.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, settle: float = 0.0) -> None:
         self.path = path
+        self.settle = settle
         self._seen = self._version()
+        self.due_at: float | None = None  # when a noticed change will have settled
 
     def _version(self) -> tuple[int, int, int, int, int] | None:
         try:
@@ -48,6 +54,24 @@ class FileVersion:
         if version == self._seen:
             return False
         self._seen = version
+        return True
+
+    def empty(self) -> bool:
+        return self._seen is not None and self._seen[2] == 0
+
+    def noticed(self, now: float) -> None:
+        """Look now; a change starts (or starts again) the wait for it to settle."""
+        if self.changed():
+            self.due_at = now + self.settle
+
+    def settled(self, now: float) -> bool:
+        """Whether a noticed change has stayed unchanged for `settle` seconds."""
+        if self.due_at is None or now < self.due_at:
+            return False
+        if self.changed():
+            self.due_at = now + self.settle
+            return False
+        self.due_at = None
         return True
 
 

@@ -94,6 +94,17 @@ class Harness:
         assert await self.registered()
         return self.runtime, config
 
+    async def config_read(self, runtime: Runtime, timeout: float = 5) -> None:
+        """Wait until a change to the served config file has been noticed and,
+        once settled, read (or rejected)."""
+        version = runtime._config_version
+        assert version is not None
+        async with asyncio.timeout(timeout):
+            while version.due_at is None:  # the watcher's batch has not come yet
+                await asyncio.sleep(0.02)
+            while version.due_at is not None:
+                await asyncio.sleep(0.02)
+
     async def serve(self, kubelet: dict[str, Any] | None = None, **server: Any) -> Runtime:
         """Start the kubelet (with `kubelet` options), then the server (with
         `server` options), and wait until every resource is listed."""

@@ -10,6 +10,7 @@ served, and changes keep reaching the kubelet.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e_harness import ALL, NVME, QAT, Harness
+from dp_server.demo import DEMO_CONFIG
+
+from e2e_harness import ALL, GPU, KVM, NVME, QAT, Harness
 
 pytestmark = pytest.mark.asyncio
 
@@ -156,3 +159,46 @@ async def test_dev_vfio_removed_and_made_again_is_seen_without_a_rescan(harness:
     assert await harness.wait(
         lambda e: e.resources()[QAT].devices["0000:6b:00.2"].health == "Unhealthy"
     )
+
+
+async def test_a_config_written_in_place_is_read_once_it_is_whole(harness: Harness) -> None:
+    """An editor, `tee` or a copy writes the file in place: empty first, then
+    the new text. Read half-way, it would be another config (the defaults),
+    and the kubelet would see the GPUs go and come back."""
+    path = harness.root / "config.yaml"
+    path.write_text(DEMO_CONFIG)
+    runtime, _ = await harness.serve_config_file(path)
+    emulator = harness.emulator
+    assert emulator is not None
+    gpus_seen: list[int] = []
+
+    async def watch_gpus() -> None:
+        while True:
+            gpus_seen.append(emulator.allocatable().get(GPU, 0))
+            await asyncio.sleep(0.02)
+
+    watching = asyncio.create_task(watch_gpus())
+    try:
+        with path.open("w") as config:
+            config.flush()  # empty, for longer than the watcher's debounce
+            await asyncio.sleep(0.4)
+            config.write(DEMO_CONFIG.replace("{count: 1000}", "{count: 9}"))
+        assert await harness.wait(lambda e: len(e.resources()[KVM].devices) == 9)
+    finally:
+        watching.cancel()
+    assert gpus_seen and set(gpus_seen) == {gpus_seen[0]} and gpus_seen[0] > 0
+    assert runtime.config.shared_devices[0].count == 9
+
+
+async def test_an_emptied_config_keeps_the_previous_one(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="dp.runtime")
+    path = harness.root / "config.yaml"
+    path.write_text(DEMO_CONFIG)
+    runtime, config = await harness.serve_config_file(path)
+    path.write_text("")
+    await harness.config_read(runtime)
+    assert runtime.config == config
+    rejected = [r for r in caplog.records if r.getMessage() == "config-rejected"]
+    assert [r.dp_fields["error"] for r in rejected] == [f"{path} is empty"]  # type: ignore[attr-defined]

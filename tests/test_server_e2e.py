@@ -436,7 +436,7 @@ async def test_config_file_change_is_applied_and_a_broken_one_is_kept_out(
     runtime, config = await harness.serve_config_file(path)
 
     path.write_text("permittedHostDevices: [unclosed\n")
-    await asyncio.sleep(0.5)
+    await harness.config_read(runtime)
     assert runtime.config == config  # the broken file changed nothing
     path.write_text(
         DEMO_CONFIG.replace("{count: 1000}", "{count: 50}")

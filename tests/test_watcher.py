@@ -159,3 +159,21 @@ async def test_a_directory_missing_at_start_is_watched_once_it_exists(tmp_path: 
         await _next_batch_with(batches, vfio / "93")
     finally:
         watcher.stop()
+
+
+def test_a_change_counts_once_the_file_has_stayed_the_same_for_the_settle_time(
+    tmp_path: Path,
+) -> None:
+    path = plain(tmp_path)
+    version = FileVersion(path, settle=1.0)
+    version.noticed(now=10.0)
+    assert version.due_at is None  # nothing changed
+    path.write_text("")  # an in-place write: truncated first
+    version.noticed(now=11.0)
+    assert version.due_at == 12.0 and version.empty()
+    assert not version.settled(now=11.5)
+    path.write_text("a: 3\n")  # ... then written, half a second later
+    assert not version.settled(now=12.0)  # changed again: wait again
+    assert version.due_at == 13.0 and not version.empty()
+    assert version.settled(now=13.0)
+    assert version.due_at is None and not version.settled(now=20.0)

@@ -1,0 +1,53 @@
+"""What `dp-server serve` runs with, and the limits its flags must respect."""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+from dp_core import SocketMode, Timing, min_endpoint_length
+
+__all__ = ["SOCKET_NAME_MAX", "SOCKET_PATH_MAX", "Settings", "SettingsError", "socket_name_room"]
+
+# A unix socket address holds at most 108 bytes with its terminating NUL; the
+# kubelet dials <its device-plugin dir>/<endpoint>, which must fit as well.
+SOCKET_PATH_MAX = 107
+# The kubelet's directory on the host may be longer than ours in the container
+# (MicroK8s: /var/snap/microk8s/common/var/lib/kubelet/device-plugins, 52
+# bytes): names are kept to 48 bytes, which leaves 58 for the kubelet's.
+SOCKET_NAME_MAX = 48
+
+
+@attrs.frozen
+class Settings:
+    sysfs: str = "/sys"
+    dev: str = "/dev"
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    socket_mode: SocketMode = SocketMode.SINGLE
+    rescan_interval: float = 30.0
+    pod_resources_interval: float = 10.0
+    register_timeout: float = 15.0
+    # The kubelet's own limit is 100 QPS; one poll a second is far below it.
+    pod_resources_min_gap: float = 1.0
+    endpoint_prefix: str | None = None
+    timing: Timing = Timing()
+    config_path: str | None = None  # reloaded when it changes (see FileVersion)
+    metrics_address: tuple[str | None, int] | None = None  # host None: every address
+
+
+class SettingsError(ValueError):
+    """Settings the server cannot run with; the message names the setting."""
+
+
+def socket_name_room(directory: str, prefix: str) -> int:
+    """How long a socket file name in `directory` may be."""
+    room = min(SOCKET_NAME_MAX, SOCKET_PATH_MAX - len(os.fsencode(directory.rstrip("/"))) - 1)
+    if room < min_endpoint_length(prefix):
+        longest = SOCKET_PATH_MAX - 1 - min_endpoint_length(prefix)
+        raise SettingsError(
+            f"--device-plugin-dir {directory!r} is too long: a unix socket path is at most "
+            f"{SOCKET_PATH_MAX} bytes, which leaves at most {longest} bytes for the directory"
+        )
+    return room
