@@ -71,11 +71,16 @@ def _has_group(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
 
 
 def _no_enabled_vfs(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
-    if pci.virtfns and pci.driver is not None:
+    if pci.driver is None:
+        return ""
+    if pci.sriov_numvfs is None:
         return (
-            f"has {len(pci.virtfns)} virtual functions enabled; unbinding {pci.driver} "
-            "would remove them"
+            "its virtual functions could not be read (sriov_numvfs or a virtfn link); "
+            f"unbinding {pci.driver} could remove them"
         )
+    enabled = max(len(pci.virtfns), pci.sriov_numvfs)
+    if enabled:
+        return f"has {enabled} virtual functions enabled; unbinding {pci.driver} would remove them"
     return ""
 
 

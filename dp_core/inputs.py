@@ -188,11 +188,21 @@ class AllocationsObserved:
 
 @attrs.frozen
 class BindingFinished:
-    """A `BindDevice` was carried out: `error` is None when the function is on vfio-pci."""
+    """A `BindDevice` was carried out: `error` is None when the function is on vfio-pci.
+
+    `withdrawn`: when its turn came, `Node.bind_planned` said the plan no
+    longer moves the function (a config change or a rescan since), so nothing
+    was written; `error` is then None.
+    """
 
     address: PciAddress
     error: str | None
     now: float
+    withdrawn: bool = attrs.field(default=False, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.withdrawn and self.error is not None:
+            raise ValueError("a withdrawn bind wrote nothing, so it has no error")
 
 
 @attrs.frozen

@@ -240,10 +240,22 @@ class Node:
                 )
         return effects
 
+    def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
+        """Whether the plan still moves `address` from `driver`.
+
+        Binds run one at a time, and a slow driver can hold one for seconds:
+        ask this when a `BindDevice`'s turn comes, since a config change or a
+        rescan since it was emitted may have withdrawn it (DESIGN.md §6).
+        """
+        decision = self.bindings.get(address)
+        return decision is not None and decision.binds and decision.driver == driver
+
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
         if event.address not in self.bind_book.in_flight:
             raise UsageError(f"no bind of {event.address} is in flight")
         self.bind_book.in_flight.discard(event.address)
+        if event.withdrawn:
+            return [Log.info("bind-withdrawn", device=str(event.address))]
         if event.error is None:
             return [Log.info("bound", device=str(event.address), driver="vfio-pci")]
         self.bind_book.failed[event.address] = event.error

@@ -85,6 +85,10 @@ class PciDevice:
     numa_node: int | None = attrs.field(default=None)
     physfn: PciAddress | None = None
     virtfns: tuple[PciAddress, ...] = ()
+    # Virtual functions the kernel says are enabled (sysfs sriov_numvfs; 0 when
+    # the function cannot have any); None when that, or a virtfn link, could
+    # not be read.
+    sriov_numvfs: int | None = 0
     boot_vga: bool = False
 
     @numa_node.validator

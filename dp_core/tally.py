@@ -69,7 +69,7 @@ class Tally:
             self._rpc(event, effects, owner)
         elif isinstance(event, RegistrationSucceeded | RegistrationFailed):
             self.registrations[event.resource, isinstance(event, RegistrationSucceeded)] += 1
-        elif isinstance(event, BindingFinished):
+        elif isinstance(event, BindingFinished) and not event.withdrawn:
             self.bindings[event.error is None] += 1
         elif isinstance(event, KubeletStarted):
             self.kubelet_starts += 1

@@ -52,6 +52,7 @@ class Binder:
         self._write = write
 
     def driver_of(self, address: PciAddress) -> str | None:
+        """The driver bound to `address`, None if none; OSError if that cannot be read."""
         try:
             return os.path.basename(os.readlink(f"{self._device(address)}/driver"))
         except FileNotFoundError:
@@ -59,11 +60,19 @@ class Binder:
 
     def bind(self, address: PciAddress, driver: str | None) -> str | None:
         """Move `address` from `driver` to vfio-pci: None when it got there, else why not."""
+        try:
+            return self._bind(address, driver)
+        except Exception as error:  # noqa: BLE001 - the core must hear back in every case
+            _log.exception("bind of %s failed unexpectedly", address)
+            return f"unexpected {type(error).__name__}: {error}; check the device by hand"
+
+    def _bind(self, address: PciAddress, driver: str | None) -> str | None:
         device = self._device(address)
         try:
             current = self.driver_of(address)
-            with open(f"{device}/driver_override") as file:
+            with open(f"{device}/driver_override", errors="replace") as file:
                 previous = file.read().strip()
+            enabled_vfs = self._enabled_vfs(device)
         except OSError as error:
             return f"cannot read {device}: {_why(error)}; left alone"
         if current != driver:
@@ -71,6 +80,8 @@ class Binder:
                 f"its driver is {current or 'none'} now, not {driver or 'none'} as scanned; "
                 "left alone"
             )
+        if enabled_vfs and driver is not None:
+            return f"{enabled_vfs} now; unbinding {driver} would remove them, so it is left alone"
         steps = [(f"{device}/driver_override", VFIO_DRIVER)]
         if driver is not None:
             steps.append((f"{self.sys}/bus/pci/drivers/{driver}/unbind", str(address)))
@@ -82,12 +93,33 @@ class Binder:
             except OSError as error:
                 error_text = f"writing {text!r} to {path} failed: {_why(error)}"
                 break
-        after = self.driver_of(address)
+        try:
+            after = self.driver_of(address)
+        except OSError as error:
+            after = None
+            error_text = error_text or f"its driver cannot be read after the bind: {_why(error)}"
         if error_text is None and after == VFIO_DRIVER:
             return None
         if error_text is None:
             error_text = f"after drivers_probe it is bound to {after or 'no driver'}"
         return error_text + self._give_back(address, previous, after)
+
+    @staticmethod
+    def _enabled_vfs(device: str) -> str:
+        """The virtual functions enabled on `device`, as a phrase; empty if none.
+
+        Read again just before the unbind: VFs may have been enabled since the
+        scan, and unbinding their physical function's driver destroys them.
+        """
+        links = sum(1 for name in os.listdir(device) if name.startswith("virtfn"))
+        try:
+            with open(f"{device}/sriov_numvfs") as file:
+                text = file.read().strip()
+        except FileNotFoundError:
+            text = "0"  # not SR-IOV capable
+        if links or text != "0":
+            return f"it has virtual functions enabled (sriov_numvfs {text!r}, {links} virtfn links)"
+        return ""
 
     def _give_back(self, address: PciAddress, previous: str, now: str | None) -> str:
         """Undo a bind that did not finish; what could not be undone, for the message."""
@@ -101,7 +133,10 @@ class Binder:
         except OSError as error:
             _log.error("could not give %s back to its driver: %s", address, _why(error))
             return f"; giving it back failed too: {_why(error)}"
-        back = self.driver_of(address)
+        try:
+            back = self.driver_of(address)
+        except OSError as error:
+            return f"; its driver cannot be read: {_why(error)}"
         return f"; given back to {back}" if back else "; it has no driver now"
 
     def _device(self, address: PciAddress) -> str:

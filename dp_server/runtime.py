@@ -383,12 +383,20 @@ class Runtime:
     async def _bind(self, effect: BindDevice) -> None:
         # One at a time, off the loop: a GPU driver can take seconds to let go,
         # and Allocate must not wait for it.
-        async with self._binding:
-            error = await asyncio.get_running_loop().run_in_executor(
-                None, self._binder.bind, effect.address, effect.driver
-            )
-        self._binds_pending -= 1
-        self.feed(BindingFinished(effect.address, error, self.now()))
+        error: str | None = "the bind was not carried out"
+        withdrawn = False
+        try:
+            async with self._binding:
+                if not self.node.bind_planned(effect.address, effect.driver):
+                    error, withdrawn = None, True  # the plan changed while it waited
+                else:
+                    error = await asyncio.get_running_loop().run_in_executor(
+                        None, self._binder.bind, effect.address, effect.driver
+                    )
+        finally:  # the core must hear back, or the function stays "in flight" for good
+            self._binds_pending -= 1
+            if not self._stopping:
+                self.feed(BindingFinished(effect.address, error, self.now(), withdrawn=withdrawn))
         if not self._binds_pending:  # one look at the host after a batch of binds
             self._safely(self.rescan)
 

@@ -333,17 +333,30 @@ class _Scan:
             physfn = self.address_link(f"{base}/physfn", "physical function treated as unknown", fd)
 
         virtfns: list[tuple[int, PciAddress]] = []
+        sriov_numvfs: int | None = 0
         for entry in present:
             if entry.startswith("virtfn"):
                 path = f"{base}/{entry}"
                 index = entry[6:]
                 if not _is_number(index):
-                    self.problem(path, "is not virtfn<N>; ignored")
+                    self.problem(path, "is not virtfn<N>; VFs treated as unknown")
+                    sriov_numvfs = None
                     continue
-                vf = self.address_link(path, "virtual function link ignored", fd)
-                if vf is not None:
+                vf = self.address_link(path, "VFs treated as unknown", fd)
+                if vf is None:
+                    sriov_numvfs = None
+                else:
                     virtfns.append((int(index), vf))
         virtfns.sort()
+        if "sriov_numvfs" in present and sriov_numvfs is not None:
+            path = f"{base}/sriov_numvfs"
+            text = self.read(path, "VFs treated as unknown", fd)
+            if text is not None and _is_number(text):
+                sriov_numvfs = int(text)
+            else:
+                if text is not None:
+                    self.problem(path, f"garbage value {text[:40]!r}; VFs treated as unknown")
+                sriov_numvfs = None
 
         boot_vga = False
         if "boot_vga" in present:
@@ -372,6 +385,7 @@ class _Scan:
             numa_node=numa,
             physfn=physfn,
             virtfns=tuple(vf for _, vf in virtfns),
+            sriov_numvfs=sriov_numvfs,
             boot_vga=boot_vga,
         )
 

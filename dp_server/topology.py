@@ -232,6 +232,7 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
             numa_node=fn.numa,
             physfn=fn.physfn,
             virtfns=tuple(virtfns.get(fn.address, ())),
+            sriov_numvfs=len(virtfns.get(fn.address, ())),
             boot_vga=fn.boot_vga,
         )
         for fn in topology.pci

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from dp_core import PciAddress
+from dp_core import ConfigApplied, PciAddress
 from dp_server.binder import Binder
 from dp_server.config_file import parse_config
 
@@ -156,4 +156,90 @@ async def test_a_probe_that_does_not_reach_vfio_gives_the_device_back(harness: H
         "bus/pci/drivers_probe",
         "bus/pci/devices/0000:18:00.0/driver_override",
         "bus/pci/drivers_probe",
+    ]
+
+
+async def test_virtual_functions_enabled_since_the_scan_leave_the_function_alone(
+    harness: Harness,
+) -> None:
+    """Unbinding a physical function's driver destroys its VFs: enabled between
+    the scan and the bind, they stop it before anything is written."""
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    nic = harness.sysfs / "bus/pci/devices/0000:18:00.0"
+    (nic / "sriov_numvfs").write_text("2\n")
+    error = Binder(str(harness.sysfs), kernel.write).bind(PciAddress.parse("0000:18:00.0"), "i40e")
+    assert error is not None and "virtual functions enabled (sriov_numvfs '2'" in error
+    assert "left alone" in error and kernel.writes == []
+    (nic / "sriov_numvfs").write_text("0\n")
+    (nic / "virtfn0").symlink_to("../0000:6b:00.1")  # a link the scan did not see
+    error = Binder(str(harness.sysfs), kernel.write).bind(PciAddress.parse("0000:18:00.0"), "i40e")
+    assert error is not None and "1 virtfn links" in error and kernel.writes == []
+
+
+async def test_an_unreadable_driver_override_is_an_answer_not_an_exception(
+    harness: Harness,
+) -> None:
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    override = harness.sysfs / "bus/pci/devices/0000:18:00.0/driver_override"
+    override.write_bytes(b"\xff\xfe\n")  # root can write any bytes there
+    binder = Binder(str(harness.sysfs), kernel.write)
+    assert binder.bind(PciAddress.parse("0000:18:00.0"), "i40e") is None
+    assert kernel.driver("0000:18:00.0") == "vfio-pci"
+
+    # Whatever goes wrong, the core hears back rather than waiting forever.
+    def broken(path: str, text: str) -> None:
+        raise RuntimeError("a bug")
+
+    error = Binder(str(harness.sysfs), broken).bind(
+        PciAddress.parse("0000:d8:00.1"), "snd_hda_intel"
+    )
+    assert error is not None and error.startswith("unexpected RuntimeError: a bug")
+
+
+async def test_a_bind_the_config_withdrew_while_it_waited_writes_nothing(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Binds run one at a time, and a driver can take seconds to let go. A
+    config reload in that time that stops selecting the next device must stop
+    its bind: dp never writes to a device the config does not select."""
+    caplog.set_level(logging.INFO, logger="dp")
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_write(path: str, text: str) -> None:
+        if path.endswith("i40e/unbind"):  # the NIC's driver takes its time
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+        kernel.write(path, text)
+
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(CONFIG, "<test>"), binder=Binder(str(harness.sysfs), slow_write)
+    )
+    for _ in range(100):  # the NIC's bind is under way, the audio's waits its turn
+        if (
+            any(p.endswith("i40e/unbind") for p, _ in kernel.writes)
+            or len(runtime.node.bind_book.in_flight) > 1
+        ):
+            break
+        await asyncio.sleep(0.02)
+    assert runtime.node.bind_book.in_flight >= {PciAddress.parse("0000:d8:00.1")}
+    without_audio = CONFIG.replace(
+        '    - {pciVendorSelector: "10DE:10F8", resourceName: "nvidia.com/gpu_audio"}\n', ""
+    )
+    runtime.config = parse_config(without_audio, "<test>")
+    runtime.feed(ConfigApplied(runtime.config, runtime.now(), {}))
+    release.set()
+    for _ in range(100):
+        if not runtime.node.bind_book.in_flight:
+            break
+        await asyncio.sleep(0.05)
+    assert not runtime.node.bind_book.in_flight
+    assert not [
+        p for p, _ in kernel.writes if "0000:d8:00.1" in p or p.endswith("hda_intel/unbind")
+    ]
+    assert kernel.driver("0000:d8:00.1") == "snd_hda_intel"
+    assert kernel.driver("0000:18:00.0") == "vfio-pci"  # the one under way finished
+    assert [r.dp_fields for r in caplog.records if r.getMessage() == "bind-withdrawn"] == [  # type: ignore[attr-defined]
+        {"device": "0000:d8:00.1"}
     ]

@@ -90,6 +90,18 @@ REFUSALS = [
         NIC_CONFIG,
         "2 virtual functions enabled",
     ),
+    (
+        "VFs the kernel counts, links not seen",
+        host([attrs.evolve(nic(), sriov_numvfs=3)]),
+        NIC_CONFIG,
+        "3 virtual functions enabled",
+    ),
+    (
+        "VFs unknown",
+        host([attrs.evolve(nic(), sriov_numvfs=None)]),
+        NIC_CONFIG,
+        "virtual functions could not be read",
+    ),
     ("vfio-pci not loaded", host([nic()], frozenset({"i40e"})), NIC_CONFIG, "modprobe vfio-pci"),
     ("driver list unreadable", host([nic()], None), NIC_CONFIG, "could not be read"),
     ("no driver, bindUnbound", host([nic(driver=None)]), config(NIC, unbound=True), ""),

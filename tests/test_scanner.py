@@ -488,3 +488,33 @@ def test_real_sys_smoke() -> None:
         vfio = {f"/dev/vfio/{n}" for n in os.listdir("/dev/vfio") if n == "vfio" or n.isdigit()}
     shared = {p for p in SHARED_DEV_PATHS if os.path.exists(p)}
     assert result.dev_nodes == frozenset(vfio | shared)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    ["garbage sriov_numvfs", "unreadable virtfn link"],
+)
+def test_virtual_functions_that_cannot_be_read_are_unknown(
+    tree: tuple[Path, Path], caplog: pytest.LogCaptureFixture, spoil: str
+) -> None:
+    """Unknown is never read as "none": unbinding a physical function's driver
+    would destroy VFs the scan could not see (dp_core.binding refuses it)."""
+    pf = _dir(tree[0], "0000:6b:00.0")
+    entry = "sriov_numvfs" if spoil == "garbage sriov_numvfs" else "virtfn3"
+    if entry == "sriov_numvfs":
+        (pf / entry).write_text("four\n")
+    else:
+        (pf / entry).unlink()
+        (pf / entry).symlink_to("nowhere")
+    path = str(tree[0] / "bus/pci/devices/0000:6b:00.0" / entry)
+    result = _assert_logged_once(caplog, tree, path)
+    found = result.device(A("0000:6b:00.0"))
+    assert found is not None and found.sriov_numvfs is None
+    assert [p.path for p in result.problems] == [path]
+
+
+def test_fixture_pf_counts_its_enabled_virtual_functions(fixture_scan: HostSnapshot) -> None:
+    pf = fixture_scan.device(A("0000:6b:00.0"))
+    assert pf is not None and pf.sriov_numvfs == 4
+    gpu = fixture_scan.device(A("0000:3b:00.0"))
+    assert gpu is not None and gpu.sriov_numvfs == 0  # no SR-IOV at all
