@@ -136,6 +136,35 @@ class AllocationBook:
                 released.append(self._remove(serial))
         return released
 
+    def adopt(
+        self, resource: str, devices: Sequence[AdvertisedDevice], now: float
+    ) -> tuple[list[Allocation], list[str]]:
+        """Reserve the groups of held `devices` that no allocation here records.
+
+        The PodResources API says a running pod holds them, but this book does
+        not know it: dp restarted since the pod was admitted. Unreserved, their
+        groups' siblings would be handed to the next VM. One allocation per
+        group; a group another allocation holds is split already, and is
+        reported (second list) rather than papered over.
+        """
+        by_device = self._by_device.get(resource, {})
+        by_group: dict[int, list[AdvertisedDevice]] = {}
+        for device in devices:
+            if device.iommu_group is not None and device.id not in by_device:
+                by_group.setdefault(device.iommu_group, []).append(device)
+        adopted, split = [], []
+        for group, members in sorted(by_group.items()):
+            holder = self._by_group.get(group)
+            if holder is not None:
+                ids = ", ".join(device.id for device in members)
+                split.append(
+                    f"IOMMU group {group} is split: a pod holds {ids} of {resource}, "
+                    f"and {holder.describe()} holds the group"
+                )
+                continue
+            adopted.append(self.record(resource, members, now))
+        return adopted, split
+
     def next_release_check(self) -> float | None:
         for allocation in self._allocations.values():
             return allocation.at + self.release_grace

@@ -27,7 +27,10 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from .config import Binding, Config, PciHostDevice
+from .effects import BindDevice, Log
+from .errors import UsageError
 from .host import VFIO_DRIVER, HostSnapshot
+from .inputs import BindingFinished
 from .pci import PciAddress, PciDevice
 
 __all__ = ["BindDecision", "BindingBook", "plan_bindings"]
@@ -186,3 +189,39 @@ class BindingBook:
             del self.failed[address]
         for address in [a for a in self.refusals if a not in present]:
             del self.refusals[address]
+
+    def replan(
+        self, snapshot: HostSnapshot, config: Config
+    ) -> tuple[dict[PciAddress, BindDecision], list[BindDevice | Log]]:
+        """The plan for this host and config, and the binds and refusals it starts."""
+        if self.failed or self.refusals:
+            self.forget_gone({pci.address for pci in snapshot.pci_devices})
+        plan = plan_bindings(snapshot, config, self.failed)
+        effects: list[BindDevice | Log] = []
+        for address, decision in plan.items():
+            if decision.binds:
+                self.refusals.pop(address, None)
+                if address not in self.in_flight:
+                    self.in_flight.add(address)
+                    effects.append(
+                        Log.info("bind", device=str(address), driver=decision.driver or "none")
+                    )
+                    effects.append(BindDevice(address, decision.driver))
+            elif self.refusals.get(address) != decision.refusal:
+                self.refusals[address] = decision.refusal
+                effects.append(
+                    Log.warning("bind-refused", device=str(address), reason=decision.refusal)
+                )
+        return plan, effects
+
+    def finished(self, event: BindingFinished) -> list[Log]:
+        """A bind in flight ended: carried out, failed, or withdrawn unwritten."""
+        if event.address not in self.in_flight:
+            raise UsageError(f"no bind of {event.address} is in flight")
+        self.in_flight.discard(event.address)
+        if event.withdrawn:
+            return [Log.info("bind-withdrawn", device=str(event.address))]
+        if event.error is None:
+            return [Log.info("bound", device=str(event.address), driver=VFIO_DRIVER)]
+        self.failed[event.address] = event.error
+        return [Log.warning("bind-failed", device=str(event.address), reason=event.error)]

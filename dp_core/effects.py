@@ -163,6 +163,10 @@ class Log:
     def warning(cls, event: str, **fields: object) -> Log:
         return cls("warning", event, tuple(fields.items()))
 
+    @classmethod
+    def error(cls, event: str, **fields: object) -> Log:
+        return cls("error", event, tuple(fields.items()))
+
 
 Effect = (
     Register

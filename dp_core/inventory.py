@@ -10,14 +10,17 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
-from .binding import BindDecision
 from .config import Config, MediatedDevice, PciHostDevice, SharedDevice
 from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
 from .pci import PciAddress, PciDevice, PciId
+
+if TYPE_CHECKING:  # binding's bookkeeping emits effects, which name inventory types
+    from .binding import BindDecision
 
 __all__ = [
     "VFIO_CONTAINER",

@@ -21,13 +21,12 @@ from .allocation import (
     container_allocation,
     preferred_devices,
 )
-from .binding import BindDecision, BindingBook, plan_bindings
+from .binding import BindDecision, BindingBook
 from .config import Config
 from .effects import (
     AllocateAnswer,
     Answer,
     BindConnection,
-    BindDevice,
     ContainerAllocation,
     Effect,
     EndStream,
@@ -120,6 +119,7 @@ class Node:
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
         self.bind_book = BindingBook()
+        self._splits: set[str] = set()  # IOMMU groups found split, as last logged
         self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
             socket_mode, dial_wait=self.timing.dial_wait, backoff=self.timing.backoff
@@ -219,26 +219,8 @@ class Node:
     # -- binding (DESIGN.md §6) -------------------------------------------------
 
     def _plan_bindings(self) -> list[Effect]:
-        book = self.bind_book
-        if book.failed or book.refusals:
-            book.forget_gone({pci.address for pci in self.snapshot.pci_devices})
-        self.bindings = plan_bindings(self.snapshot, self.config, book.failed)
-        effects: list[Effect] = []
-        for address, decision in self.bindings.items():
-            if decision.binds:
-                book.refusals.pop(address, None)
-                if address not in book.in_flight:
-                    book.in_flight.add(address)
-                    effects.append(
-                        Log.info("bind", device=str(address), driver=decision.driver or "none")
-                    )
-                    effects.append(BindDevice(address, decision.driver))
-            elif book.refusals.get(address) != decision.refusal:
-                book.refusals[address] = decision.refusal
-                effects.append(
-                    Log.warning("bind-refused", device=str(address), reason=decision.refusal)
-                )
-        return effects
+        self.bindings, effects = self.bind_book.replan(self.snapshot, self.config)
+        return list(effects)
 
     def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
         """Whether the plan still moves `address` from `driver`.
@@ -251,15 +233,7 @@ class Node:
         return decision is not None and decision.binds and decision.driver == driver
 
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
-        if event.address not in self.bind_book.in_flight:
-            raise UsageError(f"no bind of {event.address} is in flight")
-        self.bind_book.in_flight.discard(event.address)
-        if event.withdrawn:
-            return [Log.info("bind-withdrawn", device=str(event.address))]
-        if event.error is None:
-            return [Log.info("bound", device=str(event.address), driver="vfio-pci")]
-        self.bind_book.failed[event.address] = event.error
-        return [Log.warning("bind-failed", device=str(event.address), reason=event.error)]
+        return list(self.bind_book.finished(event))
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
@@ -381,7 +355,12 @@ class Node:
 
     def _kubelet_started(self, event: KubeletStarted) -> list[Effect]:
         self.registrar.kubelet_started(event.now)
-        return [Log.info("kubelet-started", resources=len(self._published))]
+        return [
+            Log.info("kubelet-started", resources=len(self._published)),
+            # Pods may hold devices this node has no allocation for (dp started
+            # after them): their groups are reserved once PodResources says so.
+            RefreshAllocations("the kubelet started: which pods hold devices"),
+        ]
 
     def _kubelet_stopped(self, event: KubeletStopped) -> list[Effect]:
         self.registrar.kubelet_stopped()
@@ -586,18 +565,20 @@ class Node:
 
     def _allocations_observed(self, event: AllocationsObserved) -> list[Effect]:
         released = self.allocations.release_unheld(event.held, event.now)
-        effects: list[Effect] = [
-            Log.info(
-                "released",
-                resource=allocation.resource,
-                devices=",".join(allocation.device_ids),
-                groups=",".join(str(g) for g in allocation.groups),
-            )
-            for allocation in released
-        ]
-        if released:
-            groups = {group for allocation in released for group in allocation.groups}
-            effects.extend(self._refresh_groups(groups))
+        effects: list[Effect] = [_allocation_log("released", a) for a in released]
+        touched = {group for allocation in released for group in allocation.groups}
+        splits: set[str] = set()
+        for resource, ids in sorted(event.held.items()):
+            known = self._inventory_ids.get(resource, {})
+            held = [known[device_id] for device_id in sorted(ids) if device_id in known]
+            adopted, split = self.allocations.adopt(resource, held, event.now)
+            effects.extend(_allocation_log("adopted", a) for a in adopted)
+            touched.update(group for allocation in adopted for group in allocation.groups)
+            splits.update(split)
+        effects.extend(Log.error("group-split", detail=s) for s in sorted(splits - self._splits))
+        self._splits = splits  # logged once each, while it lasts
+        if touched:
+            effects.extend(self._refresh_groups(touched))
         return effects
 
     def _tick(self, event: Tick) -> list[Effect]:
@@ -612,3 +593,12 @@ class Node:
             ),
             self.inventory.skipped,
         )
+
+
+def _allocation_log(event: str, allocation: Allocation) -> Log:
+    return Log.info(
+        event,
+        resource=allocation.resource,
+        devices=",".join(allocation.device_ids),
+        groups=",".join(str(g) for g in allocation.groups),
+    )

@@ -13,7 +13,12 @@ from dp_core import Log
 __all__ = ["configure_logging", "emit"]
 
 _LOGGER = logging.getLogger("dp")
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def emit(effect: Log) -> None:

@@ -16,6 +16,7 @@ from dp_core import (
     ContainerPreference,
     DeviceSpec,
     HostObserved,
+    Log,
     MdevDevice,
     MdevType,
     MediatedDevice,
@@ -533,3 +534,46 @@ def test_two_containers_of_one_allocate_cannot_split_a_group() -> None:
     assert reject.status is StatusCode.FAILED_PRECONDITION
     assert "IOMMU group 40" in reject.message
     assert len(node.allocations) == 0
+
+
+def test_devices_pods_hold_that_no_allocation_records_reserve_their_groups() -> None:
+    """dp restarted while a VM held QAT_0: the new node has no allocation of it,
+    but PodResources says a pod holds it. Its group is reserved as if the node
+    had allocated it, so the sibling is not handed to the next VM."""
+    node, kubelet = live_node(
+        qat_config(shared_devices=()), shared_group_host(), timing=Timing(release_grace=30.0)
+    )
+    effects = node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 5.0))
+    adopted = [e for e in effects if isinstance(e, Log) and e.event == "adopted"]
+    assert [dict(e.fields) for e in adopted] == [
+        {"resource": QAT_RESOURCE, "devices": QAT_0, "groups": "40"}
+    ]
+    report = one(effects, ReportUnhealthy)
+    assert (report.device_id, report.healthy) == (QAT_1, False)
+    kubelet.now = 6.0
+    rejected = one(kubelet.allocate(QAT_RESOURCE, (QAT_1,)), Reject)
+    assert (
+        rejected.status is StatusCode.FAILED_PRECONDITION and "IOMMU group 40" in rejected.message
+    )
+    # Seen again, it is the same reservation; the pod gone, it is released after the grace.
+    assert node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 20.0)) == []
+    effects = node.handle(AllocationsObserved({}, 40.0))
+    assert len(node.allocations) == 0
+    assert one(effects, ReportUnhealthy).healthy
+
+
+def test_a_group_found_split_is_reported_once_while_it_lasts() -> None:
+    node, kubelet = live_node(
+        qat_config(shared_devices=()), shared_group_host(), timing=Timing(release_grace=30.0)
+    )
+    _allocate_at(node, kubelet, (QAT_0,), 10.0)
+    # Another pod holds the sibling, which this node never handed out.
+    held = {QAT_RESOURCE: frozenset({QAT_0, QAT_1})}
+    splits = [
+        [e for e in node.handle(AllocationsObserved(held, now)) if isinstance(e, Log)]
+        for now in (11.0, 12.0)
+    ]
+    assert [(e.level, e.event) for e in splits[0]] == [("error", "group-split")]
+    assert QAT_1 in str(dict(splits[0][0].fields)["detail"])
+    assert splits[1] == []  # once, not at every poll
+    assert len(node.allocations) == 1  # the split is not papered over

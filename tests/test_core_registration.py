@@ -26,6 +26,7 @@ from dp_core import (
     OptionsRequested,
     Phase,
     PluginOptions,
+    RefreshAllocations,
     Register,
     RegistrationFailed,
     RegistrationSucceeded,
@@ -461,8 +462,10 @@ def test_register_ends_the_resources_old_streams_first() -> None:
     node.handle(WatchStarted(1, 100, 0.0))
     node.handle(WatchStarted(1, 101, 0.0))
     assert sorted(node.streams(A)) == [100, 101]
-    # B's call was in flight and unbound: A waits for it to end.
-    assert without_logs(node.handle(KubeletStarted(1.0))) == []
+    # B's call was in flight and unbound: A waits for it to end (the kubelet's
+    # start only asks who holds devices).
+    effects = without_logs(node.handle(KubeletStarted(1.0)))
+    assert [type(e) for e in effects] == [RefreshAllocations]
     effects = without_logs(node.handle(RegistrationFailed(B, 2, "kubelet restarted", 1.1)))
     assert [type(e) for e in effects] == [EndStream, EndStream, Register]
     assert {e.stream for e in effects_of(effects, EndStream)} == {100, 101}

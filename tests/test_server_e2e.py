@@ -283,6 +283,38 @@ async def test_group_reservation_until_pod_resources_release(harness: Harness) -
     assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == sibling
 
 
+async def test_a_restarted_server_reserves_the_groups_running_pods_hold(
+    harness: Harness,
+) -> None:
+    """dp restarts (an upgrade) while a VM holds one of two NVMe drives that
+    share an IOMMU group: the new process has no allocation of it, and learns
+    from PodResources, when the kubelet is seen, which groups are in use."""
+    await harness.serve()
+    await harness.kubelet("admit", "vm-a", "compute", {NVME: 1})
+    assert harness.emulator is not None
+    held = next(d for d, s in harness.emulator.resources()[NVME].devices.items() if s.healthy)
+    sibling = next(d for d in device_ids(harness, NVME) if d != held)
+    assert harness.runtime is not None and harness._serving is not None
+    harness.runtime.stop()
+    await asyncio.wait_for(harness._serving, 10)
+    runtime = await harness.start_server()
+    assert await harness.registered()
+    for _ in range(100):
+        if len(runtime.node.allocations):
+            break
+        await asyncio.sleep(0.05)
+    assert [a.device_ids for a in runtime.node.allocations.all()] == [(held,)]
+    assert await harness.wait(
+        lambda e: (
+            e.resources()[NVME].devices[held].healthy
+            and not e.resources()[NVME].devices[sibling].healthy
+        )
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        await harness.kubelet("allocate", NVME, [sibling])
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
 async def test_a_garbled_pod_resources_answer_keeps_group_reservations(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
