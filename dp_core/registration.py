@@ -44,6 +44,7 @@ class Step(enum.Enum):
     DIAL_TIMEOUT = "dial-timeout"
     LOST = "lost"  # last connection closed, or the kubelet restarted
     ORPHAN_SEEN = "orphan-seen"  # an unattributable connection shows up
+    RETRY = "retry"  # unbound for long enough: nothing will come, register again
 
 
 _TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
@@ -58,6 +59,7 @@ _TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (Phase.AWAITING_DIAL, Step.LOST): Phase.WAITING,
     (Phase.UNBOUND, Step.BOUND): Phase.LIVE,
     (Phase.UNBOUND, Step.ORPHAN_SEEN): Phase.WAITING,
+    (Phase.UNBOUND, Step.RETRY): Phase.WAITING,
     (Phase.UNBOUND, Step.LOST): Phase.WAITING,
     (Phase.LIVE, Step.BOUND): Phase.LIVE,
     (Phase.LIVE, Step.LOST): Phase.WAITING,
@@ -325,13 +327,24 @@ class Registrar:
         self.kubelet_present = False
 
     def expire(self, now: float) -> list[str]:
-        """Apply dial timeouts; returns resources that gave up waiting."""
+        """Apply dial timeouts; returns resources that gave up waiting.
+
+        An unbound resource waits for a late dial's RPC (`orphan_seen`) for
+        another `dial_wait`, longer after each miss; if none comes, say the
+        kubelet's connection closed before its first RPC, it registers again
+        rather than stay unserved.
+        """
         expired = []
         for reg in self._phase_members(Phase.AWAITING_DIAL):
             if reg.dial_deadline is not None and now >= reg.dial_deadline:
                 self._move(reg, Step.DIAL_TIMEOUT)
                 reg.dial_deadline = None
+                reg.failures += 1
+                reg.next_attempt_at = now + self.dial_wait + self.backoff.delay(reg.failures)
                 expired.append(reg.name)
+        for reg in self._phase_members(Phase.UNBOUND):
+            if now >= reg.next_attempt_at:
+                self._move(reg, Step.RETRY)
         return expired
 
     def next_deadline(self) -> float | None:
@@ -340,6 +353,7 @@ class Registrar:
             for reg in self._in_phase[Phase.AWAITING_DIAL].values()
             if reg.dial_deadline is not None
         ]
+        deadlines += [reg.next_attempt_at for reg in self._in_phase[Phase.UNBOUND].values()]
         blocked = self.in_flight() is not None or bool(self._stale_unbound)
         if self.kubelet_present and (self.mode is SocketMode.PER_RESOURCE or not blocked):
             deadlines += [reg.next_attempt_at for reg in self._in_phase[Phase.WAITING].values()]

@@ -331,6 +331,28 @@ def test_dial_timeout_gives_up_and_registers_the_next() -> None:
     assert node.registrar.phases()[A] is Phase.UNBOUND
 
 
+def test_an_unbound_resource_registers_again_when_no_late_dial_comes() -> None:
+    """The kubelet's connection for A closed before its first RPC: no RPC will
+    ever come to requeue A, so after waiting once more it registers again, and
+    waits longer after each miss."""
+    node, _ = started_node()
+    node.handle(RegistrationSucceeded(A, 1, 1.0))
+    node.handle(ConnectionOpened(1, 1.1))
+    node.handle(ConnectionClosed(1, 1.1))
+    node.handle(Tick(4.0))  # dial timeout: A unbound, B registering
+    node.handle(ConnectionOpened(2, 4.1))
+    node.handle(OptionsRequested(2, 1, 4.1))  # binds to B
+    node.handle(RegistrationSucceeded(B, 2, 4.2))
+    assert node.registrar.phases()[A] is Phase.UNBOUND
+    # Waits dial_wait (3 s) plus the backoff of one miss (20 ms) for a late RPC.
+    assert node.next_deadline() == pytest.approx(7.02)
+    assert registers(node.handle(Tick(7.0))) == []
+    assert registers(node.handle(Tick(7.02))) == [(A, 3)]
+    node.handle(RegistrationSucceeded(A, 3, 7.1))
+    node.handle(Tick(10.1))  # missed again: the wait grows
+    assert node.next_deadline() == pytest.approx(10.1 + 3.0 + 0.04)
+
+
 def test_rpc_on_unattributed_connection_is_rejected_and_unbound_reregister() -> None:
     node, _ = started_node()
     node.handle(RegistrationSucceeded(A, 1, 1.0))
