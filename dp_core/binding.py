@@ -29,7 +29,7 @@ import attrs
 from .config import Binding, Config, PciHostDevice
 from .effects import BindDevice, Log
 from .errors import UsageError
-from .host import VFIO_DRIVER, HostSnapshot
+from .host import VFIO_DRIVER, HostSnapshot, blocks_vfio
 from .inputs import BindingFinished
 from .pci import PciAddress, PciDevice
 
@@ -161,8 +161,8 @@ def _group_blocker(
     group = snapshot.group(decision.iommu_group)
     if group is None:
         return f"IOMMU group {decision.iommu_group} is not listed in sysfs"
-    for member in group.endpoints:
-        if member.address == decision.address or member.driver in (None, VFIO_DRIVER):
+    for member in group.members:
+        if member.address == decision.address or not blocks_vfio(member):
             continue
         other = decisions.get(member.address)
         if other is not None and other.binds:

@@ -76,6 +76,25 @@ class Viability:
 _VIABLE = Viability(viable=True)
 
 
+# Drivers the kernel lets a bridge keep while VFIO uses its group: port
+# drivers that do no DMA of their own (`driver_managed_dma` since Linux 5.19;
+# older kernels exempted every bridge header). Any other driver on a
+# bridge-class function, an LPC/ISA bridge on lpc_ich say, holds the group
+# from VFIO as an endpoint's driver does.
+BRIDGE_PORT_DRIVERS = frozenset({"pcieport"})
+
+
+def blocks_vfio(pci: PciDevice) -> bool:
+    """Whether `pci`, bound as it is, keeps its IOMMU group from VFIO.
+
+    A function with no driver, or on vfio-pci, does not; nor does a bridge on
+    its port driver.
+    """
+    if pci.driver is None or pci.driver == VFIO_DRIVER:
+        return False
+    return not (pci.is_bridge and pci.driver in BRIDGE_PORT_DRIVERS)
+
+
 @attrs.frozen
 class IommuGroup:
     """One `/sys/kernel/iommu_groups/<number>`, holding its member functions."""
@@ -94,13 +113,9 @@ class IommuGroup:
 
     @property
     def viability(self) -> Viability:
-        # VFIO refuses a group while any endpoint in it is owned by a host driver;
-        # an endpoint with no driver is fine, and bridges are never checked.
         # The inventory asks once per device, so the common answer is shared.
         blockers = tuple(
-            (member.address, member.driver)
-            for member in self.members
-            if member.driver is not None and member.driver != VFIO_DRIVER and not member.is_bridge
+            (member.address, member.driver or "") for member in self.members if blocks_vfio(member)
         )
         return Viability(viable=False, blockers=blockers) if blockers else _VIABLE
 

@@ -172,6 +172,17 @@ def test_an_unselected_sibling_on_a_host_driver_blocks_the_group() -> None:
     )
 
 
+def test_a_bridge_class_sibling_on_a_host_driver_blocks_the_group() -> None:
+    """An Intel chipset's group: the LPC bridge (class 0x0601, driven by
+    lpc_ich) beside the audio function. VFIO would refuse the group, so the
+    audio is not taken from the host for nothing."""
+    lpc = pci("0000:00:1f.0", PciId(0x8086, 0xA30E), 12, driver="lpc_ich", class_code=0x060100)
+    audio = pci("0000:00:1f.3", AUDIO, 12, driver="snd_hda_intel", class_code=0x040300)
+    plan = plan_bindings(host([lpc, audio]), config(AUDIO, drivers=("snd_hda_intel",)))
+    assert "also holds 0000:00:1f.0, bound to lpc_ich" in refusal(plan, "0000:00:1f.3")
+    assert a("0000:00:1f.0") not in plan  # and the bridge itself is never a candidate
+
+
 def test_a_selected_sibling_whose_driver_is_not_listed_blocks_the_group() -> None:
     plan = plan_bindings(gpu_and_audio(), config(GPU, AUDIO, drivers=("nouveau",)))
     assert "does not list snd_hda_intel" in refusal(plan, "0000:d8:00.1")

@@ -245,7 +245,24 @@ AUDIO = 0x040300
             ],
             True,
             [],
-            id="bridge-on-host-driver-ignored",
+            id="bridge-on-its-port-driver-ignored",
+        ),
+        pytest.param(
+            [
+                member("0000:00:1f.0", "lpc_ich", 0x060100),
+                member("0000:00:1f.3", VFIO_DRIVER, AUDIO),
+            ],
+            False,
+            [("0000:00:1f.0", "lpc_ich")],
+            # Bridge class, ordinary header and a driver that does DMA: the kernel
+            # keeps the group from VFIO (a chipset's LPC bridge beside its audio).
+            id="isa-bridge-on-a-host-driver-blocks",
+        ),
+        pytest.param(
+            [member("0000:00:00.0", None, 0x060000), member("0000:00:00.1", VFIO_DRIVER)],
+            True,
+            [],
+            id="host-bridge-without-driver-ok",
         ),
         pytest.param(
             [member("0000:3b:00.0", VFIO_DRIVER), member("0000:3b:00.1", None, AUDIO)],
