@@ -574,6 +574,17 @@ def _scan_host(
     found = scan.pci_functions(known_groups)
     devices = dict(sorted(found.items(), key=lambda item: _by_address(item[1])))
     mdevs = scan.mdevs(known_groups)
+    if kernel_groups is None:
+        # The groups directory could not be listed: ask each group a function
+        # names for its members, rather than build it from the functions' own
+        # links alone, where a member the scan skipped would go unseen.
+        named = {d.iommu_group for d in devices.values()} | {m.iommu_group for m in mdevs}
+        kernel_groups = {
+            number: scan.listdir(
+                f"{scan.sys}/kernel/iommu_groups/{number}/devices", "group left out of the snapshot"
+            )
+            for number in sorted(n for n in named if n is not None)
+        }
     groups = cross_checked_groups(scan.sys, kernel_groups, devices, mdevs, scan.problem)
     dev_nodes = scan.dev_nodes(dev_paths)
     # Only binding looks at these. Absent, no driver is registered; unreadable

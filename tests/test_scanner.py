@@ -518,3 +518,37 @@ def test_fixture_pf_counts_its_enabled_virtual_functions(fixture_scan: HostSnaps
     assert pf is not None and pf.sriov_numvfs == 4
     gpu = fixture_scan.device(A("0000:3b:00.0"))
     assert gpu is not None and gpu.sriov_numvfs == 0  # no SR-IOV at all
+
+
+def _groups_directory_unlistable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernel/iommu_groups` fails to list (EIO, or EACCES for a lesser user)."""
+    real = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        if isinstance(path, str) and path.endswith("/kernel/iommu_groups"):
+            raise OSError(5, "Input/output error", path)
+        return real(path)
+
+    monkeypatch.setattr(scanner.os, "listdir", listdir)
+
+
+def test_unlistable_groups_are_asked_one_by_one(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _groups_directory_unlistable(monkeypatch)
+    result = _scan(tree)
+    assert result.iommu_groups == _expected().iommu_groups  # each from its own listing
+    assert _problem_paths(result) == {str(tree[0] / "kernel/iommu_groups")}
+
+
+def test_unlistable_groups_still_see_a_member_the_scan_skipped(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audio function beside a T4 is unreadable: without the kernel's list
+    of group 216 the T4 would look alone in it, and viable. Asked for, the
+    list names the audio, so the group is left out (viability unknown)."""
+    (_dir(tree[0], "0000:d8:00.1") / "vendor").write_text("0xZZZZ\n")
+    _groups_directory_unlistable(monkeypatch)
+    result = _scan(tree)
+    assert result.group(216) is None
+    assert str(tree[0] / "kernel/iommu_groups/216/devices/0000:d8:00.1") in _problem_paths(result)
