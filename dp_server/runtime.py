@@ -86,6 +86,7 @@ _log = logging.getLogger("dp.runtime")
 # is a few thousand stat calls per lost connection.
 _FOLLOW_FAST = (0.005, 1.0)  # (step, for how long)
 _FOLLOW_SLOW = (0.05, 30.0)
+_LOOK_WHILE_ABSENT = 1.0  # seconds between looks at kubelet.sock while there is none
 _COLLECT_AFTER_REGISTRATION = 1.0  # seconds after every resource is registered again
 _CONFIG_SETTLE = 1.0  # a changed config file is read once it stayed the same this long
 _T = TypeVar("_T")
@@ -299,16 +300,33 @@ class Runtime:
         # a few hundred milliseconds before it reports them.
         self._probe_kubelet()
         self.feed(ConnectionClosed(connection, self.now()))
-        self._follow_kubelet_since = self.now()
-        if self._follower is None or self._follower.done():
-            self._follower = self._spawn(self._follow_kubelet())
+        self._follow_kubelet()
 
-    async def _follow_kubelet(self) -> None:
+    def _follow_kubelet(self, *, fast: bool = True) -> None:
+        """Look at kubelet.sock often for a while (`fast`), or, while there is
+        none, once a second until there is."""
+        idle = self._follower is None or self._follower.done()
+        if fast:
+            self._follow_kubelet_since = self.now()
+        elif idle:
+            self._follow_kubelet_since = self.now() - _FOLLOW_SLOW[1]
+        if idle:
+            self._follower = self._spawn(self._look_at_kubelet())
+
+    async def _look_at_kubelet(self) -> None:
         while not self._stopping:
             elapsed = self.now() - self._follow_kubelet_since
-            if elapsed >= _FOLLOW_SLOW[1]:
+            if elapsed < _FOLLOW_FAST[1]:
+                step = _FOLLOW_FAST[0]
+            elif elapsed < _FOLLOW_SLOW[1]:
+                step = _FOLLOW_SLOW[0]
+            elif self._kubelet_identity is None:
+                # Still no kubelet: keep a slow look besides the watcher, which
+                # misses a socket made before its watch was in place.
+                step = _LOOK_WHILE_ABSENT
+            else:
                 return
-            await asyncio.sleep(_FOLLOW_FAST[0] if elapsed < _FOLLOW_FAST[1] else _FOLLOW_SLOW[0])
+            await asyncio.sleep(step)
             # kubelet.sock alone: each Register re-creates its own listening
             # socket if the kubelet deleted it, so 64 of them are not re-created
             # (or looked at) before the first Register goes out.
@@ -333,6 +351,7 @@ class Runtime:
         self._retire_kubelet_channel()
         if identity is None:
             self.feed(KubeletStopped(self.now()))
+            self._follow_kubelet(fast=False)
         else:
             self.feed(KubeletStarted(self.now()))
 
@@ -504,8 +523,12 @@ class Runtime:
         directories = list(dict.fromkeys(d for d in (plugin_dir, vfio, config) if d is not None))
         self._watcher = DirectoryWatcher(directories)
         async for changed in self._watcher.changes():
-            # An entry changed, or the directory itself (removed, made again).
-            touched = changed | {path.parent for path in changed}
+            # An entry changed, or the directory itself (removed, made again);
+            # nothing: the watch is in place now, and kubelet.sock or the config
+            # may have changed before it was.
+            touched: set[Path | None] = {*changed, *(path.parent for path in changed)}
+            if not changed:
+                touched = {plugin_dir, config}
             try:
                 if plugin_dir in touched:
                     await self._check_sockets()
@@ -539,6 +562,8 @@ class Runtime:
             self._spawn(self._watch_files())
             self._timer = self._spawn(self._timer_loop())
             await self._check_sockets()
+            if self._kubelet_identity is None:
+                self._follow_kubelet(fast=False)
         except BaseException:
             if self._status is not None:
                 await self._status.close()

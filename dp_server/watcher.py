@@ -57,7 +57,8 @@ class FileVersion:
         return True
 
     def empty(self) -> bool:
-        return self._seen is not None and self._seen[2] == 0
+        version = self._version()
+        return version is not None and version[2] == 0
 
     def noticed(self, now: float) -> None:
         """Look now; a change starts (or starts again) the wait for it to settle."""
@@ -88,7 +89,8 @@ class DirectoryWatcher:
     that the watcher would go deaf to, say, a device-plugin directory created
     again or a /dev/vfio the kernel removed with its last group and created
     with the next. A directory that does not exist yet is watched once it
-    does. Both are noticed within `recheck_ms`.
+    does. Both are noticed within `recheck_ms`. A batch may be empty: the
+    watch was (re)established, and what changed before it was not seen.
     """
 
     def __init__(
@@ -151,10 +153,12 @@ class DirectoryWatcher:
     ) -> None:
         """Report changes until the stop flag is set or a directory is not the one held.
 
-        `moved` (the directories just found new) is reported again once this
-        watch is in place: what changed in them between that first report and
-        now would be missed otherwise.
+        Once the watch is in place (its first answer: a change, or nothing
+        within `recheck_ms`) a batch goes out even if empty: whatever changed
+        before that was not seen, so the reader looks again. `moved` (the
+        directories just found new) is in that batch.
         """
+        first = True
         for found in watch(
             *present,
             stop_event=self._stop,
@@ -166,9 +170,9 @@ class DirectoryWatcher:
             raise_interrupt=False,
         ):
             changed = {Path(path) for _, path in found} | moved
-            moved = set()
-            if changed:
+            if changed or first:
                 report(changed)
+            moved, first = set(), False
             if not all(_same(directory, fd) for directory, fd in held.items()):
                 return
 

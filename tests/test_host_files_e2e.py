@@ -202,3 +202,15 @@ async def test_an_emptied_config_keeps_the_previous_one(
     assert runtime.config == config
     rejected = [r for r in caplog.records if r.getMessage() == "config-rejected"]
     assert [r.dp_fields["error"] for r in rejected] == [f"{path} is empty"]  # type: ignore[attr-defined]
+
+
+async def test_a_kubelet_the_watcher_missed_is_found_by_looking(harness: Harness) -> None:
+    """While there is no kubelet.sock the server also looks for it once a
+    second: a socket made before the file watch was in place (the watcher
+    starts in its own thread) gives no event."""
+    runtime = await harness.start_server()
+    assert runtime._watcher is not None
+    runtime._watcher.stop()  # no events from here on
+    await asyncio.sleep(0.2)
+    harness.start_kubelet()
+    assert await harness.registered(timeout=5)
