@@ -308,6 +308,10 @@ class Runtime:
         idle = self._follower is None or self._follower.done()
         if fast:
             self._follow_kubelet_since = self.now()
+            if not idle:  # it may be in a slow step: start looking often now
+                assert self._follower is not None
+                self._follower.cancel()
+                idle = True
         elif idle:
             self._follow_kubelet_since = self.now() - _FOLLOW_SLOW[1]
         if idle:

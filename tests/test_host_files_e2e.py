@@ -214,3 +214,15 @@ async def test_a_kubelet_the_watcher_missed_is_found_by_looking(harness: Harness
     await asyncio.sleep(0.2)
     harness.start_kubelet()
     assert await harness.registered(timeout=5)
+
+
+async def test_a_kubelet_restart_cuts_a_slow_look_short(harness: Harness) -> None:
+    """Looking once a second while there is no kubelet.sock must not delay the
+    quick looks a lost kubelet connection starts: the slow one is replaced."""
+    runtime = await harness.start_server()  # no kubelet: looking once a second
+    slow = runtime._follower
+    assert slow is not None and not slow.done()
+    runtime._follow_kubelet()  # what a lost kubelet connection does
+    await asyncio.sleep(0)
+    assert slow.cancelled() and runtime._follower is not slow
+    assert runtime._follower is not None and not runtime._follower.done()
