@@ -21,7 +21,7 @@ from .allocation import (
     container_allocation,
     preferred_devices,
 )
-from .binding import BindDecision, BindingBook
+from .binding import BindDecision, BindingBook, plan_bindings
 from .config import Config
 from .effects import (
     AllocateAnswer,
@@ -233,7 +233,14 @@ class Node:
         return decision is not None and decision.binds and decision.driver == driver
 
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
-        return list(self.bind_book.finished(event))
+        effects: list[Effect] = list(self.bind_book.finished(event))
+        if event.error is not None:
+            # Its group will not become usable: plan again now, so that binds of
+            # its siblings still queued are withdrawn (`bind_planned`) rather
+            # than carried out. Only the plan: the snapshot predates the binds
+            # just done, and the rescan after the batch acts on what it shows.
+            self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed)
+        return effects
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]

@@ -257,6 +257,25 @@ def test_node_binds_once_and_reports_the_result() -> None:
     assert [d.healthy for d in node.inventory.resources[0].devices] == [True]
 
 
+def test_a_failed_bind_withdraws_the_queued_binds_of_its_group() -> None:
+    """Binds run one at a time. The GPU's failed, so its group cannot become
+    usable: the audio function's bind, still queued, is no longer planned."""
+    node = Node(config(GPU, AUDIO, drivers=("nouveau", "snd_hda_intel")))
+    effects = node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    assert effects_of(effects, BindDevice) == [
+        BindDevice(gpu, "nouveau"),
+        BindDevice(audio, "snd_hda_intel"),
+    ]
+    assert node.bind_planned(audio, "snd_hda_intel")
+    effects = node.handle(BindingFinished(gpu, "unbind: device busy", 2.0))
+    assert [e.event for e in effects_of(effects, Log)] == ["bind-failed"]
+    assert not node.bind_planned(audio, "snd_hda_intel")
+    effects = node.handle(BindingFinished(audio, None, 2.1, withdrawn=True))
+    assert [e.event for e in effects_of(effects, Log)] == ["bind-withdrawn"]
+    assert effects_of(node.handle(HostObserved(gpu_and_audio(), 3.0)), BindDevice) == []
+
+
 def test_a_failed_bind_is_not_retried_until_the_config_changes() -> None:
     node = Node(NIC_CONFIG)
     node.handle(HostObserved(host([nic()]), 1.0))
