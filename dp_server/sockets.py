@@ -75,8 +75,12 @@ class PluginSockets:
 
     @property
     def servers(self) -> list[TrackedServer]:
+        return [listener.server for listener in self._listeners.values()] + self._forget_idle()
+
+    def _forget_idle(self) -> list[TrackedServer]:
+        """The retired servers that still have connections; the others are dropped."""
         self._retired = [server for server in self._retired if server.connected]
-        return [listener.server for listener in self._listeners.values()] + self._retired
+        return self._retired
 
     async def ensure(self, endpoint: str, resource: str | None) -> None:
         """Listen on `endpoint` unless our socket is already there."""
@@ -91,8 +95,7 @@ class PluginSockets:
                 # connections end when their peer closes them (a restarting
                 # kubelet does at once), or at shutdown.
                 listener.server.stop_listening()
-                self._retired = [server for server in self._retired if server.connected]
-                self._retired.append(listener.server)
+                self._forget_idle().append(listener.server)
                 _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
