@@ -212,8 +212,13 @@ class _Scan:
             if not _is_number(name):
                 self.problem(path, "is not an IOMMU group number; ignored")
                 continue
-            groups[int(name)] = self.listdir(f"{path}/devices", "group left out of the snapshot")
+            groups[int(name)] = self.group_members(name)
         return groups
+
+    def group_members(self, name: str) -> list[str] | None:
+        """`kernel/iommu_groups/<name>/devices/*` names; None (reported) if unreadable."""
+        path = f"{self.sys}/kernel/iommu_groups/{name}/devices"
+        return self.listdir(path, "group left out of the snapshot")
 
     # -- PCI functions ----------------------------------------------------
 
@@ -579,12 +584,8 @@ def _scan_host(
         # names for its members, rather than build it from the functions' own
         # links alone, where a member the scan skipped would go unseen.
         named = {d.iommu_group for d in devices.values()} | {m.iommu_group for m in mdevs}
-        kernel_groups = {
-            number: scan.listdir(
-                f"{scan.sys}/kernel/iommu_groups/{number}/devices", "group left out of the snapshot"
-            )
-            for number in sorted(n for n in named if n is not None)
-        }
+        numbers = sorted(n for n in named if n is not None)
+        kernel_groups = {number: scan.group_members(str(number)) for number in numbers}
     groups = cross_checked_groups(scan.sys, kernel_groups, devices, mdevs, scan.problem)
     dev_nodes = scan.dev_nodes(dev_paths)
     # Only binding looks at these. Absent, no driver is registered; unreadable
