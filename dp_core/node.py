@@ -416,18 +416,28 @@ class Node:
             )
         ]
 
-    def _resource_for(self, connection: int) -> tuple[str, list[Effect]]:
+    def _resource_for(self, connection: int, rpc: str) -> tuple[str, list[Effect]]:
         """The resource an RPC on `connection` serves, or a _Rejection."""
-        known = self.registrar.owner(connection) is not None
-        resource = self.registrar.attribute(connection, self._now)
+        registrar = self.registrar
+        known = registrar.owner(connection) is not None
+        options_call = rpc == "GetDevicePluginOptions"
+        resource = registrar.attribute(connection, self._now, options_call=options_call)
         if resource is not None:
             bind: list[Effect] = [] if known else [BindConnection(connection, resource)]
             return resource, bind
-        requeued = self.registrar.orphan_seen(self._now)
+        pending = registrar.in_flight()
+        if pending is not None and registrar.reconnection_refused(options_call):
+            why = (
+                f"it opened with {rpc}, and this kubelet opens each registration's connection "
+                f"with GetDevicePluginOptions: a reconnection of a lost connection, not the "
+                f"dial of {pending.name}'s Register"
+            )
+        else:
+            why = "no Register call was in flight when it arrived"
+        requeued = registrar.orphan_seen(self._now)
         raise _Rejection(
             StatusCode.UNAVAILABLE,
-            f"connection {connection} is not attributed to any resource (no Register call "
-            f"was in flight when it arrived); re-registering "
+            f"connection {connection} is not attributed to any resource ({why}); re-registering "
             f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
         )
 
@@ -435,7 +445,7 @@ class Node:
         self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
     ) -> list[Effect]:
         try:
-            resource, effects = self._resource_for(connection)
+            resource, effects = self._resource_for(connection, rpc)
             answer = work(resource)
         except _Rejection as rejection:
             reject = Reject(call, rejection.status, rejection.message)
@@ -455,7 +465,7 @@ class Node:
 
     def _watch_started(self, event: WatchStarted) -> list[Effect]:
         try:
-            resource, effects = self._resource_for(event.connection)
+            resource, effects = self._resource_for(event.connection, "ListAndWatch")
         except _Rejection as rejection:
             end = EndStream(event.stream, rejection.message)
             return [end, self._rejected("ListAndWatch", event.connection, rejection)]

@@ -125,6 +125,15 @@ class Registrar:
         # and whose connection was never seen (single-socket mode waits them out).
         self._stale_unbound: set[int] = set()
         self._attempts = 0
+        # Learned anew from each kubelet. One that opens a registration's
+        # connection inside Register with GetDevicePluginOptions (1.26 and
+        # later) opens every one that way. A new connection whose first call
+        # is anything else is then grpc-go reconnecting a connection it lost
+        # (say a resource's ListAndWatch, after its first connection closed
+        # before the Register reply), and binding it to the Register in flight
+        # would serve one resource's devices to another. Kubelets that dial
+        # after replying, or without that call, never teach it.
+        self.opens_with_options = False
 
     # -- resources -------------------------------------------------------
 
@@ -245,21 +254,30 @@ class Registrar:
     def owner(self, connection: int) -> str | None:
         return self._owner.get(connection)
 
-    def attribute(self, connection: int, now: float) -> str | None:
+    def attribute(self, connection: int, now: float, *, options_call: bool) -> str | None:
         """The resource an RPC on `connection` is for, binding it if it is new.
 
-        Returns None when nothing can own the connection; the caller rejects
+        `options_call`: the RPC is GetDevicePluginOptions. Returns None when
+        nothing can own the connection (`reconnection_refused` says whether
+        that is because it did not open with that call); the caller rejects
         the RPC and `orphan_seen` schedules re-registration.
         """
         owner = self._owner.get(connection)
         if owner is not None:
             return owner
-        if self.mode is SocketMode.SINGLE:
-            pending = self.in_flight()
-            if pending is not None:
-                self.bind(connection, pending.name, now)
-                return pending.name
-        return None
+        if self.mode is not SocketMode.SINGLE:
+            return None
+        pending = self.in_flight()
+        if pending is None or self.reconnection_refused(options_call):
+            return None
+        if options_call and pending.phase is Phase.REGISTERING:
+            self.opens_with_options = True
+        self.bind(connection, pending.name, now)
+        return pending.name
+
+    def reconnection_refused(self, options_call: bool) -> bool:
+        """A new connection's first RPC marks it as a reconnection, not a dial."""
+        return self.opens_with_options and not options_call
 
     def bind(self, connection: int, name: str, now: float) -> None:
         reg = self.get(name)
@@ -309,6 +327,7 @@ class Registrar:
     def kubelet_started(self, now: float) -> None:
         """Every resource registers again at once; old connections are dead."""
         self.kubelet_present = True
+        self.opens_with_options = False
         self._owner.clear()
         for reg in self._resources.values():
             if reg.phase is Phase.REGISTERING and not reg.bound_this_attempt:

@@ -26,6 +26,7 @@ from dp_core import (
     OptionsRequested,
     Phase,
     PluginOptions,
+    Publish,
     RefreshAllocations,
     Register,
     RegistrationFailed,
@@ -63,6 +64,7 @@ class Script:
     """Runs steps on a Registrar tracking resources "a", "b", "c".
 
     A step is `verb[:arg,arg][@now]`; after each, due registrations start.
+    `rpc:N` is GetDevicePluginOptions on connection N, `watch:N` any other call.
     """
 
     def __init__(self, mode: SocketMode, names: tuple[str, ...] = ("a", "b", "c")) -> None:
@@ -95,8 +97,8 @@ class Script:
             assert not r.failed(args[0], r.get(args[0]).attempt, now)
         elif verb == "open":
             r.opened(int(args[0]), args[1] if len(args) > 1 else None, now)
-        elif verb == "rpc":
-            self.attributed.append(r.attribute(int(args[0]), now))
+        elif verb in ("rpc", "watch"):  # GetDevicePluginOptions, or any other first call
+            self.attributed.append(r.attribute(int(args[0]), now, options_call=verb == "rpc"))
         elif verb == "orphan":
             r.orphan_seen(now)
         elif verb == "close":
@@ -124,13 +126,13 @@ SINGLE_SCRIPTS = [
                  id="modern-kubelet-next-after-reply"),
     pytest.param("kubelet ok:a", "a=awaiting-dial b=waiting c=waiting", ["a"],
                  id="old-kubelet-waits-for-dial"),
-    pytest.param("kubelet ok:a open:1 rpc:1", "a=live b=registering c=waiting", ["a", "b"],
+    pytest.param("kubelet ok:a open:1 watch:1", "a=live b=registering c=waiting", ["a", "b"],
                  id="old-kubelet-dial-binds-then-next"),
     pytest.param("kubelet ok:a tick@2.9", "a=awaiting-dial b=waiting c=waiting", ["a"],
                  id="dial-wait-not-over"),
     pytest.param("kubelet ok:a tick@3.0", "a=unbound b=registering c=waiting", ["a", "b"],
                  id="dial-timeout-unbound-then-next"),
-    pytest.param("kubelet ok:a tick@3 open:9@3.5 rpc:9@3.5",
+    pytest.param("kubelet ok:a tick@3 open:9@3.5 watch:9@3.5",
                  "a=unbound b=registering c=registering", ["a", "b", "c"],
                  id="late-dial-after-timeout-goes-to-the-next-in-flight"),
     pytest.param("kubelet fail:a@1", "a=waiting b=registering c=waiting", ["a", "b"],
@@ -193,7 +195,23 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
         ("kubelet open:1 rpc:1 rpc:1", ["a", "a"]),
         ("kubelet open:1 rpc:1 ok:a rpc:1", ["a", "a"]),
         ("kubelet open:1 rpc:1 ok:a open:2 rpc:2", ["a", "b"]),
-        ("kubelet ok:a tick@3 open:2 rpc:2", ["b"]),  # b is in flight by then
+        ("kubelet ok:a tick@3 open:2 watch:2", ["b"]),  # b is in flight by then
+        # A kubelet that opened a's connection with GetDevicePluginOptions
+        # opens every registration's connection that way: a connection that
+        # opens with anything else while b's Register is in flight is a's
+        # reconnecting, and is not b's.
+        ("kubelet open:1 rpc:1 open:2 watch:2", ["a", None]),
+        ("kubelet open:1 rpc:1 close:1 ok:a open:2 watch:2 open:3 rpc:3", ["a", None, "b"]),
+        ("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 watch:3", ["a", "b", None]),
+        # Kubelets that never make that call keep the timing rule alone:
+        # those that dial after replying, and those (1.20 to 1.25) that dial
+        # inside Register and start with ListAndWatch.
+        ("kubelet ok:a open:1 watch:1 ok:b open:2 watch:2", ["a", "b"]),
+        ("kubelet open:1 watch:1 ok:a open:2 watch:2", ["a", "b"]),
+        # What was learned is the old kubelet's: a restarted one is asked again.
+        ("kubelet open:1 rpc:1 ok:a kubelet@1 end:b@1 open:2 watch:2@1", ["a", "a"]),
+        # A reply that comes before any dial teaches nothing either.
+        ("kubelet ok:a open:1 rpc:1 ok:b open:2 watch:2", ["a", "b"]),
     ],
 )
 def test_attribution(steps: str, attributed: list[str | None]) -> None:
@@ -382,6 +400,32 @@ def test_watch_on_unattributed_connection_is_ended() -> None:
     end = effects[0]
     assert isinstance(end, EndStream) and end.stream == 600
     assert node.streams(A) == [] and node.streams(B) == []
+
+
+def test_a_reconnection_is_not_taken_for_the_next_registrations_dial() -> None:
+    """A's connection closes after its GetDevicePluginOptions and before the
+    Register reply; grpc-go then reconnects for A's ListAndWatch while B's
+    Register is in flight. Bound to B, that stream would list B's devices as
+    A's, and A's Allocates would be answered for B."""
+    node, _ = started_node()
+    node.handle(ConnectionOpened(1, 0.0))
+    node.handle(OptionsRequested(1, 1, 0.0))  # binds A; B's Register starts
+    node.handle(ConnectionClosed(1, 0.1))
+    node.handle(RegistrationSucceeded(A, 1, 0.2))  # no connection left: A goes again later
+    assert node.registrar.in_flight() is not None
+    assert node.registrar.in_flight().name == B  # type: ignore[union-attr]
+    node.handle(ConnectionOpened(2, 0.3))
+    effects = node.handle(WatchStarted(2, 700, 0.3))
+    end = effects[0]
+    assert isinstance(end, EndStream) and end.stream == 700
+    assert "opened with ListAndWatch" in end.reason and B in end.reason
+    assert effects_of(effects, BindConnection) == [] and effects_of(effects, Publish) == []
+    assert node.registrar.owner(2) is None
+    # B's own dial still binds to B, and A registers again after it.
+    node.handle(ConnectionOpened(3, 0.4))
+    effects = node.handle(OptionsRequested(3, 2, 0.4))
+    assert effects[0] == BindConnection(3, B)
+    assert registers(effects) == [(A, 3)]
 
 
 def test_registration_failure_backs_off() -> None:

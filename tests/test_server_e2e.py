@@ -138,6 +138,59 @@ async def test_unattributed_connection_is_refused_with_unavailable(harness: Harn
     assert response.envs
 
 
+async def test_a_reconnection_during_the_next_register_is_not_attributed_to_it(
+    harness: Harness,
+) -> None:
+    """grpc-go reconnects a lost connection for the next call, which can reach
+    the shared socket while another resource's Register is in flight. The
+    emulator (like kubelets from 1.26) opens each registration's connection
+    with GetDevicePluginOptions, so a connection opening with ListAndWatch
+    then is not that registration's, and gets UNAVAILABLE."""
+    import threading
+
+    seen: list[str] = []
+    held, go_on = threading.Event(), threading.Event()
+
+    def hold_the_second(request: dp.RegisterRequest) -> str | None:
+        if request.resource_name not in seen:
+            seen.append(request.resource_name)
+        if len(seen) == 2 and request.resource_name == seen[1] and not go_on.is_set():
+            held.set()
+            go_on.wait(10)
+        return None
+
+    harness.start_kubelet(refuse=hold_the_second)
+    runtime = await harness.start_server()
+    assert await asyncio.to_thread(held.wait, 10)
+
+    def reconnect_and_watch() -> grpc.RpcError:
+        target = f"unix://{runtime.socket_paths[0]}"
+        with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            watch = ch.unary_stream(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+                request_serializer=dp.Empty.SerializeToString,
+                response_deserializer=dp.ListAndWatchResponse.FromString,
+            )
+            try:
+                got = list(watch(dp.Empty(), timeout=5))
+            except grpc.RpcError as error:
+                return error
+        raise AssertionError(f"the stream was served: {got}")
+
+    try:
+        error = await asyncio.to_thread(reconnect_and_watch)
+    finally:
+        go_on.set()
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert "opened with ListAndWatch" in error.details()
+    assert seen[1] in error.details()
+    assert await harness.registered()
+    # The held resource got its own connection and lists its own devices.
+    assert harness.emulator is not None
+    counts = {name: len(state.devices) for name, state in harness.emulator.resources().items()}
+    assert counts[GPU] == 3 and counts[QAT] == 4 and counts[TUN] == 110
+
+
 async def test_kubelet_started_after_the_server(harness: Harness) -> None:
     await harness.start_server()
     await asyncio.sleep(0.2)
