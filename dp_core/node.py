@@ -66,7 +66,7 @@ from .inputs import (
 from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_inventory
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .pci import PciAddress, PciId
-from .registration import Backoff, Registrar, SocketMode
+from .registration import OPENING_CALLS, OPTIONS_CALL, Backoff, Registrar, SocketMode
 from .tally import Tally
 
 __all__ = ["Node", "Timing"]
@@ -420,17 +420,17 @@ class Node:
         """The resource an RPC on `connection` serves, or a _Rejection."""
         registrar = self.registrar
         known = registrar.owner(connection) is not None
-        options_call = rpc == "GetDevicePluginOptions"
-        resource = registrar.attribute(connection, self._now, options_call=options_call)
+        resource = registrar.attribute(connection, self._now, rpc=rpc)
         if resource is not None:
             bind: list[Effect] = [] if known else [BindConnection(connection, resource)]
             return resource, bind
         pending = registrar.in_flight()
-        if pending is not None and registrar.reconnection_refused(options_call):
+        if pending is not None and not registrar.opens_a_registration(rpc):
+            expected = sorted({OPTIONS_CALL} if registrar.opens_with_options else OPENING_CALLS)
             why = (
-                f"it opened with {rpc}, and this kubelet opens each registration's connection "
-                f"with GetDevicePluginOptions: a reconnection of a lost connection, not the "
-                f"dial of {pending.name}'s Register"
+                f"it opened with {rpc}, and this kubelet opens a registration's connection with "
+                f"{' or '.join(expected)}: a reconnection of a lost connection, not the dial "
+                f"of {pending.name}'s Register"
             )
         else:
             why = "no Register call was in flight when it arrived"

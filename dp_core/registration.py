@@ -19,7 +19,15 @@ import attrs
 
 from .errors import UsageError
 
-__all__ = ["Backoff", "Phase", "Registrar", "ResourceRegistration", "SocketMode"]
+__all__ = [
+    "OPENING_CALLS",
+    "OPTIONS_CALL",
+    "Backoff",
+    "Phase",
+    "Registrar",
+    "ResourceRegistration",
+    "SocketMode",
+]
 
 
 class SocketMode(enum.Enum):
@@ -33,6 +41,15 @@ class Phase(enum.Enum):
     AWAITING_DIAL = "awaiting-dial"  # Register returned, no connection yet (old kubelet)
     UNBOUND = "unbound"  # registered, but no connection could be attributed
     LIVE = "live"  # registered and at least one connection bound
+
+
+OPTIONS_CALL = "GetDevicePluginOptions"
+# A registration's connection opens with GetDevicePluginOptions (kubelets
+# from 1.26) or ListAndWatch (older ones). Allocate, GetPreferredAllocation
+# and PreStartContainer come only once ListAndWatch has listed devices on a
+# connection already attributed, so a new connection opening with one of
+# them is a reconnection, whatever the kubelet's age.
+OPENING_CALLS = frozenset({OPTIONS_CALL, "ListAndWatch"})
 
 
 class Step(enum.Enum):
@@ -254,13 +271,13 @@ class Registrar:
     def owner(self, connection: int) -> str | None:
         return self._owner.get(connection)
 
-    def attribute(self, connection: int, now: float, *, options_call: bool) -> str | None:
+    def attribute(self, connection: int, now: float, *, rpc: str) -> str | None:
         """The resource an RPC on `connection` is for, binding it if it is new.
 
-        `options_call`: the RPC is GetDevicePluginOptions. Returns None when
-        nothing can own the connection (`reconnection_refused` says whether
-        that is because it did not open with that call); the caller rejects
-        the RPC and `orphan_seen` schedules re-registration.
+        `rpc` is the method's name. Returns None when nothing can own the
+        connection (`opens_a_registration` says whether the call ruled it
+        out); the caller rejects the RPC and `orphan_seen` schedules
+        re-registration.
         """
         owner = self._owner.get(connection)
         if owner is not None:
@@ -268,16 +285,21 @@ class Registrar:
         if self.mode is not SocketMode.SINGLE:
             return None
         pending = self.in_flight()
-        if pending is None or self.reconnection_refused(options_call):
+        if pending is None or not self.opens_a_registration(rpc):
             return None
-        if options_call and pending.phase is Phase.REGISTERING:
+        if rpc == OPTIONS_CALL and pending.phase is Phase.REGISTERING:
             self.opens_with_options = True
         self.bind(connection, pending.name, now)
         return pending.name
 
-    def reconnection_refused(self, options_call: bool) -> bool:
-        """A new connection's first RPC marks it as a reconnection, not a dial."""
-        return self.opens_with_options and not options_call
+    def opens_a_registration(self, rpc: str) -> bool:
+        """Whether the kubelet could open a registration's connection with `rpc`.
+
+        Any other first call is grpc-go reconnecting a connection it lost.
+        """
+        if self.opens_with_options:
+            return rpc == OPTIONS_CALL
+        return rpc in OPENING_CALLS
 
     def bind(self, connection: int, name: str, now: float) -> None:
         reg = self.get(name)

@@ -13,8 +13,10 @@ Three kubelet generations are modelled:
   next call.
 - "watch" (1.20 to 1.25): dials inside Register and starts with ListAndWatch.
 - "after-reply" (older): dials after replying, starts with ListAndWatch.
-For the last two nothing on the wire tells a reconnection from the next
-registration's dial, so their connections are not lost in the model.
+For the last two nothing on the wire tells a reconnection for ListAndWatch
+from the next registration's dial, so the model loses their connections only
+once ListAndWatch runs on them; a reconnection is then for an Allocate the
+kubelet sends before it notices the broken stream.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Endpoint:
     dialled: bool = False
     replied: bool = False
     stream: int | None = None
+    broken: bool = False  # its stream's connection was lost; the kubelet has not noticed yet
     dead: bool = False
 
 
@@ -196,10 +199,9 @@ class ModelKubelet:
         quiet = any(e.stream is None and (e.dialled or e.replied) for e in self.pending)
         slow = [] if quiet and self.generation != "options" else [4.0]
         self.now += draw(st.sampled_from([0.0, 0.0, 0.01, 0.5, *slow]))
-        choices = ["tick", "allocate"] + ["register"] * 4
-        if self.generation == "options":
-            choices += ["lose"] * 2
-        choice = draw(st.sampled_from(choices))
+        choice = draw(
+            st.sampled_from(["tick", "allocate", "lose", "lose", "notice"] + ["register"] * 4)
+        )
         if choice == "register" and self.pending:
             endpoint = draw(st.sampled_from(self.pending))
             steps = self.steps_of(endpoint)
@@ -207,8 +209,14 @@ class ModelKubelet:
                 self.advance(endpoint, draw(st.sampled_from(steps)))
         elif choice == "lose":
             connections = sorted(self.open)
+            if self.generation != "options":
+                connections = [c for c in connections if self.watched(c)]
             if connections:
                 self.lose(draw(st.sampled_from(connections)))
+        elif choice == "notice":
+            broken = [e for e in self.current.values() if e.broken and not e.dead]
+            if broken:
+                self.kill(draw(st.sampled_from(broken)))
         elif choice == "allocate":
             ready = [e for e in self.current.values() if e.replied and not e.dead]
             ready = [e for e in ready if e.dialled]
@@ -217,6 +225,9 @@ class ModelKubelet:
         else:
             self.feed(Tick(self.now))
 
+    def watched(self, connection: int) -> bool:
+        return connection in self.stream_connection.values()
+
     def lose(self, connection: int) -> None:
         """The transport closes under the kubelet; a stream on it breaks."""
         self.close(connection)
@@ -224,7 +235,7 @@ class ModelKubelet:
             if endpoint.connection == connection:
                 endpoint.connection = None
                 if endpoint.stream is not None:
-                    endpoint.dead = True
+                    endpoint.broken = True
 
     def allocate(self, endpoint: Endpoint) -> None:
         resource = endpoint.register.resource
@@ -239,6 +250,9 @@ class ModelKubelet:
 
     def settle(self) -> None:
         """No more losses: the kubelet handles each Register as it comes, and time passes."""
+        for endpoint in [*self.current.values()]:
+            if endpoint.broken:
+                self.kill(endpoint)
         for _ in range(200):
             if self.node.registrar.settled() and not self.pending:
                 return

@@ -60,11 +60,15 @@ from core_builders import (
 # Registrar: scripts of events -> phases
 
 
+RPC_VERBS = {"rpc": "GetDevicePluginOptions", "watch": "ListAndWatch", "alloc": "Allocate"}
+
+
 class Script:
     """Runs steps on a Registrar tracking resources "a", "b", "c".
 
     A step is `verb[:arg,arg][@now]`; after each, due registrations start.
-    `rpc:N` is GetDevicePluginOptions on connection N, `watch:N` any other call.
+    `rpc:N` is GetDevicePluginOptions on connection N, `watch:N` ListAndWatch,
+    `alloc:N` Allocate.
     """
 
     def __init__(self, mode: SocketMode, names: tuple[str, ...] = ("a", "b", "c")) -> None:
@@ -97,8 +101,8 @@ class Script:
             assert not r.failed(args[0], r.get(args[0]).attempt, now)
         elif verb == "open":
             r.opened(int(args[0]), args[1] if len(args) > 1 else None, now)
-        elif verb in ("rpc", "watch"):  # GetDevicePluginOptions, or any other first call
-            self.attributed.append(r.attribute(int(args[0]), now, options_call=verb == "rpc"))
+        elif verb in RPC_VERBS:
+            self.attributed.append(r.attribute(int(args[0]), now, rpc=RPC_VERBS[verb]))
         elif verb == "orphan":
             r.orphan_seen(now)
         elif verb == "close":
@@ -208,6 +212,10 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
         # inside Register and start with ListAndWatch.
         ("kubelet ok:a open:1 watch:1 ok:b open:2 watch:2", ["a", "b"]),
         ("kubelet open:1 watch:1 ok:a open:2 watch:2", ["a", "b"]),
+        # No kubelet opens a registration's connection with Allocate: that
+        # comes only on a connection that ListAndWatch has used.
+        ("kubelet ok:a open:1 watch:1 ok:b open:2 alloc:2 open:3 watch:3", ["a", None, "b"]),
+        ("kubelet ok:a open:1 alloc:1", [None]),
         # What was learned is the old kubelet's: a restarted one is asked again.
         ("kubelet open:1 rpc:1 ok:a kubelet@1 end:b@1 open:2 watch:2@1", ["a", "a"]),
         # A reply that comes before any dial teaches nothing either.
