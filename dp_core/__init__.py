@@ -38,6 +38,7 @@ from .effects import (
     Reject,
     Reply,
     ReportUnhealthy,
+    UnbindDevice,
 )
 from .errors import StatusCode, UsageError
 from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice, MdevType, ScanProblem
@@ -59,6 +60,7 @@ from .inputs import (
     RegistrationFailed,
     RegistrationSucceeded,
     Tick,
+    UnbindingFinished,
     WatchEnded,
     WatchStarted,
 )
@@ -149,6 +151,8 @@ __all__ = [
     "Tally",
     "Tick",
     "Timing",
+    "UnbindDevice",
+    "UnbindingFinished",
     "UsageError",
     "WatchEnded",
     "WatchStarted",

@@ -14,7 +14,8 @@ and bounded by rules that refuse it with a reason:
   host driver that is not itself being moved keeps the group unusable, so its
   selected members are left alone too;
 - a bind that failed is not retried until the config changes or the device
-  is re-added.
+  is re-added, and the members of its group that dp had already moved are
+  given back to their drivers.
 
 `plan_bindings` is a pure function, so `dp-server scan` shows exactly what
 `serve` would do. `BindingBook` remembers what is in flight and what failed.
@@ -22,15 +23,15 @@ and bounded by rules that refuse it with a reason:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 
 import attrs
 
 from .config import Binding, Config, PciHostDevice
-from .effects import BindDevice, Log
+from .effects import BindDevice, Log, UnbindDevice
 from .errors import UsageError
 from .host import VFIO_DRIVER, HostSnapshot, blocks_vfio
-from .inputs import BindingFinished
+from .inputs import BindingFinished, UnbindingFinished
 from .pci import PciAddress, PciDevice
 
 __all__ = ["BindDecision", "BindingBook", "plan_bindings"]
@@ -176,33 +177,48 @@ def _group_blocker(
 
 
 class BindingBook:
-    """Binds in flight and binds that failed, by function address."""
+    """Binds in flight, binds that failed, and what dp moved, by function address.
+
+    A group is moved one function at a time. When one of them fails, the
+    group cannot become usable, and the members dp already moved would sit
+    on vfio-pci, of use to neither the host nor a VM: they are given back to
+    the driver they were taken from (`UnbindDevice`), and count as failed, so
+    that no plan moves them again until the config changes.
+    """
 
     def __init__(self) -> None:
-        self.in_flight: set[PciAddress] = set()
+        self.in_flight: dict[PciAddress, BindDecision] = {}
         self.failed: dict[PciAddress, str] = {}
         self.refusals: dict[PciAddress, str] = {}  # last refusal logged, to log changes only
+        self.moved: dict[PciAddress, BindDecision] = {}  # on vfio-pci because dp put it there
+        self.giving_back: set[PciAddress] = set()
+        # IOMMU group -> why it cannot become usable (a member's failed move).
+        self._broken_groups: dict[int, str] = {}
+
+    def retry_all(self) -> None:
+        """The config changed: every function may be tried again."""
+        self.failed.clear()
+        self._broken_groups.clear()
 
     def forget_gone(self, present: set[PciAddress]) -> None:
         """A function that left the host and came back is a new device: try it again."""
-        for address in [a for a in self.failed if a not in present]:
-            del self.failed[address]
-        for address in [a for a in self.refusals if a not in present]:
-            del self.refusals[address]
+        for book in (self.failed, self.refusals, self.moved):
+            for address in [a for a in book if a not in present]:
+                del book[address]
 
     def replan(
         self, snapshot: HostSnapshot, config: Config
     ) -> tuple[dict[PciAddress, BindDecision], list[BindDevice | Log]]:
         """The plan for this host and config, and the binds and refusals it starts."""
-        if self.failed or self.refusals:
+        if self.failed or self.refusals or self.moved:
             self.forget_gone({pci.address for pci in snapshot.pci_devices})
         plan = plan_bindings(snapshot, config, self.failed)
         effects: list[BindDevice | Log] = []
         for address, decision in plan.items():
             if decision.binds:
                 self.refusals.pop(address, None)
-                if address not in self.in_flight:
-                    self.in_flight.add(address)
+                if address not in self.in_flight and address not in self.giving_back:
+                    self.in_flight[address] = decision
                     effects.append(
                         Log.info("bind", device=str(address), driver=decision.driver or "none")
                     )
@@ -214,14 +230,73 @@ class BindingBook:
                 )
         return plan, effects
 
-    def finished(self, event: BindingFinished) -> list[Log]:
-        """A bind in flight ended: carried out, failed, or withdrawn unwritten."""
-        if event.address not in self.in_flight:
+    def finished(
+        self, event: BindingFinished, held_groups: Container[int]
+    ) -> list[UnbindDevice | Log]:
+        """A bind in flight ended: carried out, failed, or withdrawn unwritten.
+
+        `held_groups` are the IOMMU groups allocations hold: nothing in them
+        is given back, since a VM may be using it.
+        """
+        decision = self.in_flight.pop(event.address, None)
+        if decision is None:
             raise UsageError(f"no bind of {event.address} is in flight")
-        self.in_flight.discard(event.address)
         if event.withdrawn:
             return [Log.info("bind-withdrawn", device=str(event.address))]
+        effects: list[UnbindDevice | Log] = []
         if event.error is None:
-            return [Log.info("bound", device=str(event.address), driver=VFIO_DRIVER)]
-        self.failed[event.address] = event.error
-        return [Log.warning("bind-failed", device=str(event.address), reason=event.error)]
+            self.moved[event.address] = decision
+            effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
+        else:
+            self.failed[event.address] = event.error
+            effects.append(
+                Log.warning("bind-failed", device=str(event.address), reason=event.error)
+            )
+            if decision.iommu_group is not None:
+                self._broken_groups.setdefault(
+                    decision.iommu_group,
+                    f"{event.address}, in the same IOMMU group, could not be moved to vfio-pci",
+                )
+        if decision.iommu_group in self._broken_groups:
+            effects += self._give_back(decision.iommu_group, held_groups)
+        return effects
+
+    def _give_back(self, group: int, held_groups: Container[int]) -> list[UnbindDevice | Log]:
+        reason = self._broken_groups[group]
+        stranded = [
+            moved
+            for address, moved in self.moved.items()
+            if moved.iommu_group == group and address not in self.giving_back
+        ]
+        effects: list[UnbindDevice | Log] = []
+        for moved in stranded:
+            device = str(moved.address)
+            if group in held_groups:
+                effects.append(
+                    Log.warning(
+                        "give-back-skipped",
+                        device=device,
+                        reason=f"{reason}, but an allocation holds IOMMU group {group}",
+                    )
+                )
+                continue
+            self.giving_back.add(moved.address)
+            self.failed[moved.address] = f"given back to {moved.driver or 'no driver'}: {reason}"
+            effects.append(
+                Log.warning(
+                    "give-back", device=device, driver=moved.driver or "none", reason=reason
+                )
+            )
+            effects.append(UnbindDevice(moved.address, moved.driver, reason))
+        return effects
+
+    def unbound(self, event: UnbindingFinished) -> list[Log]:
+        """A give-back ended: the function is on its old driver, or why not."""
+        if event.address not in self.giving_back:
+            raise UsageError(f"no give-back of {event.address} is in flight")
+        self.giving_back.discard(event.address)
+        moved = self.moved.pop(event.address, None)
+        driver = (moved.driver if moved else None) or "none"
+        if event.error is None:
+            return [Log.info("given-back", device=str(event.address), driver=driver)]
+        return [Log.error("give-back-failed", device=str(event.address), reason=event.error)]

@@ -27,6 +27,7 @@ __all__ = [
     "Reject",
     "Reply",
     "ReportUnhealthy",
+    "UnbindDevice",
 ]
 
 
@@ -150,6 +151,23 @@ class BindDevice:
 
 
 @attrs.frozen
+class UnbindDevice:
+    """Give a function dp moved to vfio-pci back to `driver`, the one it took it from.
+
+    The core asks this only for functions it moved itself whose IOMMU group
+    cannot become usable (a sibling's move failed), so the host gets the
+    whole group back rather than half of it. The shell unbinds it from
+    vfio-pci (checking first that vfio-pci still holds it), clears its
+    `driver_override` and binds it to `driver` (None: leaves it without one).
+    It answers with `UnbindingFinished`, then a fresh `HostObserved`.
+    """
+
+    address: PciAddress
+    driver: str | None
+    reason: str
+
+
+@attrs.frozen
 class Log:
     level: str
     event: str
@@ -178,5 +196,6 @@ Effect = (
     | ReportUnhealthy
     | RefreshAllocations
     | BindDevice
+    | UnbindDevice
     | Log
 )

@@ -33,6 +33,7 @@ __all__ = [
     "RegistrationFailed",
     "RegistrationSucceeded",
     "Tick",
+    "UnbindingFinished",
     "WatchEnded",
     "WatchStarted",
 ]
@@ -206,6 +207,16 @@ class BindingFinished:
 
 
 @attrs.frozen
+class UnbindingFinished:
+    """An `UnbindDevice` was carried out: `error` is None when the function is
+    back on the driver it was taken from."""
+
+    address: PciAddress
+    error: str | None
+    now: float
+
+
+@attrs.frozen
 class Tick:
     now: float
 
@@ -227,5 +238,6 @@ Input = (
     | PreStartRequested
     | AllocationsObserved
     | BindingFinished
+    | UnbindingFinished
     | Tick
 )

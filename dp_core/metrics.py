@@ -148,10 +148,13 @@ def _node_wide(node: Node) -> list[MetricFamily]:
         _family(
             "gauge",
             "dp_bind_functions",
-            "Functions dp is moving to vfio-pci now (in_flight) or failed to move (failed).",
+            "Functions dp is moving to vfio-pci now (in_flight), failed to move (failed), "
+            "or is giving back to their driver because their IOMMU group could not be "
+            "moved whole (giving_back).",
             [
                 ((("state", "in_flight"),), len(node.bind_book.in_flight)),
                 ((("state", "failed"),), len(node.bind_book.failed)),
+                ((("state", "giving_back"),), len(node.bind_book.giving_back)),
             ],
         ),
         _family(

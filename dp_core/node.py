@@ -60,6 +60,7 @@ from .inputs import (
     RegistrationFailed,
     RegistrationSucceeded,
     Tick,
+    UnbindingFinished,
     WatchEnded,
     WatchStarted,
 )
@@ -153,6 +154,7 @@ class Node:
             PreStartRequested: self._prestart_requested,
             AllocationsObserved: self._allocations_observed,
             BindingFinished: self._binding_finished,
+            UnbindingFinished: self._unbinding_finished,
             Tick: self._tick,
         }
 
@@ -195,7 +197,7 @@ class Node:
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
         self.config = event.config
         self.pci_names = event.pci_names
-        self.bind_book.failed.clear()
+        self.bind_book.retry_all()
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:
@@ -233,7 +235,8 @@ class Node:
         return decision is not None and decision.binds and decision.driver == driver
 
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
-        effects: list[Effect] = list(self.bind_book.finished(event))
+        held = self.allocations.reserved_groups()
+        effects: list[Effect] = list(self.bind_book.finished(event, held))
         if event.error is not None:
             # Its group will not become usable: plan again now, so that binds of
             # its siblings still queued are withdrawn (`bind_planned`) rather
@@ -241,6 +244,9 @@ class Node:
             # just done, and the rescan after the batch acts on what it shows.
             self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed)
         return effects
+
+    def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
+        return list(self.bind_book.unbound(event))
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]

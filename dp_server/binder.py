@@ -1,4 +1,4 @@
-"""Carrying out `BindDevice`: the kernel's rebinding files, in the safe order.
+"""Carrying out `BindDevice` and `UnbindDevice`: the kernel's rebinding files.
 
 DESIGN.md §6: write `vfio-pci` to the function's `driver_override`, unbind it
 from its driver, then ask the kernel to probe it; never `new_id`, which would
@@ -6,7 +6,8 @@ bind every function with that vendor and device ID. The core decided that the
 function may be moved (`dp_core.binding`); this checks just before writing
 that the driver the core saw still holds it, and gives the function back
 (previous `driver_override`, probe) when the move fails halfway, so a failed
-bind does not leave a device driverless.
+bind does not leave a device driverless. `UnbindDevice` gives a function
+dp moved back to the driver it was taken from, by an explicit bind.
 
 Every write goes through one function, so tests can stand a fake kernel in
 for sysfs (tests/fake_kernel.py).
@@ -103,6 +104,45 @@ class Binder:
         if error_text is None:
             error_text = f"after drivers_probe it is bound to {after or 'no driver'}"
         return error_text + self._give_back(address, previous, after)
+
+    def unbind(self, address: PciAddress, driver: str | None) -> str | None:
+        """Give `address` back from vfio-pci to `driver`: None when it got there, else why not."""
+        try:
+            return self._unbind(address, driver)
+        except Exception as error:  # noqa: BLE001 - the core must hear back in every case
+            _log.exception("give-back of %s failed unexpectedly", address)
+            return f"unexpected {type(error).__name__}: {error}; check the device by hand"
+
+    def _unbind(self, address: PciAddress, driver: str | None) -> str | None:
+        device = self._device(address)
+        try:
+            current = self.driver_of(address)
+        except OSError as error:
+            return f"cannot read {device}: {_why(error)}; left alone"
+        if current != VFIO_DRIVER:
+            return f"its driver is {current or 'none'} now, not {VFIO_DRIVER}; left alone"
+        # Unbind first: if vfio-pci will not let go (the group is open),
+        # nothing has changed. Then clear the override, which would tie the
+        # function to vfio-pci, and bind explicitly: a probe could pick
+        # another driver that matches.
+        steps = [
+            (f"{self.sys}/bus/pci/drivers/{VFIO_DRIVER}/unbind", str(address)),
+            (f"{device}/driver_override", "\n"),
+        ]
+        if driver is not None:
+            steps.append((f"{self.sys}/bus/pci/drivers/{driver}/bind", str(address)))
+        for path, text in steps:
+            try:
+                self._write(path, text)
+            except OSError as error:
+                return f"writing {text.strip()!r} to {path} failed: {_why(error)}"
+        try:
+            after = self.driver_of(address)
+        except OSError as error:
+            return f"its driver cannot be read after the give-back: {_why(error)}"
+        if after != driver:
+            return f"after the give-back it is bound to {after or 'no driver'}"
+        return None
 
     @staticmethod
     def _enabled_vfs(device: str) -> str:

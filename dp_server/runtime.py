@@ -53,6 +53,8 @@ from dp_core import (
     ReportUnhealthy,
     SocketMode,
     Tick,
+    UnbindDevice,
+    UnbindingFinished,
     WatchEnded,
     WatchStarted,
     endpoint_name,
@@ -201,7 +203,7 @@ class Runtime:
             emit(effect)
         elif isinstance(effect, RefreshAllocations):
             self._pods.request(self.now())
-        elif isinstance(effect, BindDevice):
+        elif isinstance(effect, BindDevice | UnbindDevice):
             self._binds_pending += 1
             self._spawn(self._bind(effect))
         elif isinstance(effect, BindConnection):
@@ -403,23 +405,32 @@ class Runtime:
 
     # -- host ------------------------------------------------------------------------
 
-    async def _bind(self, effect: BindDevice) -> None:
+    async def _bind(self, effect: BindDevice | UnbindDevice) -> None:
         # One at a time, off the loop: a GPU driver can take seconds to let go,
         # and Allocate must not wait for it.
-        error: str | None = "the bind was not carried out"
+        error: str | None = "it was not carried out"
         withdrawn = False
         try:
             async with self._binding:
-                if not self.node.bind_planned(effect.address, effect.driver):
-                    error, withdrawn = None, True  # the plan changed while it waited
+                if isinstance(effect, UnbindDevice):
+                    work = self._binder.unbind
+                elif self.node.bind_planned(effect.address, effect.driver):
+                    work = self._binder.bind
                 else:
+                    error, withdrawn = None, True  # the plan changed while it waited
+                if not withdrawn:
                     error = await asyncio.get_running_loop().run_in_executor(
-                        None, self._binder.bind, effect.address, effect.driver
+                        None, work, effect.address, effect.driver
                     )
         finally:  # the core must hear back, or the function stays "in flight" for good
             self._binds_pending -= 1
             if not self._stopping:
-                self.feed(BindingFinished(effect.address, error, self.now(), withdrawn=withdrawn))
+                now = self.now()
+                self.feed(
+                    UnbindingFinished(effect.address, error, now)
+                    if isinstance(effect, UnbindDevice)
+                    else BindingFinished(effect.address, error, now, withdrawn=withdrawn)
+                )
         if not self._binds_pending:  # one look at the host after a batch of binds
             self._safely(self.rescan)
 

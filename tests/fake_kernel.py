@@ -2,7 +2,7 @@
 
 `FakeKernel.write` stands in for `dp_server.binder.write_attribute`: it applies
 what the kernel does for a write to a function's `driver_override`, a driver's
-`unbind`, and `bus/pci/drivers_probe`, on a tree from `write_sysfs`, including
+`unbind` and `bind`, and `bus/pci/drivers_probe`, on a tree from `write_sysfs`, including
 the `/dev/vfio/<group>` node that appears and goes with vfio-pci. A write to
 any other file is refused, and every write is recorded, so tests can check
 that nothing outside the config's selection was touched.
@@ -25,6 +25,7 @@ class FakeKernel:
         self.dev = Path(dev_root)
         self.writes: list[tuple[str, str]] = []  # (path relative to sys, text)
         self.busy: set[str] = set()  # addresses whose unbind fails with EBUSY
+        self.refuses_bind: set[str] = set()  # drivers whose explicit bind fails with ENODEV
         self._native: dict[str, str] = {}  # the driver a function had before unbind
 
     # -- what the binder calls ------------------------------------------------------
@@ -37,6 +38,8 @@ class FakeKernel:
             self._override(parts[3], text)
         elif parts[:3] == ["bus", "pci", "drivers"] and parts[4:] == ["unbind"]:
             self._unbind(parts[3], text.strip())
+        elif parts[:3] == ["bus", "pci", "drivers"] and parts[4:] == ["bind"]:
+            self._bind(parts[3], text.strip())
         elif relative == "bus/pci/drivers_probe":
             self._probe(text.strip())
         else:
@@ -83,14 +86,28 @@ class FakeKernel:
             self._native[address] = driver
 
     def _probe(self, address: str) -> None:
-        device = self._device(address)
         if self.driver(address) is not None:
             return
         override = self.override(address)
         target = override if override != "(null)" else self._native.get(address)
-        driver_dir = self.sys / "bus/pci/drivers" / str(target)
-        if target is None or not driver_dir.is_dir():
+        if target is None or not (self.sys / "bus/pci/drivers" / target).is_dir():
             return  # no driver takes it
+        self._attach(address, target)
+
+    def _bind(self, driver: str, address: str) -> None:
+        """An explicit bind: refused when bound already, or when the override
+        names another driver, or when the driver does not drive it."""
+        if not (self.sys / "bus/pci/drivers" / driver).is_dir():
+            raise OSError(errno.ENOENT, f"no driver {driver}")
+        if self.driver(address) is not None:
+            raise OSError(errno.EBUSY, f"{address} is bound already")
+        override = self.override(address)
+        if override not in ("(null)", driver) or driver in self.refuses_bind:
+            raise OSError(errno.ENODEV, f"{driver} does not take {address}")
+        self._attach(address, driver)
+
+    def _attach(self, address: str, target: str) -> None:
+        device, driver_dir = self._device(address), self.sys / "bus/pci/drivers" / target
         real_device, real_driver = device.resolve(), driver_dir.resolve()
         (real_device / "driver").symlink_to(os.path.relpath(real_driver, real_device))
         (real_driver / address).symlink_to(os.path.relpath(real_device, real_driver))

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import attrs
 import pytest
 
 from dp_core import ConfigApplied, PciAddress
 from dp_server.binder import Binder
 from dp_server.config_file import parse_config
+from dp_server.topology import fixture_topology, write_sysfs
 
 from e2e_harness import Harness
 from fake_kernel import FakeKernel
@@ -223,7 +225,7 @@ async def test_a_bind_the_config_withdrew_while_it_waited_writes_nothing(
         ):
             break
         await asyncio.sleep(0.02)
-    assert runtime.node.bind_book.in_flight >= {PciAddress.parse("0000:d8:00.1")}
+    assert runtime.node.bind_book.in_flight.keys() >= {PciAddress.parse("0000:d8:00.1")}
     without_audio = CONFIG.replace(
         '    - {pciVendorSelector: "10DE:10F8", resourceName: "nvidia.com/gpu_audio"}\n', ""
     )
@@ -243,3 +245,128 @@ async def test_a_bind_the_config_withdrew_while_it_waited_writes_nothing(
     assert [r.dp_fields for r in caplog.records if r.getMessage() == "bind-withdrawn"] == [  # type: ignore[attr-defined]
         {"device": "0000:d8:00.1"}
     ]
+
+
+# -- giving a group back ---------------------------------------------------------------
+
+
+async def test_a_give_back_returns_a_function_to_its_driver(harness: Harness) -> None:
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    binder = Binder(str(harness.sysfs), kernel.write)
+    nic = PciAddress.parse("0000:18:00.0")
+    assert binder.bind(nic, "i40e") is None
+    assert (harness.dev / "vfio" / "18").exists()
+    kernel.writes.clear()
+    assert binder.unbind(nic, "i40e") is None
+    assert kernel.driver("0000:18:00.0") == "i40e"
+    assert kernel.override("0000:18:00.0") == "(null)"
+    assert not (harness.dev / "vfio" / "18").exists()
+    assert kernel.writes == [
+        ("bus/pci/drivers/vfio-pci/unbind", "0000:18:00.0"),
+        ("bus/pci/devices/0000:18:00.0/driver_override", "\n"),
+        ("bus/pci/drivers/i40e/bind", "0000:18:00.0"),
+    ]
+
+
+async def test_a_give_back_leaves_a_function_vfio_pci_no_longer_holds_alone(
+    harness: Harness,
+) -> None:
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    binder = Binder(str(harness.sysfs), kernel.write)
+    error = binder.unbind(PciAddress.parse("0000:18:00.0"), "i40e")
+    assert error == "its driver is i40e now, not vfio-pci; left alone"
+    assert kernel.writes == []
+
+
+async def test_a_driver_that_will_not_take_the_function_back_is_reported(
+    harness: Harness,
+) -> None:
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    binder = Binder(str(harness.sysfs), kernel.write)
+    nic = PciAddress.parse("0000:18:00.0")
+    assert binder.bind(nic, "i40e") is None
+    kernel.refuses_bind.add("i40e")
+    error = binder.unbind(nic, "i40e")
+    assert error is not None and error.startswith("writing '0000:18:00.0' to ")
+    assert error.endswith("i40e/bind failed: i40e does not take 0000:18:00.0")
+    assert kernel.driver("0000:18:00.0") is None
+
+
+GROUP_CONFIG = """
+permittedHostDevices:
+  pciHostDevices:
+    - {pciVendorSelector: "10DE:1EB8", resourceName: "nvidia.com/TU104GL_Tesla_T4"}
+    - {pciVendorSelector: "10DE:10F8", resourceName: "nvidia.com/gpu_audio"}
+sharedDevices:
+  devices.kubevirt.io/kvm: {enabled: false}
+  devices.kubevirt.io/tun: {enabled: false}
+  devices.kubevirt.io/vhost-net: {enabled: false}
+binding:
+  replaceDrivers: [nouveau, snd_hda_intel]
+"""
+
+
+async def test_a_group_that_cannot_be_moved_whole_goes_back_to_its_drivers(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A T4 and its audio function, both on host drivers: the GPU moves first,
+    then the audio function's driver will not let go. The GPU goes back to
+    nouveau, rather than sit on vfio-pci in a group no VM can use."""
+    caplog.set_level(logging.INFO, logger="dp")
+    on_host = {"0000:3b:00.0": "nouveau", "0000:3b:00.1": "snd_hda_intel"}
+    topology = fixture_topology()
+    topology = attrs.evolve(
+        topology,
+        pci=[attrs.evolve(f, driver=on_host.get(str(f.address), f.driver)) for f in topology.pci],
+        dev_nodes=topology.dev_nodes - {"/dev/vfio/59"},
+    )
+    harness.sysfs, harness.dev = write_sysfs(topology, harness.root / "host-nouveau")
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    kernel.busy.add("0000:3b:00.1")
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(GROUP_CONFIG, "<test>"), binder=Binder(str(harness.sysfs), kernel.write)
+    )
+
+    def given_back() -> bool:
+        return any(r.getMessage() == "given-back" for r in caplog.records)
+
+    for _ in range(200):
+        if given_back() and not runtime.node.bind_book.giving_back:
+            break
+        await asyncio.sleep(0.05)
+    assert given_back(), [r.getMessage() for r in caplog.records]
+    assert kernel.driver("0000:3b:00.0") == "nouveau"
+    assert kernel.driver("0000:3b:00.1") == "snd_hda_intel"
+    assert kernel.override("0000:3b:00.0") == kernel.override("0000:3b:00.1") == "(null)"
+    assert not (harness.dev / "vfio" / "59").exists()
+    # Only selected functions were written to: the group's two, and the
+    # third T4's audio function, whose move makes that T4 usable.
+    assert kernel.addresses_written() == {"0000:3b:00.0", "0000:3b:00.1", "0000:d8:00.1"}
+    events = [
+        (r.getMessage(), r.dp_fields.get("device"))  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.getMessage() in ("bound", "bind-failed", "give-back", "given-back")
+        and r.dp_fields.get("device", "").startswith("0000:3b")  # type: ignore[attr-defined]
+    ]
+    assert events == [
+        ("bound", "0000:3b:00.0"),
+        ("bind-failed", "0000:3b:00.1"),
+        ("give-back", "0000:3b:00.0"),
+        ("given-back", "0000:3b:00.0"),
+    ]
+    # The rescan after the give-back shows the GPU skipped, and it stays put.
+    for _ in range(100):
+        skipped = {s.id: s.reason for s in runtime.node.inventory.skipped}
+        if "given back to nouveau" in skipped.get("0000:3b:00.0", ""):
+            break
+        await asyncio.sleep(0.05)
+    assert "0000:3b:00.1, in the same IOMMU group, could not be moved" in skipped["0000:3b:00.0"]
+    writes = len(kernel.writes)
+    runtime.rescan()
+    await asyncio.sleep(0.2)
+    assert len(kernel.writes) == writes
+    # The other T4s are served.
+    assert await harness.wait(
+        lambda e: health(harness, T4) == {"0000:af:00.0": True, "0000:d8:00.0": True}, 5
+    ), health(harness, T4)

@@ -16,6 +16,7 @@ from dp_core import (
     VFIO_DRIVER,
     BindDevice,
     Binding,
+    BindingBook,
     BindingFinished,
     Config,
     ConfigApplied,
@@ -29,12 +30,14 @@ from dp_core import (
     PciHostDevice,
     PciId,
     PermittedHostDevices,
+    UnbindDevice,
+    UnbindingFinished,
     UsageError,
     build_inventory,
     plan_bindings,
 )
 
-from core_builders import AUDIO, GPU, configs, effects_of, host_snapshots, pci, snapshot
+from core_builders import AUDIO, GPU, configs, effects_of, host_snapshots, one, pci, snapshot
 
 NIC = PciId(0x8086, 0x1572)
 VGA = PciId(0x1A03, 0x2000)
@@ -274,6 +277,100 @@ def test_a_failed_bind_withdraws_the_queued_binds_of_its_group() -> None:
     effects = node.handle(BindingFinished(audio, None, 2.1, withdrawn=True))
     assert [e.event for e in effects_of(effects, Log)] == ["bind-withdrawn"]
     assert effects_of(node.handle(HostObserved(gpu_and_audio(), 3.0)), BindDevice) == []
+
+
+GPU_AND_AUDIO = config(GPU, AUDIO, drivers=("nouveau", "snd_hda_intel"))
+
+
+def test_a_group_that_cannot_be_moved_whole_is_given_back() -> None:
+    """The GPU moved, then its audio function's bind failed: the GPU would sit
+    on vfio-pci in a group no VM can use, so it goes back to nouveau, and
+    neither is tried again until the config changes."""
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    assert [e.event for e in effects_of(node.handle(BindingFinished(gpu, None, 2.0)), Log)] == [
+        "bound"
+    ]
+    effects = node.handle(BindingFinished(audio, "unbind: device busy", 2.1))
+    reason = "0000:d8:00.1, in the same IOMMU group, could not be moved to vfio-pci"
+    assert effects_of(effects, UnbindDevice) == [UnbindDevice(gpu, "nouveau", reason)]
+    assert [(e.level, e.event) for e in effects_of(effects, Log)] == [
+        ("warning", "bind-failed"),
+        ("warning", "give-back"),
+    ]
+    assert node.bind_book.giving_back == {gpu}
+    done = node.handle(UnbindingFinished(gpu, None, 2.5))
+    given = one(done, Log)
+    assert given.event == "given-back" and dict(given.fields)["driver"] == "nouveau"
+    assert node.bind_book.giving_back == set() and node.bind_book.moved == {}
+    # The rescan shows both on their drivers again; nothing is moved again.
+    effects = node.handle(HostObserved(gpu_and_audio(), 3.0))
+    assert effects_of(effects, BindDevice) == []
+    reasons = {s.id: s.reason for s in node.inventory.skipped}
+    assert "given back to nouveau: " + reason in reasons["0000:d8:00.0"]
+    assert "unbind: device busy" in reasons["0000:d8:00.1"]
+    # A new config tries the group again.
+    retried = node.handle(ConfigApplied(GPU_AND_AUDIO, now=4.0))
+    assert effects_of(retried, BindDevice) == [
+        BindDevice(gpu, "nouveau"),
+        BindDevice(audio, "snd_hda_intel"),
+    ]
+
+
+def test_a_bind_that_finishes_after_its_groups_failure_is_given_back_at_once() -> None:
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    failed = node.handle(BindingFinished(gpu, "EIO", 2.0))
+    assert effects_of(failed, UnbindDevice) == []  # nothing of the group was moved
+    # The audio function's bind was already under way, and succeeded.
+    effects = node.handle(BindingFinished(audio, None, 2.1))
+    assert effects_of(effects, UnbindDevice) == [
+        UnbindDevice(
+            audio,
+            "snd_hda_intel",
+            "0000:d8:00.0, in the same IOMMU group, could not be moved to vfio-pci",
+        )
+    ]
+
+
+def test_a_failed_give_back_is_an_error_and_the_device_stays_failed() -> None:
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    effects = node.handle(UnbindingFinished(gpu, "nouveau would not take it", 2.2))
+    error = one(effects, Log)
+    assert (error.level, error.event) == ("error", "give-back-failed")
+    assert dict(error.fields)["reason"] == "nouveau would not take it"
+    # Still on vfio-pci, as the next scan shows: Unhealthy, and not moved again.
+    on_vfio = host(
+        [
+            pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+            pci("0000:d8:00.1", AUDIO, 216, driver="snd_hda_intel", class_code=0x040300),
+        ]
+    )
+    effects = node.handle(HostObserved(on_vfio, 3.0))
+    assert effects_of(effects, BindDevice) == effects_of(effects, UnbindDevice) == []
+    (gpu_advertised,) = node.advertised("devices.kubevirt.io/10de_1eb8")
+    assert not gpu_advertised.healthy and "not viable" in gpu_advertised.reason
+
+
+def test_nothing_an_allocation_holds_is_given_back() -> None:
+    book = BindingBook()
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    book.replan(gpu_and_audio(), GPU_AND_AUDIO)
+    book.finished(BindingFinished(gpu, None, 1.0), held_groups=())
+    effects = book.finished(BindingFinished(audio, "EBUSY", 1.1), held_groups={216})
+    assert [e.event for e in effects_of(effects, Log)] == ["bind-failed", "give-back-skipped"]
+    assert effects_of(effects, UnbindDevice) == [] and book.giving_back == set()
+
+
+def test_a_give_back_result_never_asked_for_is_a_caller_error() -> None:
+    with pytest.raises(UsageError, match="no give-back of 0000:18:00.0 is in flight"):
+        Node(NIC_CONFIG).handle(UnbindingFinished(a("0000:18:00.0"), None, 1.0))
 
 
 def test_a_failed_bind_is_not_retried_until_the_config_changes() -> None:

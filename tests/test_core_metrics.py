@@ -24,6 +24,7 @@ from dp_core import (
     PermittedHostDevices,
     RegistrationFailed,
     Sample,
+    UnbindingFinished,
     WatchStarted,
     collect,
 )
@@ -158,6 +159,31 @@ def test_binds_in_flight_failed_and_done_are_reported() -> None:
     assert got["dp_bind_functions", (("state", "failed"),)] == 1
     assert got["dp_binds_total", (("result", "ok"),)] == 1
     assert got["dp_binds_total", (("result", "failed"),)] == 1
+    assert got["dp_bind_functions", (("state", "giving_back"),)] == 0
+
+
+def test_functions_being_given_back_are_reported() -> None:
+    """Two functions of one IOMMU group: the second's bind fails, so the first
+    goes back to its driver."""
+    config = Config(
+        PermittedHostDevices((PciHostDevice(NIC),)),
+        shared_devices=(),
+        binding=Binding(("i40e",)),
+    )
+    devices = [pci(f"0000:18:00.{n}", NIC, 18, driver="i40e", class_code=0x020000) for n in (0, 1)]
+    node = Node(config)
+    node.handle(
+        HostObserved(
+            attrs.evolve(snapshot(devices), pci_drivers=frozenset({VFIO_DRIVER, "i40e"})), 1.0
+        )
+    )
+    node.handle(BindingFinished(PciAddress.parse("0000:18:00.0"), None, 2.0))
+    node.handle(BindingFinished(PciAddress.parse("0000:18:00.1"), "EBUSY", 2.0))
+    got = values(node)
+    assert got["dp_bind_functions", (("state", "giving_back"),)] == 1
+    assert got["dp_bind_functions", (("state", "failed"),)] == 2
+    node.handle(UnbindingFinished(PciAddress.parse("0000:18:00.0"), None, 3.0))
+    assert values(node)["dp_bind_functions", (("state", "giving_back"),)] == 0
 
 
 def test_gauges_follow_health_registration_and_streams() -> None:
