@@ -39,9 +39,9 @@ from .effects import (
     Register,
     Reject,
     Reply,
-    ReportUnhealthy,
 )
 from .errors import StatusCode, UsageError
+from .health import health_changes
 from .host import HostSnapshot
 from .inputs import (
     AllocateRequested,
@@ -294,40 +294,11 @@ class Node:
             previous = self._published.get(name)
             if previous == devices:
                 continue
-            effects.extend(self._health_changes(name, previous or (), devices))
+            effects.extend(health_changes(name, previous or (), devices))
             self._published[name] = devices
             self._published_ids[name] = {device.id: device for device in devices}
             for stream in self.streams(name):
                 effects.append(Publish(stream, name, devices))
-        return effects
-
-    def _health_changes(
-        self,
-        resource: str,
-        before: Sequence[AdvertisedDevice],
-        after: Sequence[AdvertisedDevice],
-    ) -> list[Effect]:
-        old = {d.id: d for d in before}
-        effects: list[Effect] = []
-        for device in after:
-            was = old.get(device.id)
-            if was is not None and was.healthy == device.healthy:
-                continue
-            if was is None and device.healthy:
-                continue
-            effects.append(ReportUnhealthy(resource, device.id, device.healthy, device.reason))
-            effects.append(
-                Log(
-                    "info" if device.healthy else "warning",
-                    "health-changed",
-                    (
-                        ("resource", resource),
-                        ("device", device.id),
-                        ("health", device.health),
-                        ("reason", device.reason),
-                    ),
-                )
-            )
         return effects
 
     # -- registration and connections -----------------------------------------
