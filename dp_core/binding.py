@@ -106,16 +106,25 @@ _CHECKS: tuple[_Check, ...] = (
 )
 
 
+def _selected_for_binding(
+    pci: PciDevice, selectors: Mapping[tuple[int, int], PciHostDevice]
+) -> bool:
+    """Whether a selector names `pci` for dp to serve (and so, to move)."""
+    if pci.is_bridge:
+        return False
+    entry = selectors.get((pci.vendor, pci.device))
+    return entry is not None and not entry.external_resource_provider
+
+
 def _candidate(
     pci: PciDevice, selectors: Mapping[tuple[int, int], PciHostDevice], binding: Binding
 ) -> bool:
     """Whether binding considers `pci` at all (the config selects it, it is not on vfio-pci)."""
-    if pci.driver == VFIO_DRIVER or pci.is_bridge:
+    if pci.driver == VFIO_DRIVER:
         return False
     if pci.driver is None and not binding.bind_unbound:
         return False
-    entry = selectors.get((pci.vendor, pci.device))
-    return entry is not None and not entry.external_resource_provider
+    return _selected_for_binding(pci, selectors)
 
 
 def plan_bindings(
@@ -195,10 +204,25 @@ class BindingBook:
         # IOMMU group -> why it cannot become usable (a member's failed move).
         self._broken_groups: dict[int, str] = {}
 
-    def retry_all(self) -> None:
-        """The config changed: every function may be tried again."""
+    def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
+        """The config changed: every function may be tried again.
+
+        What dp moved is only ever given back while the config still selects
+        it for binding: dp writes to no device the config does not select.
+        """
         self.failed.clear()
         self._broken_groups.clear()
+        selectors = config.pci_selectors()
+        by_address = {pci.address: pci for pci in snapshot.pci_devices}
+        for address in list(self.moved):
+            pci = by_address.get(address)
+            keep = (
+                config.binding is not None
+                and pci is not None
+                and _selected_for_binding(pci, selectors)
+            )
+            if not keep:
+                del self.moved[address]
 
     def forget_gone(self, present: set[PciAddress]) -> None:
         """A function that left the host and came back is a new device: try it again."""

@@ -197,7 +197,7 @@ class Node:
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
         self.config = event.config
         self.pci_names = event.pci_names
-        self.bind_book.retry_all()
+        self.bind_book.retry_all(self.snapshot, self.config)
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:

@@ -358,6 +358,26 @@ def test_a_failed_give_back_is_an_error_and_the_device_stays_failed() -> None:
     assert not gpu_advertised.healthy and "not viable" in gpu_advertised.reason
 
 
+def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
+    """dp writes to no device the config does not select: once a reload drops
+    the GPU's selector, a failure in its group leaves it where it is."""
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(ConfigApplied(config(AUDIO, drivers=("snd_hda_intel",)), now=2.05))
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    assert effects_of(effects, UnbindDevice) == []
+    assert node.bind_book.moved == {}
+    # Still selected after a reload, it is given back.
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(ConfigApplied(GPU_AND_AUDIO, now=2.05))
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
+
+
 def test_nothing_an_allocation_holds_is_given_back() -> None:
     book = BindingBook()
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
