@@ -67,7 +67,7 @@ from .inputs import (
 from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_inventory
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .pci import PciAddress, PciId
-from .registration import OPENING_CALLS, OPTIONS_CALL, Backoff, Registrar, SocketMode
+from .registration import Backoff, Registrar, SocketMode
 from .tally import Tally
 
 __all__ = ["Node", "Timing"]
@@ -403,10 +403,9 @@ class Node:
             return resource, bind
         pending = registrar.in_flight()
         if pending is not None and not registrar.opens_a_registration(rpc):
-            expected = sorted({OPTIONS_CALL} if registrar.opens_with_options else OPENING_CALLS)
             why = (
                 f"it opened with {rpc}, and this kubelet opens a registration's connection with "
-                f"{' or '.join(expected)}: a reconnection of a lost connection, not the dial "
+                f"GetDevicePluginOptions: a reconnection of a lost connection, not the dial "
                 f"of {pending.name}'s Register"
             )
         else:

@@ -20,7 +20,6 @@ import attrs
 from .errors import UsageError
 
 __all__ = [
-    "OPENING_CALLS",
     "OPTIONS_CALL",
     "Backoff",
     "Phase",
@@ -44,12 +43,6 @@ class Phase(enum.Enum):
 
 
 OPTIONS_CALL = "GetDevicePluginOptions"
-# A registration's connection opens with GetDevicePluginOptions (kubelets
-# from 1.26) or ListAndWatch (older ones). Allocate, GetPreferredAllocation
-# and PreStartContainer come only once ListAndWatch has listed devices on a
-# connection already attributed, so a new connection opening with one of
-# them is a reconnection, whatever the kubelet's age.
-OPENING_CALLS = frozenset({OPTIONS_CALL, "ListAndWatch"})
 
 
 class Step(enum.Enum):
@@ -143,7 +136,7 @@ class Registrar:
         self._stale_unbound: set[int] = set()
         self._attempts = 0
         # Learned anew from each kubelet. One that opens a registration's
-        # connection inside Register with GetDevicePluginOptions (1.26 and
+        # connection inside Register with GetDevicePluginOptions (1.25 and
         # later) opens every one that way. A new connection whose first call
         # is anything else is then grpc-go reconnecting a connection it lost
         # (say a resource's ListAndWatch, after its first connection closed
@@ -249,6 +242,11 @@ class Registrar:
         else:
             self._move(reg, Step.SUCCEEDED_UNBOUND)
             reg.dial_deadline = now + self.dial_wait
+            # A kubelet that dials inside Register has dialled by its reply:
+            # this one does not (an older kubelet, or another client's stray
+            # GetDevicePluginOptions taught the rule wrongly), so its dials
+            # must not be refused for opening with another call.
+            self.opens_with_options = False
         return True
 
     def failed(self, name: str, attempt: int, now: float) -> bool:
@@ -295,11 +293,13 @@ class Registrar:
     def opens_a_registration(self, rpc: str) -> bool:
         """Whether the kubelet could open a registration's connection with `rpc`.
 
-        Any other first call is grpc-go reconnecting a connection it lost.
+        Once it is known to open them with GetDevicePluginOptions, any other
+        first call is grpc-go reconnecting a connection it lost. A kubelet
+        that dials after replying (1.24 and earlier) may open with
+        ListAndWatch, or even with an Allocate for devices it still lists
+        from the resource's previous registration.
         """
-        if self.opens_with_options:
-            return rpc == OPTIONS_CALL
-        return rpc in OPENING_CALLS
+        return rpc == OPTIONS_CALL or not self.opens_with_options
 
     def bind(self, connection: int, name: str, now: float) -> None:
         reg = self.get(name)

@@ -6,17 +6,14 @@ registrations, refusals, lost connections and grpc-go's reconnections, and
 the node must never serve a connection for another resource than its own,
 and must end with every resource registered and watched.
 
-Three kubelet generations are modelled:
-- "options" (1.26 and later): dials inside Register and calls
+Two kubelet generations are modelled:
+- "options" (1.25 and later): dials inside Register and calls
   GetDevicePluginOptions there; ListAndWatch starts before or after the reply.
   Its connections can be lost at any time, and grpc-go reconnects for the
   next call.
-- "watch" (1.20 to 1.25): dials inside Register and starts with ListAndWatch.
-- "after-reply" (older): dials after replying, starts with ListAndWatch.
-For the last two nothing on the wire tells a reconnection for ListAndWatch
-from the next registration's dial, so the model loses their connections only
-once ListAndWatch runs on them; a reconnection is then for an Allocate the
-kubelet sends before it notices the broken stream.
+- "after-reply" (1.24 and earlier): dials after replying, starts with
+  ListAndWatch. Nothing on the wire tells its reconnection from the next
+  registration's dial, so the model does not lose its connections.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ from dp_core.registration import Phase
 
 from core_builders import effects_of, gpu_config, two_gpus_and_vfs
 
-GENERATIONS = ("options", "watch", "after-reply")
+GENERATIONS = ("options", "after-reply")
 
 
 @attrs.define
@@ -199,9 +196,8 @@ class ModelKubelet:
         quiet = any(e.stream is None and (e.dialled or e.replied) for e in self.pending)
         slow = [] if quiet and self.generation != "options" else [4.0]
         self.now += draw(st.sampled_from([0.0, 0.0, 0.01, 0.5, *slow]))
-        choice = draw(
-            st.sampled_from(["tick", "allocate", "lose", "lose", "notice"] + ["register"] * 4)
-        )
+        losses = ["lose", "lose", "notice"] if self.generation == "options" else []
+        choice = draw(st.sampled_from(["tick", "allocate", *losses] + ["register"] * 4))
         if choice == "register" and self.pending:
             endpoint = draw(st.sampled_from(self.pending))
             steps = self.steps_of(endpoint)
@@ -209,8 +205,6 @@ class ModelKubelet:
                 self.advance(endpoint, draw(st.sampled_from(steps)))
         elif choice == "lose":
             connections = sorted(self.open)
-            if self.generation != "options":
-                connections = [c for c in connections if self.watched(c)]
             if connections:
                 self.lose(draw(st.sampled_from(connections)))
         elif choice == "notice":
@@ -224,9 +218,6 @@ class ModelKubelet:
                 self.allocate(draw(st.sampled_from(ready)))
         else:
             self.feed(Tick(self.now))
-
-    def watched(self, connection: int) -> bool:
-        return connection in self.stream_connection.values()
 
     def lose(self, connection: int) -> None:
         """The transport closes under the kubelet; a stream on it breaks."""

@@ -207,19 +207,19 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
         ("kubelet open:1 rpc:1 open:2 watch:2", ["a", None]),
         ("kubelet open:1 rpc:1 close:1 ok:a open:2 watch:2 open:3 rpc:3", ["a", None, "b"]),
         ("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 watch:3", ["a", "b", None]),
-        # Kubelets that never make that call keep the timing rule alone:
-        # those that dial after replying, and those (1.20 to 1.25) that dial
-        # inside Register and start with ListAndWatch.
+        ("kubelet open:1 rpc:1 ok:a open:2 alloc:2", ["a", None]),
+        # Kubelets that dial after replying (1.24 and earlier) never make that
+        # call, and keep the timing rule alone: they open with ListAndWatch,
+        # or with an Allocate for devices still listed from before.
         ("kubelet ok:a open:1 watch:1 ok:b open:2 watch:2", ["a", "b"]),
-        ("kubelet open:1 watch:1 ok:a open:2 watch:2", ["a", "b"]),
-        # No kubelet opens a registration's connection with Allocate: that
-        # comes only on a connection that ListAndWatch has used.
-        ("kubelet ok:a open:1 watch:1 ok:b open:2 alloc:2 open:3 watch:3", ["a", None, "b"]),
-        ("kubelet ok:a open:1 alloc:1", [None]),
+        ("kubelet ok:a open:1 alloc:1 watch:1", ["a", "a"]),
         # What was learned is the old kubelet's: a restarted one is asked again.
         ("kubelet open:1 rpc:1 ok:a kubelet@1 end:b@1 open:2 watch:2@1", ["a", "a"]),
         # A reply that comes before any dial teaches nothing either.
         ("kubelet ok:a open:1 rpc:1 ok:b open:2 watch:2", ["a", "b"]),
+        # And unlearns what a stray GetDevicePluginOptions (another client's,
+        # on a connection of its own) taught while a's Register was in flight.
+        ("kubelet open:9 rpc:9 fail:a open:1 watch:1 ok:b open:2 watch:2", ["a", None, "b"]),
     ],
 )
 def test_attribution(steps: str, attributed: list[str | None]) -> None:

@@ -143,7 +143,7 @@ async def test_a_reconnection_during_the_next_register_is_not_attributed_to_it(
 ) -> None:
     """grpc-go reconnects a lost connection for the next call, which can reach
     the shared socket while another resource's Register is in flight. The
-    emulator (like kubelets from 1.26) opens each registration's connection
+    emulator (like kubelets from 1.25) opens each registration's connection
     with GetDevicePluginOptions, so a connection opening with ListAndWatch
     then is not that registration's, and gets UNAVAILABLE."""
     import threading

@@ -8,7 +8,7 @@ device-manager behaviour that the server depends on (DESIGN.md §3):
 
 * Register is synchronous: inside the handler the kubelet dials the endpoint
   (blocking, 10 s), calls GetDevicePluginOptions, then replies; ListAndWatch
-  starts right after. Kubelets before ~1.20 replied first, then dialled and took
+  starts right after. Kubelets before 1.25 replied first, then dialled and took
   the options from the RegisterRequest (`dial_mode="after-reply"`).
 * Each registration gets a connection of its own, with `:authority` localhost.
 * Each ListAndWatch response replaces the device list; when the stream ends all
