@@ -192,7 +192,8 @@ class BindingBook:
     group cannot become usable, and the members dp already moved would sit
     on vfio-pci, of use to neither the host nor a VM: they are given back to
     the driver they were taken from (`UnbindDevice`), and count as failed, so
-    that no plan moves them again until the config changes.
+    that no plan moves them again until the config changes. Only what the
+    current config still selects is ever given back.
     """
 
     def __init__(self) -> None:
@@ -201,8 +202,20 @@ class BindingBook:
         self.refusals: dict[PciAddress, str] = {}  # last refusal logged, to log changes only
         self.moved: dict[PciAddress, BindDecision] = {}  # on vfio-pci because dp put it there
         self.giving_back: set[PciAddress] = set()
-        # IOMMU group -> why it cannot become usable (a member's failed move).
-        self._broken_groups: dict[int, str] = {}
+        # IOMMU group -> the member whose move failed, and why the group is stuck.
+        self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
+        self._selected: frozenset[PciAddress] = frozenset()
+
+    def _select(self, snapshot: HostSnapshot, config: Config) -> None:
+        if config.binding is None:
+            self._selected = frozenset()
+        else:
+            selectors = config.pci_selectors()
+            self._selected = frozenset(
+                pci.address for pci in snapshot.pci_devices if _selected_for_binding(pci, selectors)
+            )
+        for address in [a for a in self.moved if a not in self._selected]:
+            del self.moved[address]
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
         """The config changed: every function may be tried again.
@@ -212,29 +225,23 @@ class BindingBook:
         """
         self.failed.clear()
         self._broken_groups.clear()
-        selectors = config.pci_selectors()
-        by_address = {pci.address: pci for pci in snapshot.pci_devices}
-        for address in list(self.moved):
-            pci = by_address.get(address)
-            keep = (
-                config.binding is not None
-                and pci is not None
-                and _selected_for_binding(pci, selectors)
-            )
-            if not keep:
-                del self.moved[address]
+        self._select(snapshot, config)
 
     def forget_gone(self, present: set[PciAddress]) -> None:
         """A function that left the host and came back is a new device: try it again."""
         for book in (self.failed, self.refusals, self.moved):
             for address in [a for a in book if a not in present]:
                 del book[address]
+        for group, (address, _) in list(self._broken_groups.items()):
+            if address not in present:
+                del self._broken_groups[group]
 
     def replan(
         self, snapshot: HostSnapshot, config: Config
     ) -> tuple[dict[PciAddress, BindDecision], list[BindDevice | Log]]:
         """The plan for this host and config, and the binds and refusals it starts."""
-        if self.failed or self.refusals or self.moved:
+        self._select(snapshot, config)
+        if self.failed or self.refusals or self.moved or self._broken_groups:
             self.forget_gone({pci.address for pci in snapshot.pci_devices})
         plan = plan_bindings(snapshot, config, self.failed)
         effects: list[BindDevice | Log] = []
@@ -269,7 +276,8 @@ class BindingBook:
             return [Log.info("bind-withdrawn", device=str(event.address))]
         effects: list[UnbindDevice | Log] = []
         if event.error is None:
-            self.moved[event.address] = decision
+            if event.address in self._selected:  # a reload may have dropped it meanwhile
+                self.moved[event.address] = decision
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
             self.failed[event.address] = event.error
@@ -277,16 +285,14 @@ class BindingBook:
                 Log.warning("bind-failed", device=str(event.address), reason=event.error)
             )
             if decision.iommu_group is not None:
-                self._broken_groups.setdefault(
-                    decision.iommu_group,
-                    f"{event.address}, in the same IOMMU group, could not be moved to vfio-pci",
-                )
+                why = f"{event.address}, in the same IOMMU group, could not be moved to vfio-pci"
+                self._broken_groups.setdefault(decision.iommu_group, (event.address, why))
         if decision.iommu_group in self._broken_groups:
             effects += self._give_back(decision.iommu_group, held_groups)
         return effects
 
     def _give_back(self, group: int, held_groups: Container[int]) -> list[UnbindDevice | Log]:
-        reason = self._broken_groups[group]
+        _, reason = self._broken_groups[group]
         stranded = [
             moved
             for address, moved in self.moved.items()
@@ -296,31 +302,35 @@ class BindingBook:
         for moved in stranded:
             device = str(moved.address)
             if group in held_groups:
-                effects.append(
-                    Log.warning(
-                        "give-back-skipped",
-                        device=device,
-                        reason=f"{reason}, but an allocation holds IOMMU group {group}",
-                    )
-                )
+                held = f"{reason}, but an allocation holds IOMMU group {group}"
+                effects.append(Log.warning("give-back-skipped", device=device, reason=held))
                 continue
             self.giving_back.add(moved.address)
             self.failed[moved.address] = f"given back to {moved.driver or 'no driver'}: {reason}"
-            effects.append(
-                Log.warning(
-                    "give-back", device=device, driver=moved.driver or "none", reason=reason
-                )
-            )
+            driver = moved.driver or "none"
+            effects.append(Log.warning("give-back", device=device, driver=driver, reason=reason))
             effects.append(UnbindDevice(moved.address, moved.driver, reason))
         return effects
 
+    def give_back_planned(self, address: PciAddress, held_groups: Container[int]) -> bool:
+        """Whether a queued give-back should still be carried out, now its turn has come."""
+        moved = self.moved.get(address)
+        return (
+            address in self.giving_back
+            and moved is not None
+            and moved.iommu_group not in held_groups
+        )
+
     def unbound(self, event: UnbindingFinished) -> list[Log]:
-        """A give-back ended: the function is on its old driver, or why not."""
+        """A give-back ended: the function is on its old driver, or why not, or withdrawn."""
         if event.address not in self.giving_back:
             raise UsageError(f"no give-back of {event.address} is in flight")
         self.giving_back.discard(event.address)
+        device = str(event.address)
+        if event.withdrawn:
+            return [Log.info("give-back-withdrawn", device=device)]
         moved = self.moved.pop(event.address, None)
-        driver = (moved.driver if moved else None) or "none"
         if event.error is None:
-            return [Log.info("given-back", device=str(event.address), driver=driver)]
-        return [Log.error("give-back-failed", device=str(event.address), reason=event.error)]
+            driver = (moved.driver if moved else None) or "none"
+            return [Log.info("given-back", device=device, driver=driver)]
+        return [Log.error("give-back-failed", device=device, reason=event.error)]

@@ -209,11 +209,21 @@ class BindingFinished:
 @attrs.frozen
 class UnbindingFinished:
     """An `UnbindDevice` was carried out: `error` is None when the function is
-    back on the driver it was taken from."""
+    back on the driver it was taken from.
+
+    `withdrawn`: when its turn came, `Node.give_back_planned` said no (a
+    config change dropped the device, or an allocation holds its group), so
+    nothing was written; `error` is then None.
+    """
 
     address: PciAddress
     error: str | None
     now: float
+    withdrawn: bool = attrs.field(default=False, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.withdrawn and self.error is not None:
+            raise ValueError("a withdrawn give-back wrote nothing, so it has no error")
 
 
 @attrs.frozen

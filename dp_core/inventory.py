@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -113,12 +113,14 @@ def build_inventory(
     config: Config,
     pci_names: Mapping[PciId, str] | None = None,
     bindings: Mapping[PciAddress, BindDecision] | None = None,
+    giving_back: Collection[PciAddress] = (),
 ) -> Inventory:
     """Every resource the server would advertise on this host, sorted by name.
 
     `bindings` is the binding plan (`plan_bindings`): a function it moves to
     vfio-pci is advertised, Unhealthy until it gets there; one it refuses is
-    skipped with the reason.
+    skipped with the reason. A function in `giving_back` is on its way back
+    to its host driver, and Unhealthy, so that nothing allocates it meanwhile.
     """
     bindings = bindings or {}
     collected: dict[str, tuple[DeviceKind, list[AdvertisedDevice], str]] = {}
@@ -151,6 +153,11 @@ def build_inventory(
         device = _pci_device(pci, snapshot, nodes, groups)
         if bind is not None:
             reason = f"{_held_by(pci)}; {_bind_outcome(bind)}"
+            device = attrs.evolve(device, healthy=False, reason=reason)
+        elif giving_back and pci.address in giving_back:
+            reason = (
+                "dp is giving it back to its host driver: its IOMMU group cannot be moved whole"
+            )
             device = attrs.evolve(device, healthy=False, reason=reason)
         add(name, DeviceKind.PCI, device, VFIO_PERMISSIONS)
 

@@ -202,7 +202,9 @@ class Node:
 
     def _rebuild(self) -> list[Effect]:
         effects = self._plan_bindings()
-        self.inventory = build_inventory(self.snapshot, self.config, self.pci_names, self.bindings)
+        self.inventory = build_inventory(
+            self.snapshot, self.config, self.pci_names, self.bindings, self.bind_book.giving_back
+        )
         self._by_name = {r.name: r for r in self.inventory.resources}
         self._inventory_ids = {
             r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
@@ -244,6 +246,10 @@ class Node:
             # just done, and the rescan after the batch acts on what it shows.
             self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed)
         return effects
+
+    def give_back_planned(self, address: PciAddress) -> bool:
+        """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
+        return self.bind_book.give_back_planned(address, self.allocations.reserved_groups())
 
     def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
         return list(self.bind_book.unbound(event))

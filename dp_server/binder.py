@@ -41,6 +41,14 @@ def write_attribute(path: str, text: str) -> None:
         os.close(fd)
 
 
+def _override_text(previous: str) -> str:
+    """What to write to restore a `driver_override` read as `previous`.
+
+    The kernel shows an empty override as "(null)"; writing a newline clears it.
+    """
+    return "\n" if previous in ("", "(null)") else previous
+
+
 def _why(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
@@ -51,6 +59,10 @@ class Binder:
     def __init__(self, sysfs_root: str, write: Writer = write_attribute) -> None:
         self.sys = os.fspath(sysfs_root).rstrip("/")
         self._write = write
+        # The driver_override each function had before this binder moved it,
+        # for a give-back: a function held by its driver only through an
+        # override (pci-stub, an administrator's pin) needs it back to bind.
+        self._overrides: dict[PciAddress, str] = {}
 
     def driver_of(self, address: PciAddress) -> str | None:
         """The driver bound to `address`, None if none; OSError if that cannot be read."""
@@ -100,6 +112,7 @@ class Binder:
             after = None
             error_text = error_text or f"its driver cannot be read after the bind: {_why(error)}"
         if error_text is None and after == VFIO_DRIVER:
+            self._overrides[address] = previous
             return None
         if error_text is None:
             error_text = f"after drivers_probe it is bound to {after or 'no driver'}"
@@ -121,13 +134,12 @@ class Binder:
             return f"cannot read {device}: {_why(error)}; left alone"
         if current != VFIO_DRIVER:
             return f"its driver is {current or 'none'} now, not {VFIO_DRIVER}; left alone"
-        # Unbind first: if vfio-pci will not let go (the group is open),
-        # nothing has changed. Then clear the override, which would tie the
-        # function to vfio-pci, and bind explicitly: a probe could pick
-        # another driver that matches.
+        # Unbind, then put back the override the function had before dp moved
+        # it (usually none), which would otherwise tie it to vfio-pci, then
+        # bind explicitly: a probe could pick another driver that matches.
         steps = [
             (f"{self.sys}/bus/pci/drivers/{VFIO_DRIVER}/unbind", str(address)),
-            (f"{device}/driver_override", "\n"),
+            (f"{device}/driver_override", _override_text(self._overrides.get(address, ""))),
         ]
         if driver is not None:
             steps.append((f"{self.sys}/bus/pci/drivers/{driver}/bind", str(address)))
@@ -142,6 +154,7 @@ class Binder:
             return f"its driver cannot be read after the give-back: {_why(error)}"
         if after != driver:
             return f"after the give-back it is bound to {after or 'no driver'}"
+        self._overrides.pop(address, None)
         return None
 
     @staticmethod
@@ -164,10 +177,8 @@ class Binder:
     def _give_back(self, address: PciAddress, previous: str, now: str | None) -> str:
         """Undo a bind that did not finish; what could not be undone, for the message."""
         device = self._device(address)
-        # The kernel shows an empty override as "(null)"; writing a newline clears it.
-        restore = "\n" if previous in ("", "(null)") else previous
         try:
-            self._write(f"{device}/driver_override", restore)
+            self._write(f"{device}/driver_override", _override_text(previous))
             if now is None:
                 self._write(f"{self.sys}/bus/pci/drivers_probe", str(address))
         except OSError as error:

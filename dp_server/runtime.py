@@ -412,9 +412,10 @@ class Runtime:
         withdrawn = False
         try:
             async with self._binding:
-                if isinstance(effect, UnbindDevice):
+                giving_back = isinstance(effect, UnbindDevice)
+                if giving_back and self.node.give_back_planned(effect.address):
                     work = self._binder.unbind
-                elif self.node.bind_planned(effect.address, effect.driver):
+                elif not giving_back and self.node.bind_planned(effect.address, effect.driver):
                     work = self._binder.bind
                 else:
                     error, withdrawn = None, True  # the plan changed while it waited
@@ -427,7 +428,7 @@ class Runtime:
             if not self._stopping:
                 now = self.now()
                 self.feed(
-                    UnbindingFinished(effect.address, error, now)
+                    UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
                     if isinstance(effect, UnbindDevice)
                     else BindingFinished(effect.address, error, now, withdrawn=withdrawn)
                 )

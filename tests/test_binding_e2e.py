@@ -313,15 +313,7 @@ async def test_a_group_that_cannot_be_moved_whole_goes_back_to_its_drivers(
     then the audio function's driver will not let go. The GPU goes back to
     nouveau, rather than sit on vfio-pci in a group no VM can use."""
     caplog.set_level(logging.INFO, logger="dp")
-    on_host = {"0000:3b:00.0": "nouveau", "0000:3b:00.1": "snd_hda_intel"}
-    topology = fixture_topology()
-    topology = attrs.evolve(
-        topology,
-        pci=[attrs.evolve(f, driver=on_host.get(str(f.address), f.driver)) for f in topology.pci],
-        dev_nodes=topology.dev_nodes - {"/dev/vfio/59"},
-    )
-    harness.sysfs, harness.dev = write_sysfs(topology, harness.root / "host-nouveau")
-    kernel = FakeKernel(harness.sysfs, harness.dev)
+    kernel = gpu_group_on_host_drivers(harness)
     kernel.busy.add("0000:3b:00.1")
     harness.start_kubelet()
     runtime = await harness.start_server(
@@ -370,3 +362,75 @@ async def test_a_group_that_cannot_be_moved_whole_goes_back_to_its_drivers(
     assert await harness.wait(
         lambda e: health(harness, T4) == {"0000:af:00.0": True, "0000:d8:00.0": True}, 5
     ), health(harness, T4)
+
+
+def gpu_group_on_host_drivers(harness: Harness) -> FakeKernel:
+    """The fixture host with the first T4 and its audio function on host drivers."""
+    on_host = {"0000:3b:00.0": "nouveau", "0000:3b:00.1": "snd_hda_intel"}
+    topology = fixture_topology()
+    topology = attrs.evolve(
+        topology,
+        pci=[attrs.evolve(f, driver=on_host.get(str(f.address), f.driver)) for f in topology.pci],
+        dev_nodes=topology.dev_nodes - {"/dev/vfio/59"},
+    )
+    harness.sysfs, harness.dev = write_sysfs(topology, harness.root / "host-nouveau")
+    return FakeKernel(harness.sysfs, harness.dev)
+
+
+async def test_a_queued_give_back_of_a_device_the_config_dropped_writes_nothing(
+    harness: Harness,
+) -> None:
+    """The give-back of the first T4 waits behind the third T4's audio bind; a
+    reload meanwhile stops selecting T4s, so when its turn comes nothing is
+    written to the GPU."""
+    kernel = gpu_group_on_host_drivers(harness)
+    kernel.busy.add("0000:3b:00.1")
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_write(path: str, text: str) -> None:
+        if path.endswith("snd_hda_intel/unbind") and text == "0000:d8:00.1":
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+        kernel.write(path, text)
+
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(GROUP_CONFIG, "<test>"), binder=Binder(str(harness.sysfs), slow_write)
+    )
+    gpu = PciAddress.parse("0000:3b:00.0")
+    for _ in range(200):
+        if gpu in runtime.node.bind_book.giving_back:
+            break
+        await asyncio.sleep(0.02)
+    assert gpu in runtime.node.bind_book.giving_back
+    without_t4 = GROUP_CONFIG.replace(
+        '    - {pciVendorSelector: "10DE:1EB8", resourceName: "nvidia.com/TU104GL_Tesla_T4"}\n', ""
+    )
+    runtime.config = parse_config(without_t4, "<test>")
+    runtime.feed(ConfigApplied(runtime.config, runtime.now(), {}))
+    writes_before = len(kernel.writes)
+    release.set()
+    for _ in range(200):
+        if not runtime.node.bind_book.giving_back and not runtime.node.bind_book.in_flight:
+            break
+        await asyncio.sleep(0.02)
+    assert not runtime.node.bind_book.giving_back
+    late = kernel.writes[writes_before:]
+    assert [w for w in late if "0000:3b:00.0" in w[0] or w[1] == "0000:3b:00.0"] == []
+    assert kernel.driver("0000:3b:00.0") == "vfio-pci"
+
+
+async def test_a_give_back_restores_the_override_the_function_had(harness: Harness) -> None:
+    """An administrator's pin (or pci-stub's) held the function on its driver:
+    the give-back puts it back before binding, rather than clearing it."""
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    (harness.sysfs / "bus/pci/devices/0000:18:00.0/driver_override").write_text("i40e\n")
+    binder = Binder(str(harness.sysfs), kernel.write)
+    nic = PciAddress.parse("0000:18:00.0")
+    assert binder.bind(nic, "i40e") is None
+    assert kernel.override("0000:18:00.0") == "vfio-pci"
+    kernel.writes.clear()
+    assert binder.unbind(nic, "i40e") is None
+    assert kernel.override("0000:18:00.0") == "i40e"
+    assert kernel.driver("0000:18:00.0") == "i40e"
+    assert ("bus/pci/devices/0000:18:00.0/driver_override", "i40e") in kernel.writes

@@ -30,6 +30,8 @@ from dp_core import (
     PciHostDevice,
     PciId,
     PermittedHostDevices,
+    Reject,
+    Reply,
     UnbindDevice,
     UnbindingFinished,
     UsageError,
@@ -37,7 +39,17 @@ from dp_core import (
     plan_bindings,
 )
 
-from core_builders import AUDIO, GPU, configs, effects_of, host_snapshots, one, pci, snapshot
+from core_builders import (
+    AUDIO,
+    GPU,
+    configs,
+    effects_of,
+    host_snapshots,
+    live_node,
+    one,
+    pci,
+    snapshot,
+)
 
 NIC = PciId(0x8086, 0x1572)
 VGA = PciId(0x1A03, 0x2000)
@@ -376,6 +388,83 @@ def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     node.handle(ConfigApplied(GPU_AND_AUDIO, now=2.05))
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
     assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
+
+
+def test_a_group_re_added_after_a_hot_unplug_is_not_given_back_for_its_old_failure() -> None:
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    node.handle(UnbindingFinished(gpu, None, 2.2))
+    node.handle(HostObserved(host([]), 3.0))  # the card is removed, then rescanned
+    assert node.bind_book.failed == {}
+    effects = node.handle(HostObserved(gpu_and_audio(), 4.0))
+    assert effects_of(effects, BindDevice) == [
+        BindDevice(gpu, "nouveau"),
+        BindDevice(audio, "snd_hda_intel"),
+    ]
+    # This time the GPU's move stays: its group has not failed since.
+    assert effects_of(node.handle(BindingFinished(gpu, None, 5.0)), UnbindDevice) == []
+
+
+def test_a_device_being_given_back_is_not_allocatable() -> None:
+    """With bindUnbound the audio function had no driver, and the probe left it
+    with none. Until the GPU's give-back has its turn, a rescan shows the group
+    viable (GPU on vfio-pci, audio on no driver): the GPU must stay Unhealthy,
+    and when its turn comes the give-back still goes ahead."""
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    node, kubelet = live_node(
+        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
+        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
+    )
+    node.handle(BindingFinished(gpu, None, 2.0))
+    effects = node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
+    assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
+    node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+                                   unbound_audio]), 2.2))  # fmt: skip
+    (advertised,) = node.advertised("devices.kubevirt.io/10de_1eb8")
+    assert not advertised.healthy and "giving it back" in advertised.reason
+    kubelet.now = 2.3
+    refused = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
+    assert effects_of(refused, Reply) == [] and effects_of(refused, Reject)
+    assert node.give_back_planned(gpu)
+
+
+def test_a_give_back_whose_device_the_config_dropped_is_withdrawn_when_its_turn_comes() -> None:
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    assert node.give_back_planned(gpu)
+    node.handle(ConfigApplied(config(AUDIO, drivers=("snd_hda_intel",)), now=2.2))
+    assert not node.give_back_planned(gpu)
+    done = node.handle(UnbindingFinished(gpu, None, 2.3, withdrawn=True))
+    assert [e.event for e in effects_of(done, Log)] == ["give-back-withdrawn"]
+    assert node.bind_book.giving_back == set()
+
+
+def test_a_bind_that_finishes_after_a_reload_dropped_its_device_is_never_given_back() -> None:
+    """The GPU's bind was under way (its turn had come) when a reload dropped
+    the GPU's selector; its still-selected sibling then fails."""
+    node = Node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(ConfigApplied(config(AUDIO, drivers=("nouveau", "snd_hda_intel")), now=1.5))
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(BindingFinished(audio, None, 2.1, withdrawn=True))
+    on_vfio = host(
+        [
+            pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+            pci("0000:d8:00.1", AUDIO, 216, driver="snd_hda_intel", class_code=0x040300),
+        ]
+    )
+    effects = node.handle(HostObserved(on_vfio, 3.0))
+    assert effects_of(effects, BindDevice) == [BindDevice(audio, "snd_hda_intel")]
+    effects = node.handle(BindingFinished(audio, "EBUSY", 4.0))
+    assert effects_of(effects, UnbindDevice) == []
 
 
 def test_nothing_an_allocation_holds_is_given_back() -> None:
