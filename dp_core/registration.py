@@ -144,6 +144,11 @@ class Registrar:
         # would serve one resource's devices to another. Kubelets that dial
         # after replying, or without that call, never teach it.
         self.opens_with_options = False
+        # A connection was refused by that rule since it was learned. If a
+        # registration then waits in vain for its dial, the kubelet is one
+        # that dials after replying and the rule was taught wrongly (another
+        # client's stray GetDevicePluginOptions): it is unlearned.
+        self._refused_since_learned = False
 
     # -- resources -------------------------------------------------------
 
@@ -241,12 +246,10 @@ class Registrar:
                 self._lose(reg, now)
         else:
             self._move(reg, Step.SUCCEEDED_UNBOUND)
+            # A reply before any dial does not unlearn the rule: some 1.25+
+            # kubelets reply at once, without dialling, while they still hold
+            # a client for the resource ("already connected").
             reg.dial_deadline = now + self.dial_wait
-            # A kubelet that dials inside Register has dialled by its reply:
-            # this one does not (an older kubelet, or another client's stray
-            # GetDevicePluginOptions taught the rule wrongly), so its dials
-            # must not be refused for opening with another call.
-            self.opens_with_options = False
         return True
 
     def failed(self, name: str, attempt: int, now: float) -> bool:
@@ -283,10 +286,14 @@ class Registrar:
         if self.mode is not SocketMode.SINGLE:
             return None
         pending = self.in_flight()
-        if pending is None or not self.opens_a_registration(rpc):
+        if pending is None:
+            return None
+        if not self.opens_a_registration(rpc):
+            self._refused_since_learned = True
             return None
         if rpc == OPTIONS_CALL and pending.phase is Phase.REGISTERING:
             self.opens_with_options = True
+            self._refused_since_learned = False
         self.bind(connection, pending.name, now)
         return pending.name
 
@@ -349,7 +356,7 @@ class Registrar:
     def kubelet_started(self, now: float) -> None:
         """Every resource registers again at once; old connections are dead."""
         self.kubelet_present = True
-        self.opens_with_options = False
+        self.opens_with_options = self._refused_since_learned = False
         self._owner.clear()
         for reg in self._resources.values():
             if reg.phase is Phase.REGISTERING and not reg.bound_this_attempt:
@@ -378,6 +385,8 @@ class Registrar:
         expired = []
         for reg in self._phase_members(Phase.AWAITING_DIAL):
             if reg.dial_deadline is not None and now >= reg.dial_deadline:
+                if self._refused_since_learned:
+                    self.opens_with_options = self._refused_since_learned = False
                 self._move(reg, Step.DIAL_TIMEOUT)
                 reg.dial_deadline = None
                 reg.failures += 1

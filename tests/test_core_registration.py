@@ -217,9 +217,22 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
         ("kubelet open:1 rpc:1 ok:a kubelet@1 end:b@1 open:2 watch:2@1", ["a", "a"]),
         # A reply that comes before any dial teaches nothing either.
         ("kubelet ok:a open:1 rpc:1 ok:b open:2 watch:2", ["a", "b"]),
-        # And unlearns what a stray GetDevicePluginOptions (another client's,
-        # on a connection of its own) taught while a's Register was in flight.
-        ("kubelet open:9 rpc:9 fail:a open:1 watch:1 ok:b open:2 watch:2", ["a", None, "b"]),
+        # A 1.25+ kubelet that still holds a client for a replies without
+        # dialling: the rule stays, and b's reconnection is not given to a.
+        (
+            "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+            "close:1@20 ok:a@20 open:4@20 alloc:4@20",
+            ["a", "b", "c", None],
+        ),
+        # A stray GetDevicePluginOptions (another client's, on a connection of
+        # its own) can teach the rule to a kubelet that dials after replying:
+        # once a registration has waited in vain while a dial was refused,
+        # the rule is unlearned.
+        (
+            "kubelet open:9 rpc:9 fail:a open:1 watch:1 ok:b open:2 watch:2 "
+            "tick@3 open:3@3 watch:3@3",
+            ["a", None, None, "c"],
+        ),
     ],
 )
 def test_attribution(steps: str, attributed: list[str | None]) -> None:
@@ -686,3 +699,36 @@ def test_connection_lost_while_register_in_flight_registers_again(mode: SocketMo
         assert registers(effects) == []
         make_live(node, B, 2, connection=2, now=0.3)
         assert node.registrar.phases()[A] is Phase.REGISTERING
+
+
+def test_a_stray_options_call_does_not_lock_out_a_kubelet_that_dials_after_replying() -> None:
+    """Another client's GetDevicePluginOptions while a Register is in flight
+    teaches the rule for kubelets that open with it. A kubelet that dials
+    after replying (1.24 and earlier) opens with ListAndWatch: its first dial
+    is refused, and once that registration has waited in vain the rule is
+    unlearned and every resource ends up served."""
+    node, effects = started_node()
+    (first,) = effects_of(effects, Register)
+    queue = list(node.handle(ConnectionOpened(1, 0.0)))
+    queue += node.handle(OptionsRequested(1, 2, 0.0))  # the stray client
+    queue += node.handle(ConnectionClosed(1, 0.1))
+    assert node.registrar.opens_with_options
+    queue += node.handle(RegistrationSucceeded(first.resource, first.attempt, 0.1))
+    now, refused, connection = 0.1, 0, 1000
+    for _ in range(40):
+        now += 0.5
+        queue += node.handle(Tick(now))
+        registers = effects_of(queue, Register)
+        queue = []
+        for register in registers[:1]:  # the old kubelet: reply, then dial
+            connection += 1
+            queue += node.handle(RegistrationSucceeded(register.resource, register.attempt, now))
+            queue += node.handle(ConnectionOpened(connection, now))
+            watch = node.handle(WatchStarted(connection, 5000 + connection, now))
+            if effects_of(watch, EndStream):
+                refused += 1
+                watch += node.handle(ConnectionClosed(connection, now))
+            queue += watch
+    assert refused == 1
+    assert set(node.registrar.phases().values()) == {Phase.LIVE}
+    assert not node.registrar.opens_with_options
