@@ -205,6 +205,7 @@ class BindingBook:
         # IOMMU group -> the member whose move failed, and why the group is stuck.
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
+        self._put_off: dict[PciAddress, int] = {}  # logged once each, while it lasts
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
@@ -214,15 +215,9 @@ class BindingBook:
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if _selected_for_binding(pci, selectors)
             )
-        for address in [a for a in self.moved if a not in self._selected]:
-            del self.moved[address]
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
-        """The config changed: every function may be tried again.
-
-        What dp moved is only ever given back while the config still selects
-        it for binding: dp writes to no device the config does not select.
-        """
+        """The config changed: every function may be tried again."""
         self.failed.clear()
         self._broken_groups.clear()
         self._select(snapshot, config)
@@ -276,8 +271,7 @@ class BindingBook:
             return [Log.info("bind-withdrawn", device=str(event.address))]
         effects: list[UnbindDevice | Log] = []
         if event.error is None:
-            if event.address in self._selected:  # a reload may have dropped it meanwhile
-                self.moved[event.address] = decision
+            self.moved[event.address] = decision
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
             self.failed[event.address] = event.error
@@ -291,20 +285,39 @@ class BindingBook:
             effects += self._give_back(decision.iommu_group, held_groups)
         return effects
 
+    def give_back_stranded(self, held_groups: Container[int]) -> list[UnbindDevice | Log]:
+        """Give-backs put off (an allocation held the group, or the config did
+        not select the device) that can go ahead now."""
+        effects: list[UnbindDevice | Log] = []
+        for group in list(self._broken_groups):
+            if group not in held_groups:
+                effects += self._give_back(group, held_groups)
+        return effects
+
     def _give_back(self, group: int, held_groups: Container[int]) -> list[UnbindDevice | Log]:
+        """Give back what dp moved of a group that cannot become usable.
+
+        Only what the config selects now: dp writes to no device it does not
+        select. What an allocation holds waits (`give_back_stranded`).
+        """
         _, reason = self._broken_groups[group]
         stranded = [
             moved
             for address, moved in self.moved.items()
-            if moved.iommu_group == group and address not in self.giving_back
+            if moved.iommu_group == group
+            and address not in self.giving_back
+            and address in self._selected
         ]
         effects: list[UnbindDevice | Log] = []
         for moved in stranded:
             device = str(moved.address)
             if group in held_groups:
-                held = f"{reason}, but an allocation holds IOMMU group {group}"
-                effects.append(Log.warning("give-back-skipped", device=device, reason=held))
+                if self._put_off.get(moved.address) != group:
+                    self._put_off[moved.address] = group
+                    held = f"{reason}, but an allocation holds IOMMU group {group}"
+                    effects.append(Log.warning("give-back-put-off", device=device, reason=held))
                 continue
+            self._put_off.pop(moved.address, None)
             self.giving_back.add(moved.address)
             self.failed[moved.address] = f"given back to {moved.driver or 'no driver'}: {reason}"
             driver = moved.driver or "none"
@@ -317,7 +330,9 @@ class BindingBook:
         moved = self.moved.get(address)
         return (
             address in self.giving_back
+            and address in self._selected
             and moved is not None
+            and moved.iommu_group in self._broken_groups
             and moved.iommu_group not in held_groups
         )
 

@@ -39,6 +39,7 @@ from .effects import (
     Register,
     Reject,
     Reply,
+    UnbindDevice,
 )
 from .errors import StatusCode, UsageError
 from .health import health_changes
@@ -202,6 +203,13 @@ class Node:
 
     def _rebuild(self) -> list[Effect]:
         effects = self._plan_bindings()
+        effects += self.bind_book.give_back_stranded(self.allocations.reserved_groups())
+        effects += self._rebuild_inventory()
+        return effects
+
+    def _rebuild_inventory(self) -> list[Effect]:
+        """The inventory again from the snapshot, plan and give-backs held now."""
+        effects: list[Effect] = []
         self.inventory = build_inventory(
             self.snapshot, self.config, self.pci_names, self.bindings, self.bind_book.giving_back
         )
@@ -245,6 +253,9 @@ class Node:
             # than carried out. Only the plan: the snapshot predates the binds
             # just done, and the rescan after the batch acts on what it shows.
             self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed)
+        if any(isinstance(effect, UnbindDevice) for effect in effects):
+            # Unhealthy from now on, so nothing allocates what is to be unbound.
+            effects += self._rebuild_inventory()
         return effects
 
     def give_back_planned(self, address: PciAddress) -> bool:
@@ -252,7 +263,8 @@ class Node:
         return self.bind_book.give_back_planned(address, self.allocations.reserved_groups())
 
     def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
-        return list(self.bind_book.unbound(event))
+        effects: list[Effect] = list(self.bind_book.unbound(event))
+        return effects + self._rebuild_inventory()
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
@@ -578,6 +590,12 @@ class Node:
         self._splits = splits  # logged once each, while it lasts
         if touched:
             effects.extend(self._refresh_groups(touched))
+        if released:
+            # A give-back put off while an allocation held the group can go now.
+            stranded = self.bind_book.give_back_stranded(self.allocations.reserved_groups())
+            if stranded:
+                effects += stranded
+                effects += self._rebuild_inventory()
         return effects
 
     def _tick(self, event: Tick) -> list[Effect]:

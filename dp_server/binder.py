@@ -88,6 +88,8 @@ class Binder:
             enabled_vfs = self._enabled_vfs(device)
         except OSError as error:
             return f"cannot read {device}: {_why(error)}; left alone"
+        if current == VFIO_DRIVER:
+            return None  # there already (a plan from a scan that predates an earlier bind)
         if current != driver:
             return (
                 f"its driver is {current or 'none'} now, not {driver or 'none'} as scanned; "
@@ -112,7 +114,10 @@ class Binder:
             after = None
             error_text = error_text or f"its driver cannot be read after the bind: {_why(error)}"
         if error_text is None and after == VFIO_DRIVER:
-            self._overrides[address] = previous
+            # Kept for a give-back only when it is what held the function on
+            # `driver`; an override naming another driver would stop the bind.
+            if previous in ("", "(null)", driver):
+                self._overrides[address] = previous
             return None
         if error_text is None:
             error_text = f"after drivers_probe it is bound to {after or 'no driver'}"

@@ -434,3 +434,27 @@ async def test_a_give_back_restores_the_override_the_function_had(harness: Harne
     assert kernel.override("0000:18:00.0") == "i40e"
     assert kernel.driver("0000:18:00.0") == "i40e"
     assert ("bus/pci/devices/0000:18:00.0/driver_override", "i40e") in kernel.writes
+
+
+async def test_an_override_that_did_not_hold_the_function_is_not_restored(
+    harness: Harness,
+) -> None:
+    """i40e holds the NIC while driver_override names pci-stub (an
+    administrator's, for later): putting that back would stop the NIC's
+    rebind to i40e, so the give-back clears it instead."""
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    (harness.sysfs / "bus/pci/devices/0000:18:00.0/driver_override").write_text("pci-stub\n")
+    binder = Binder(str(harness.sysfs), kernel.write)
+    nic = PciAddress.parse("0000:18:00.0")
+    assert binder.bind(nic, "i40e") is None
+    assert binder.unbind(nic, "i40e") is None
+    assert kernel.driver("0000:18:00.0") == "i40e"
+    assert kernel.override("0000:18:00.0") == "(null)"
+
+
+async def test_a_bind_of_a_function_already_on_vfio_pci_writes_nothing(harness: Harness) -> None:
+    """A plan from a scan older than an earlier bind asks again: done already."""
+    kernel = FakeKernel(harness.sysfs, harness.dev)
+    binder = Binder(str(harness.sysfs), kernel.write)
+    assert binder.bind(PciAddress.parse("0000:3b:00.0"), "nouveau") is None
+    assert kernel.writes == []

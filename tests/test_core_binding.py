@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dp_core import (
     VFIO_DRIVER,
+    AllocationsObserved,
     BindDevice,
     Binding,
     BindingBook,
@@ -380,7 +381,19 @@ def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     node.handle(ConfigApplied(config(AUDIO, drivers=("snd_hda_intel",)), now=2.05))
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
     assert effects_of(effects, UnbindDevice) == []
-    assert node.bind_book.moved == {}
+    # Selected again, it is dp's to give back: the group is tried again, and
+    # when the audio function fails again the GPU goes back.
+    on_vfio = host(
+        [
+            pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+            pci("0000:d8:00.1", AUDIO, 216, driver="snd_hda_intel", class_code=0x040300),
+        ]
+    )
+    node.handle(HostObserved(on_vfio, 2.15))
+    effects = node.handle(ConfigApplied(GPU_AND_AUDIO, now=2.2))
+    assert effects_of(effects, BindDevice) == [BindDevice(audio, "snd_hda_intel")]
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.3))
+    assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
     # Still selected after a reload, it is given back.
     node = Node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
@@ -467,14 +480,42 @@ def test_a_bind_that_finishes_after_a_reload_dropped_its_device_is_never_given_b
     assert effects_of(effects, UnbindDevice) == []
 
 
-def test_nothing_an_allocation_holds_is_given_back() -> None:
+def test_nothing_an_allocation_holds_is_given_back_until_it_is_released() -> None:
     book = BindingBook()
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     book.replan(gpu_and_audio(), GPU_AND_AUDIO)
     book.finished(BindingFinished(gpu, None, 1.0), held_groups=())
     effects = book.finished(BindingFinished(audio, "EBUSY", 1.1), held_groups={216})
-    assert [e.event for e in effects_of(effects, Log)] == ["bind-failed", "give-back-skipped"]
+    assert [e.event for e in effects_of(effects, Log)] == ["bind-failed", "give-back-put-off"]
     assert effects_of(effects, UnbindDevice) == [] and book.giving_back == set()
+    assert book.give_back_stranded(held_groups={216}) == []  # logged once, not per look
+    effects = book.give_back_stranded(held_groups=())
+    assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
+    assert book.giving_back == {gpu}
+
+
+def test_a_give_back_withdrawn_while_an_allocation_held_the_group_goes_ahead_after_it() -> None:
+    """A VM was given the GPU (the group looked viable to a rescan) before
+    the give-back's turn: withdrawn then, it goes ahead once the allocation
+    has been released."""
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
+    node, kubelet = live_node(
+        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
+        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
+    )
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(HostObserved(on_vfio, 2.05))  # the group looks viable: the GPU is Healthy
+    kubelet.now = 2.06
+    granted = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
+    assert effects_of(granted, Reply)
+    effects = node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
+    assert effects_of(effects, UnbindDevice) == []  # put off: the allocation holds group 216
+    assert not node.give_back_planned(gpu)
+    released = node.handle(AllocationsObserved({}, 40.0))
+    assert [u.address for u in effects_of(released, UnbindDevice)] == [gpu]
+    assert node.give_back_planned(gpu)
 
 
 def test_a_give_back_result_never_asked_for_is_a_caller_error() -> None:
