@@ -144,11 +144,15 @@ class Registrar:
         # would serve one resource's devices to another. Kubelets that dial
         # after replying, or without that call, never teach it.
         self.opens_with_options = False
-        # A connection was refused by that rule since it was learned. If a
-        # registration then waits in vain for its dial, the kubelet is one
-        # that dials after replying and the rule was taught wrongly (another
-        # client's stray GetDevicePluginOptions): it is unlearned.
-        self._refused_since_learned = False
+        # A registration waiting for its dial after the reply saw that dial
+        # refused by that rule: a new connection opening with ListAndWatch,
+        # as kubelets that dial after replying do. If it then waits in vain,
+        # the rule was taught wrongly (another client's stray
+        # GetDevicePluginOptions) and is unlearned.
+        self._dial_refused = False
+        # The attempt counter when each connection opened: a connection is
+        # never the dial of a Register that started after it opened.
+        self._opened_at: dict[int, int] = {}
 
     # -- resources -------------------------------------------------------
 
@@ -266,6 +270,7 @@ class Registrar:
 
     def opened(self, connection: int, listener: str | None, now: float) -> None:
         self._owner[connection] = None
+        self._opened_at[connection] = self._attempts
         if listener is not None:
             self.bind(connection, listener, now)
 
@@ -286,14 +291,15 @@ class Registrar:
         if self.mode is not SocketMode.SINGLE:
             return None
         pending = self.in_flight()
-        if pending is None:
+        if pending is None or pending.attempt > self._opened_at.get(connection, pending.attempt):
             return None
         if not self.opens_a_registration(rpc):
-            self._refused_since_learned = True
+            if rpc == "ListAndWatch" and pending.phase is Phase.AWAITING_DIAL:
+                self._dial_refused = True
             return None
         if rpc == OPTIONS_CALL and pending.phase is Phase.REGISTERING:
             self.opens_with_options = True
-            self._refused_since_learned = False
+            self._dial_refused = False
         self.bind(connection, pending.name, now)
         return pending.name
 
@@ -330,6 +336,7 @@ class Registrar:
 
     def closed(self, connection: int, now: float) -> str | None:
         """Forget a connection; returns the resource that lost its last one."""
+        self._opened_at.pop(connection, None)
         name = self._owner.pop(connection, None)
         if name is None:
             return None
@@ -356,8 +363,9 @@ class Registrar:
     def kubelet_started(self, now: float) -> None:
         """Every resource registers again at once; old connections are dead."""
         self.kubelet_present = True
-        self.opens_with_options = self._refused_since_learned = False
+        self.opens_with_options = self._dial_refused = False
         self._owner.clear()
+        self._opened_at.clear()
         for reg in self._resources.values():
             if reg.phase is Phase.REGISTERING and not reg.bound_this_attempt:
                 # Its Register call may still reach the new kubelet and make it
@@ -385,8 +393,8 @@ class Registrar:
         expired = []
         for reg in self._phase_members(Phase.AWAITING_DIAL):
             if reg.dial_deadline is not None and now >= reg.dial_deadline:
-                if self._refused_since_learned:
-                    self.opens_with_options = self._refused_since_learned = False
+                if self._dial_refused:
+                    self.opens_with_options = self._dial_refused = False
                 self._move(reg, Step.DIAL_TIMEOUT)
                 reg.dial_deadline = None
                 reg.failures += 1

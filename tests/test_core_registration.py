@@ -224,6 +224,16 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
             "close:1@20 ok:a@20 open:4@20 alloc:4@20",
             ["a", "b", "c", None],
         ),
+        # ... nor after a's wait for the dial runs out and a registers again:
+        # a refused Allocate does not unlearn the rule, and a connection that
+        # opened before a Register started is never that Register's dial.
+        (
+            "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+            "close:1@20 ok:a@20 open:4@20 alloc:4@20 tick@23 tick@26.3 alloc:4@26.4 watch:4@26.4",
+            ["a", "b", "c", None, None, None],
+        ),
+        ("kubelet open:1 ok:a watch:1", ["a"]),  # opened during a's Register: a's
+        ("kubelet open:7 ok:a open:1 watch:1 watch:7", ["a", None]),  # opened before b's
         # A stray GetDevicePluginOptions (another client's, on a connection of
         # its own) can teach the rule to a kubelet that dials after replying:
         # once a registration has waited in vain while a dial was refused,
@@ -732,3 +742,17 @@ def test_a_stray_options_call_does_not_lock_out_a_kubelet_that_dials_after_reply
     assert refused == 1
     assert set(node.registrar.phases().values()) == {Phase.LIVE}
     assert not node.registrar.opens_with_options
+
+
+def test_a_kubelet_that_replies_without_dialling_keeps_the_options_rule() -> None:
+    """Some 1.25+ kubelets answer a Register at once, without dialling, while
+    they still hold a client for the resource. The Allocate of another
+    resource's reconnection, refused meanwhile, is no sign of a kubelet that
+    dials after replying: the rule stays once a's wait runs out."""
+    script = Script(SocketMode.SINGLE).run(
+        "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+        "close:1@20 ok:a@20 open:4@20 alloc:4@20 tick@23"
+    )
+    assert script.attributed[-1] is None
+    assert script.phases() == "a=unbound b=live c=live"
+    assert script.registrar.opens_with_options
