@@ -206,6 +206,9 @@ class BindingBook:
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
         self._put_off: dict[PciAddress, int] = {}  # logged once each, while it lasts
+        # Given back, but not yet seen off vfio-pci by a scan: until then the
+        # snapshot still shows it there, and it must not look usable.
+        self._returned: set[PciAddress] = set()
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
@@ -215,6 +218,22 @@ class BindingBook:
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if _selected_for_binding(pci, selectors)
             )
+        # A device the config stops selecting may go to another plugin and
+        # its VMs (`externalResourceProvider`), whose allocations dp cannot
+        # see: dp forgets having moved it, and never gives it back.
+        for address in [a for a in self.moved if a not in self._selected]:
+            del self.moved[address]
+
+    @property
+    def leaving(self) -> frozenset[PciAddress]:
+        """Functions being given back, or given back and not yet seen so by a scan."""
+        return frozenset(self.giving_back | self._returned)
+
+    def observed(self, snapshot: HostSnapshot) -> None:
+        """A fresh scan: what it shows off vfio-pci (or gone) has really left."""
+        if self._returned:
+            on_vfio = {p.address for p in snapshot.pci_devices if p.driver == VFIO_DRIVER}
+            self._returned &= on_vfio
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
         """The config changed: every function may be tried again."""
@@ -346,6 +365,7 @@ class BindingBook:
             return [Log.info("give-back-withdrawn", device=device)]
         moved = self.moved.pop(event.address, None)
         if event.error is None:
+            self._returned.add(event.address)
             driver = (moved.driver if moved else None) or "none"
             return [Log.info("given-back", device=device, driver=driver)]
         return [Log.error("give-back-failed", device=device, reason=event.error)]

@@ -193,6 +193,7 @@ class Node:
 
     def _host_observed(self, event: HostObserved) -> list[Effect]:
         self.snapshot = event.snapshot
+        self.bind_book.observed(event.snapshot)
         return self._rebuild()
 
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
@@ -211,7 +212,7 @@ class Node:
         """The inventory again from the snapshot, plan and give-backs held now."""
         effects: list[Effect] = []
         self.inventory = build_inventory(
-            self.snapshot, self.config, self.pci_names, self.bindings, self.bind_book.giving_back
+            self.snapshot, self.config, self.pci_names, self.bindings, self.bind_book.leaving
         )
         self._by_name = {r.name: r for r in self.inventory.resources}
         self._inventory_ids = {

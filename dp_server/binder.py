@@ -71,6 +71,13 @@ class Binder:
         except FileNotFoundError:
             return None
 
+    def on_vfio(self, address: PciAddress) -> bool:
+        """Whether vfio-pci holds `address` now (False when that cannot be read)."""
+        try:
+            return self.driver_of(address) == VFIO_DRIVER
+        except OSError:
+            return False
+
     def bind(self, address: PciAddress, driver: str | None) -> str | None:
         """Move `address` from `driver` to vfio-pci: None when it got there, else why not."""
         try:
@@ -88,8 +95,6 @@ class Binder:
             enabled_vfs = self._enabled_vfs(device)
         except OSError as error:
             return f"cannot read {device}: {_why(error)}; left alone"
-        if current == VFIO_DRIVER:
-            return None  # there already (a plan from a scan that predates an earlier bind)
         if current != driver:
             return (
                 f"its driver is {current or 'none'} now, not {driver or 'none'} as scanned; "
@@ -118,6 +123,8 @@ class Binder:
             # `driver`; an override naming another driver would stop the bind.
             if previous in ("", "(null)", driver):
                 self._overrides[address] = previous
+            else:
+                self._overrides.pop(address, None)
             return None
         if error_text is None:
             error_text = f"after drivers_probe it is bound to {after or 'no driver'}"

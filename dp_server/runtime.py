@@ -42,6 +42,7 @@ from dp_core import (
     KubeletStopped,
     Log,
     Node,
+    PciAddress,
     PciId,
     Publish,
     RefreshAllocations,
@@ -420,8 +421,8 @@ class Runtime:
                 else:
                     error, withdrawn = None, True  # the plan changed while it waited
                 if not withdrawn:
-                    error = await asyncio.get_running_loop().run_in_executor(
-                        None, work, effect.address, effect.driver
+                    error, withdrawn = await asyncio.get_running_loop().run_in_executor(
+                        None, self._carry_out, work, effect
                     )
         finally:  # the core must hear back, or the function stays "in flight" for good
             self._binds_pending -= 1
@@ -434,6 +435,19 @@ class Runtime:
                 )
         if not self._binds_pending:  # one look at the host after a batch of binds
             self._safely(self.rescan)
+
+    def _carry_out(
+        self,
+        work: Callable[[PciAddress, str | None], str | None],
+        effect: BindDevice | UnbindDevice,
+    ) -> tuple[str | None, bool]:
+        """(error, withdrawn), off the loop. A bind finds the function on
+        vfio-pci already when its plan came from a scan older than an earlier
+        bind, or when something else put it there: nothing to write, and not
+        dp's move to record."""
+        if isinstance(effect, BindDevice) and self._binder.on_vfio(effect.address):
+            return None, True
+        return work(effect.address, effect.driver), False
 
     def rescan(self) -> None:
         started = time.perf_counter()

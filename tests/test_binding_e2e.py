@@ -9,7 +9,7 @@ import logging
 import attrs
 import pytest
 
-from dp_core import ConfigApplied, PciAddress
+from dp_core import BindDevice, ConfigApplied, PciAddress
 from dp_server.binder import Binder
 from dp_server.config_file import parse_config
 from dp_server.topology import fixture_topology, write_sysfs
@@ -453,8 +453,22 @@ async def test_an_override_that_did_not_hold_the_function_is_not_restored(
 
 
 async def test_a_bind_of_a_function_already_on_vfio_pci_writes_nothing(harness: Harness) -> None:
-    """A plan from a scan older than an earlier bind asks again: done already."""
+    """A plan from a scan older than an earlier bind, or something else (libvirt,
+    driverctl) that put the function on vfio-pci first: the bind is withdrawn
+    unwritten, and dp does not count the function as one it moved."""
     kernel = FakeKernel(harness.sysfs, harness.dev)
-    binder = Binder(str(harness.sysfs), kernel.write)
-    assert binder.bind(PciAddress.parse("0000:3b:00.0"), "nouveau") is None
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(CONFIG, "<test>"), binder=Binder(str(harness.sysfs), kernel.write)
+    )
+    for _ in range(200):  # the binds the config asks for are done
+        if not runtime.node.bind_book.in_flight and len(kernel.writes) >= 6:
+            break
+        await asyncio.sleep(0.02)
+    kernel.writes.clear()
+    on_vfio = PciAddress.parse("0000:3b:00.0")
+    result = runtime._carry_out(runtime._binder.bind, BindDevice(on_vfio, "nouveau"))
+    assert result == (None, True)
     assert kernel.writes == []
+    direct = Binder(str(harness.sysfs), kernel.write).bind(on_vfio, "nouveau")
+    assert direct == "its driver is vfio-pci now, not nouveau as scanned; left alone"

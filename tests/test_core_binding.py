@@ -373,7 +373,9 @@ def test_a_failed_give_back_is_an_error_and_the_device_stays_failed() -> None:
 
 def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     """dp writes to no device the config does not select: once a reload drops
-    the GPU's selector, a failure in its group leaves it where it is."""
+    the GPU's selector, a failure in its group leaves it where it is. The GPU
+    may have gone to another plugin's VMs meanwhile (externalResourceProvider),
+    whose allocations dp cannot see: selected again, it is not dp's to give back."""
     node = Node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
@@ -381,8 +383,6 @@ def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     node.handle(ConfigApplied(config(AUDIO, drivers=("snd_hda_intel",)), now=2.05))
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
     assert effects_of(effects, UnbindDevice) == []
-    # Selected again, it is dp's to give back: the group is tried again, and
-    # when the audio function fails again the GPU goes back.
     on_vfio = host(
         [
             pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
@@ -393,14 +393,41 @@ def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     effects = node.handle(ConfigApplied(GPU_AND_AUDIO, now=2.2))
     assert effects_of(effects, BindDevice) == [BindDevice(audio, "snd_hda_intel")]
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.3))
-    assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
-    # Still selected after a reload, it is given back.
+    assert effects_of(effects, UnbindDevice) == []
+    # Selected all along, even across a reload, it is given back.
     node = Node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     node.handle(BindingFinished(gpu, None, 2.0))
     node.handle(ConfigApplied(GPU_AND_AUDIO, now=2.05))
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
     assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
+
+
+def test_a_given_back_device_stays_unhealthy_until_a_scan_shows_it_gone_from_vfio() -> None:
+    """The last scan showed the GPU on vfio-pci and the group viable (the audio
+    function had no driver): once given back, the GPU is on nouveau, whatever
+    that scan says, until the next one."""
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    node, kubelet = live_node(
+        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
+        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
+    )
+    resource = "devices.kubevirt.io/10de_1eb8"
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+                                   unbound_audio]), 2.05))  # fmt: skip
+    node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
+    node.handle(UnbindingFinished(gpu, None, 2.2))
+    (advertised,) = node.advertised(resource)
+    assert not advertised.healthy
+    kubelet.now = 2.3
+    assert effects_of(kubelet.allocate(resource, ("0000:d8:00.0",)), Reply) == []
+    # The next scan shows it on nouveau: skipped, as given back.
+    node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"),
+                                   unbound_audio]), 2.4))  # fmt: skip
+    assert node.advertised(resource) == ()
+    assert node.bind_book.leaving == frozenset()
 
 
 def test_a_group_re_added_after_a_hot_unplug_is_not_given_back_for_its_old_failure() -> None:
