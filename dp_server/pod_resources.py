@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import cast
 
 from grpclib.client import Channel, UnaryUnaryMethod
 from grpclib.exceptions import GRPCError, StreamTerminatedError
@@ -61,7 +62,7 @@ class PodResourcesPoller:
             # The empty ListPodResourcesRequest is no bytes; the answer is read
             # by wire.held_devices, strictly.
             call = UnaryUnaryMethod(channel, LIST_METHOD, bytes, wire.Raw)
-            data = await call(b"", timeout=5)
+            data = cast(bytes, await call(b"", timeout=5))  # `Raw` arrives undecoded
             held = wire.held_devices(data)
         except (TimeoutError, GRPCError, OSError, StreamTerminatedError, wire.WireError) as error:
             if not self._warned:

@@ -29,7 +29,6 @@ from dp_core import (
     AllocationsObserved,
     BindConnection,
     BindDevice,
-    BindingFinished,
     Config,
     ConfigApplied,
     ConnectionClosed,
@@ -42,7 +41,6 @@ from dp_core import (
     KubeletStopped,
     Log,
     Node,
-    PciAddress,
     PciId,
     Publish,
     RefreshAllocations,
@@ -55,13 +53,13 @@ from dp_core import (
     SocketMode,
     Tick,
     UnbindDevice,
-    UnbindingFinished,
     WatchEnded,
     WatchStarted,
     endpoint_name,
 )
 
 from . import wire
+from .bind_queue import BindQueue
 from .binder import Binder
 from .logs import emit
 from .pod_resources import PodResourcesPoller, describe_error
@@ -109,9 +107,6 @@ class Runtime:
         binder: Binder | None = None,
     ) -> None:
         self.settings = settings
-        self._binder = binder or Binder(settings.sysfs)
-        self._binding = asyncio.Lock()
-        self._binds_pending = 0
         self.config = config
         self._reload = reload
         self._clock = clock
@@ -123,6 +118,14 @@ class Runtime:
             endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
             timing=settings.timing,
             pci_names=pci_names,
+        )
+        self._binds = BindQueue(
+            binder or Binder(settings.sysfs),
+            self.node,
+            self.feed,
+            self.now,
+            lambda: self._stopping,
+            lambda: self._safely(self.rescan),
         )
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
@@ -205,8 +208,7 @@ class Runtime:
         elif isinstance(effect, RefreshAllocations):
             self._pods.request(self.now())
         elif isinstance(effect, BindDevice | UnbindDevice):
-            self._binds_pending += 1
-            self._spawn(self._bind(effect))
+            self._spawn(self._binds.submit(effect))
         elif isinstance(effect, BindConnection):
             _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
         elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
@@ -405,49 +407,6 @@ class Runtime:
                         channel.close()
 
     # -- host ------------------------------------------------------------------------
-
-    async def _bind(self, effect: BindDevice | UnbindDevice) -> None:
-        # One at a time, off the loop: a GPU driver can take seconds to let go,
-        # and Allocate must not wait for it.
-        error: str | None = "it was not carried out"
-        withdrawn = False
-        try:
-            async with self._binding:
-                giving_back = isinstance(effect, UnbindDevice)
-                if giving_back and self.node.give_back_planned(effect.address):
-                    work = self._binder.unbind
-                elif not giving_back and self.node.bind_planned(effect.address, effect.driver):
-                    work = self._binder.bind
-                else:
-                    error, withdrawn = None, True  # the plan changed while it waited
-                if not withdrawn:
-                    error, withdrawn = await asyncio.get_running_loop().run_in_executor(
-                        None, self._carry_out, work, effect
-                    )
-        finally:  # the core must hear back, or the function stays "in flight" for good
-            self._binds_pending -= 1
-            if not self._stopping:
-                now = self.now()
-                self.feed(
-                    UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
-                    if isinstance(effect, UnbindDevice)
-                    else BindingFinished(effect.address, error, now, withdrawn=withdrawn)
-                )
-        if not self._binds_pending:  # one look at the host after a batch of binds
-            self._safely(self.rescan)
-
-    def _carry_out(
-        self,
-        work: Callable[[PciAddress, str | None], str | None],
-        effect: BindDevice | UnbindDevice,
-    ) -> tuple[str | None, bool]:
-        """(error, withdrawn), off the loop. A bind finds the function on
-        vfio-pci already when its plan came from a scan older than an earlier
-        bind, or when something else put it there: nothing to write, and not
-        dp's move to record."""
-        if isinstance(effect, BindDevice) and self._binder.on_vfio(effect.address):
-            return None, True
-        return work(effect.address, effect.driver), False
 
     def rescan(self) -> None:
         started = time.perf_counter()

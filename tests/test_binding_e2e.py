@@ -467,7 +467,7 @@ async def test_a_bind_of_a_function_already_on_vfio_pci_writes_nothing(harness: 
         await asyncio.sleep(0.02)
     kernel.writes.clear()
     on_vfio = PciAddress.parse("0000:3b:00.0")
-    result = runtime._carry_out(runtime._binder.bind, BindDevice(on_vfio, "nouveau"))
+    result = runtime._binds.carry_out(BindDevice(on_vfio, "nouveau"))
     assert result == (None, True)
     assert kernel.writes == []
     direct = Binder(str(harness.sysfs), kernel.write).bind(on_vfio, "nouveau")

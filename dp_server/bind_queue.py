@@ -1,0 +1,92 @@
+"""Carrying out the core's `BindDevice` and `UnbindDevice` effects, one at a time.
+
+Off the event loop: a GPU driver can take seconds to let go, and Allocate
+must not wait for it. Each effect is checked against the core's plan when its
+turn comes (a config change or a rescan may have withdrawn it meanwhile), the
+core always hears back, and after the last of a batch the host is scanned
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+
+from dp_core import (
+    BindDevice,
+    BindingFinished,
+    Input,
+    Node,
+    UnbindDevice,
+    UnbindingFinished,
+)
+
+from .binder import Binder
+
+__all__ = ["BindQueue"]
+
+
+class BindQueue:
+    def __init__(
+        self,
+        binder: Binder,
+        node: Node,
+        feed: Callable[[Input], object],
+        now: Callable[[], float],
+        stopping: Callable[[], bool],
+        after_batch: Callable[[], None],
+    ) -> None:
+        self.binder = binder
+        self._node = node
+        self._feed = feed
+        self._now = now
+        self._stopping = stopping  # once stopping, results are no longer reported
+        self._after_batch = after_batch
+        self._turn = asyncio.Lock()
+        self.pending = 0
+
+    def submit(self, effect: BindDevice | UnbindDevice) -> Coroutine[None, None, None]:
+        """Queue `effect`; the caller runs the returned coroutine as a task."""
+        self.pending += 1
+        return self._run(effect)
+
+    async def _run(self, effect: BindDevice | UnbindDevice) -> None:
+        error: str | None = "it was not carried out"
+        withdrawn = False
+        try:
+            async with self._turn:
+                if self._planned(effect):
+                    error, withdrawn = await asyncio.get_running_loop().run_in_executor(
+                        None, self.carry_out, effect
+                    )
+                else:
+                    error, withdrawn = None, True  # the plan changed while it waited
+        finally:  # the core must hear back, or the function stays "in flight" for good
+            self.pending -= 1
+            if not self._stopping():
+                now = self._now()
+                self._feed(
+                    UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
+                    if isinstance(effect, UnbindDevice)
+                    else BindingFinished(effect.address, error, now, withdrawn=withdrawn)
+                )
+        if not self.pending:  # one look at the host after a batch of binds
+            self._after_batch()
+
+    def _planned(self, effect: BindDevice | UnbindDevice) -> bool:
+        if isinstance(effect, UnbindDevice):
+            return self._node.give_back_planned(effect.address)
+        return self._node.bind_planned(effect.address, effect.driver)
+
+    def carry_out(self, effect: BindDevice | UnbindDevice) -> tuple[str | None, bool]:
+        """(error, withdrawn), off the loop.
+
+        A bind finds the function on vfio-pci already when its plan came from
+        a scan older than an earlier bind, or when something else (libvirt,
+        driverctl) put it there: nothing to write, and not dp's move to record.
+        """
+        if isinstance(effect, UnbindDevice):
+            return self.binder.unbind(effect.address, effect.driver), False
+        if self.binder.on_vfio(effect.address):
+            return None, True
+        return self.binder.bind(effect.address, effect.driver), False
