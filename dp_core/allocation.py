@@ -14,13 +14,14 @@ from types import MappingProxyType
 
 import attrs
 
-from .effects import ContainerAllocation, DeviceSpec
+from .effects import ContainerAllocation, DeviceSpec, Log
 from .inventory import AdvertisedDevice, DeviceKind, Resource
 from .names import env_var_name
 
 __all__ = [
     "Allocation",
     "AllocationBook",
+    "allocation_log",
     "as_advertised",
     "container_allocation",
     "preferred_devices",
@@ -39,6 +40,16 @@ class Allocation:
 
     def describe(self) -> str:
         return f"allocation #{self.serial} of {self.resource} ({', '.join(self.device_ids)})"
+
+
+def allocation_log(event: str, allocation: Allocation) -> Log:
+    """The log line of an allocation made, adopted or released."""
+    return Log.info(
+        event,
+        resource=allocation.resource,
+        devices=",".join(allocation.device_ids),
+        groups=",".join(str(g) for g in allocation.groups),
+    )
 
 
 class AllocationBook:

@@ -30,6 +30,7 @@ __all__ = [
     "Resource",
     "SkippedDevice",
     "build_inventory",
+    "shared_groups",
 ]
 
 VFIO_CONTAINER = "/dev/vfio/vfio"
@@ -180,6 +181,20 @@ def build_inventory(
         for name, (kind, devices, permissions) in sorted(collected.items())
     )
     return Inventory(resources, tuple(skipped))
+
+
+def shared_groups(resources: Iterable[Resource]) -> dict[int, list[tuple[str, int]]]:
+    """IOMMU group -> (resource, index) of each advertised member, for groups of two or more.
+
+    A device alone in its group is only ever held by its own allocations,
+    which leave it as it is; most groups are such, and there are thousands.
+    """
+    members: dict[int, list[tuple[str, int]]] = {}
+    for resource in resources:
+        for index, device in enumerate(resource.devices):
+            if device.iommu_group is not None:
+                members.setdefault(device.iommu_group, []).append((resource.name, index))
+    return {group: found for group, found in members.items() if len(found) > 1}
 
 
 def _address_key(pci: PciDevice) -> tuple[int, int, int, int]:

@@ -17,6 +17,7 @@ import attrs
 from .allocation import (
     Allocation,
     AllocationBook,
+    allocation_log,
     as_advertised,
     container_allocation,
     preferred_devices,
@@ -65,7 +66,14 @@ from .inputs import (
     WatchEnded,
     WatchStarted,
 )
-from .inventory import AdvertisedDevice, DeviceKind, Inventory, Resource, build_inventory
+from .inventory import (
+    AdvertisedDevice,
+    DeviceKind,
+    Inventory,
+    Resource,
+    build_inventory,
+    shared_groups,
+)
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
@@ -218,14 +226,7 @@ class Node:
         self._inventory_ids = {
             r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
         }
-        members: dict[int, list[tuple[str, int]]] = {}
-        for resource in self.inventory.resources:
-            for index, device in enumerate(resource.devices):
-                if device.iommu_group is not None:
-                    members.setdefault(device.iommu_group, []).append((resource.name, index))
-        # A device alone in its group is only ever held by its own allocations,
-        # which leave it as it is; most groups are such, and there are thousands.
-        self._group_members = {group: found for group, found in members.items() if len(found) > 1}
+        self._group_members = shared_groups(self.inventory.resources)
         effects.extend(self._refresh())
         return effects
 
@@ -552,14 +553,7 @@ class Node:
                 for replaced in self.allocations.last_replaced:
                     touched.update(replaced.groups)
                 answers.append(container_allocation(resource, devices))
-                logs.append(
-                    Log.info(
-                        "allocated",
-                        resource=resource_name,
-                        devices=",".join(allocation.device_ids),
-                        groups=",".join(str(g) for g in allocation.groups),
-                    )
-                )
+                logs.append(allocation_log("allocated", allocation))
             return AllocateAnswer(tuple(answers))
 
         effects = self._answer("Allocate", event.call, event.connection, work)
@@ -577,14 +571,14 @@ class Node:
 
     def _allocations_observed(self, event: AllocationsObserved) -> list[Effect]:
         released = self.allocations.release_unheld(event.held, event.now)
-        effects: list[Effect] = [_allocation_log("released", a) for a in released]
+        effects: list[Effect] = [allocation_log("released", a) for a in released]
         touched = {group for allocation in released for group in allocation.groups}
         splits: set[str] = set()
         for resource, ids in sorted(event.held.items()):
             known = self._inventory_ids.get(resource, {})
             held = [known[device_id] for device_id in sorted(ids) if device_id in known]
             adopted, split = self.allocations.adopt(resource, held, event.now)
-            effects.extend(_allocation_log("adopted", a) for a in adopted)
+            effects.extend(allocation_log("adopted", a) for a in adopted)
             touched.update(group for allocation in adopted for group in allocation.groups)
             splits.update(split)
         effects.extend(Log.error("group-split", detail=s) for s in sorted(splits - self._splits))
@@ -611,12 +605,3 @@ class Node:
             ),
             self.inventory.skipped,
         )
-
-
-def _allocation_log(event: str, allocation: Allocation) -> Log:
-    return Log.info(
-        event,
-        resource=allocation.resource,
-        devices=",".join(allocation.device_ids),
-        groups=",".join(str(g) for g in allocation.groups),
-    )
