@@ -291,7 +291,7 @@ class Registrar:
         if self.mode is not SocketMode.SINGLE:
             return None
         pending = self.in_flight()
-        if pending is None or pending.attempt > self._opened_at.get(connection, pending.attempt):
+        if pending is None or self.opened_before(connection, pending):
             return None
         if not self.opens_a_registration(rpc):
             if rpc == "ListAndWatch" and pending.phase is Phase.AWAITING_DIAL:
@@ -302,6 +302,10 @@ class Registrar:
             self._dial_refused = False
         self.bind(connection, pending.name, now)
         return pending.name
+
+    def opened_before(self, connection: int, reg: ResourceRegistration) -> bool:
+        """Whether `connection` was open before `reg`'s Register started (so is not its dial)."""
+        return reg.attempt > self._opened_at.get(connection, -1)
 
     def opens_a_registration(self, rpc: str) -> bool:
         """Whether the kubelet could open a registration's connection with `rpc`.
@@ -364,8 +368,9 @@ class Registrar:
         """Every resource registers again at once; old connections are dead."""
         self.kubelet_present = True
         self.opens_with_options = self._dial_refused = False
+        # `_opened_at` stays: a connection from before the restart must not be
+        # taken for the dial of a Register that starts after it.
         self._owner.clear()
-        self._opened_at.clear()
         for reg in self._resources.values():
             if reg.phase is Phase.REGISTERING and not reg.bound_this_attempt:
                 # Its Register call may still reach the new kubelet and make it

@@ -232,6 +232,9 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
             "close:1@20 ok:a@20 open:4@20 alloc:4@20 tick@23 tick@26.3 alloc:4@26.4 watch:4@26.4",
             ["a", "b", "c", None, None, None],
         ),
+        # A dial of a Register sent before a kubelet restart is not the dial
+        # of the Register that follows the restart.
+        ("kubelet open:10 kubelet@1 end:a@1 watch:10@1 open:11@1 watch:11@1", [None, "a"]),
         ("kubelet open:1 ok:a watch:1", ["a"]),  # opened during a's Register: a's
         ("kubelet open:7 ok:a open:1 watch:1 watch:7", ["a", None]),  # opened before b's
         # A stray GetDevicePluginOptions (another client's, on a connection of
@@ -577,9 +580,13 @@ def test_kubelet_restart_resets_everything() -> None:
     node.handle(RegistrationFailed(B, 3, "no", 1.0))  # B now backs off 2 s
     effects = node.handle(KubeletStarted(1.5))
     assert registers(effects) == [(A, 4)]
-    # Old connections are forgotten: an RPC on one binds to what is in flight.
-    effects = node.handle(OptionsRequested(1, 9, 1.6))
-    assert effects[0] == BindConnection(1, A)
+    # Old connections are forgotten, and are not the dial of a Register that
+    # started after them; a new connection's RPC binds to what is in flight.
+    effects = node.handle(OptionsRequested(1, 8, 1.6))
+    assert isinstance(effects[0], Reject) and "was open before" in effects[0].message
+    node.handle(ConnectionOpened(2, 1.6))
+    effects = node.handle(OptionsRequested(2, 9, 1.6))
+    assert effects[0] == BindConnection(2, A)
     # B's backoff (until 3.0) is gone: it goes as soon as A's connection is bound.
     assert registers(effects) == [(B, 5)]
     # Replies to attempts before the restart are ignored.
