@@ -128,12 +128,18 @@ def _candidate(
 
 
 def plan_bindings(
-    snapshot: HostSnapshot, config: Config, failed: Mapping[PciAddress, str] | None = None
+    snapshot: HostSnapshot,
+    config: Config,
+    failed: Mapping[PciAddress, str] | None = None,
+    held_groups: Container[int] = (),
 ) -> dict[PciAddress, BindDecision]:
     """A decision for every selected function that binding would move or refuses to.
 
     `failed` maps functions whose bind failed to the error; they are refused
-    with it. Empty without `config.binding`: then nothing is ever rebound.
+    with it. Nothing is moved into an IOMMU group in `held_groups` (groups
+    allocations hold: a VM uses it, and a failed move could hand a member to
+    a host driver under it). Empty without `config.binding`: then nothing is
+    ever rebound.
     """
     binding = config.binding
     if binding is None:
@@ -149,6 +155,11 @@ def plan_bindings(
             refusal = (
                 f"binding it to vfio-pci failed: {failed[pci.address]}; dp tries again when "
                 "the config changes or the device is re-added"
+            )
+        if not refusal and pci.iommu_group in held_groups:
+            refusal = (
+                f"an allocation holds IOMMU group {pci.iommu_group}; dp moves it once "
+                "that allocation ends"
             )
         decisions[pci.address] = BindDecision(pci.address, pci.driver, pci.iommu_group, refusal)
     # A refusal can leave a sibling's group unusable, which refuses the sibling,
@@ -206,9 +217,10 @@ class BindingBook:
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
         self._put_off: dict[PciAddress, int] = {}  # logged once each, while it lasts
-        # Given back, but not yet seen off vfio-pci by a scan: until then the
-        # snapshot still shows it there, and it must not look usable.
-        self._returned: set[PciAddress] = set()
+        # Give-backs that ended (done or failed) since the last scan: the
+        # snapshot shows them as they were before, and they must not look
+        # usable until a scan shows where they are now.
+        self._unscanned: set[PciAddress] = set()
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
@@ -226,14 +238,12 @@ class BindingBook:
 
     @property
     def leaving(self) -> frozenset[PciAddress]:
-        """Functions being given back, or given back and not yet seen so by a scan."""
-        return frozenset(self.giving_back | self._returned)
+        """Functions being given back, or whose give-back ended after the last scan."""
+        return frozenset(self.giving_back | self._unscanned)
 
-    def observed(self, snapshot: HostSnapshot) -> None:
-        """A fresh scan: what it shows off vfio-pci (or gone) has really left."""
-        if self._returned:
-            on_vfio = {p.address for p in snapshot.pci_devices if p.driver == VFIO_DRIVER}
-            self._returned &= on_vfio
+    def observed(self) -> None:
+        """A scan taken after every give-back that has ended: it shows them as they are."""
+        self._unscanned.clear()
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
         """The config changed: every function may be tried again."""
@@ -251,13 +261,13 @@ class BindingBook:
                 del self._broken_groups[group]
 
     def replan(
-        self, snapshot: HostSnapshot, config: Config
+        self, snapshot: HostSnapshot, config: Config, held_groups: Container[int] = ()
     ) -> tuple[dict[PciAddress, BindDecision], list[BindDevice | Log]]:
         """The plan for this host and config, and the binds and refusals it starts."""
         self._select(snapshot, config)
         if self.failed or self.refusals or self.moved or self._broken_groups:
             self.forget_gone({pci.address for pci in snapshot.pci_devices})
-        plan = plan_bindings(snapshot, config, self.failed)
+        plan = plan_bindings(snapshot, config, self.failed, held_groups)
         effects: list[BindDevice | Log] = []
         for address, decision in plan.items():
             if decision.binds:
@@ -364,8 +374,8 @@ class BindingBook:
         if event.withdrawn:
             return [Log.info("give-back-withdrawn", device=device)]
         moved = self.moved.pop(event.address, None)
+        self._unscanned.add(event.address)
         if event.error is None:
-            self._returned.add(event.address)
             driver = (moved.driver if moved else None) or "none"
             return [Log.info("given-back", device=device, driver=driver)]
         return [Log.error("give-back-failed", device=device, reason=event.error)]

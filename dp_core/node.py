@@ -201,7 +201,7 @@ class Node:
 
     def _host_observed(self, event: HostObserved) -> list[Effect]:
         self.snapshot = event.snapshot
-        self.bind_book.observed(event.snapshot)
+        self.bind_book.observed()
         return self._rebuild()
 
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
@@ -233,7 +233,8 @@ class Node:
     # -- binding (DESIGN.md §6) -------------------------------------------------
 
     def _plan_bindings(self) -> list[Effect]:
-        self.bindings, effects = self.bind_book.replan(self.snapshot, self.config)
+        held = self.allocations.reserved_groups()
+        self.bindings, effects = self.bind_book.replan(self.snapshot, self.config, held)
         return list(effects)
 
     def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
@@ -244,7 +245,12 @@ class Node:
         rescan since it was emitted may have withdrawn it (DESIGN.md §6).
         """
         decision = self.bindings.get(address)
-        return decision is not None and decision.binds and decision.driver == driver
+        return (
+            decision is not None
+            and decision.binds
+            and decision.driver == driver
+            and decision.iommu_group not in self.allocations.reserved_groups()
+        )
 
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
         held = self.allocations.reserved_groups()
@@ -254,7 +260,8 @@ class Node:
             # its siblings still queued are withdrawn (`bind_planned`) rather
             # than carried out. Only the plan: the snapshot predates the binds
             # just done, and the rescan after the batch acts on what it shows.
-            self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed)
+            held = self.allocations.reserved_groups()
+            self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed, held)
         if any(isinstance(effect, UnbindDevice) for effect in effects):
             # Unhealthy from now on, so nothing allocates what is to be unbound.
             effects += self._rebuild_inventory()
@@ -587,12 +594,10 @@ class Node:
         self._splits = splits  # logged once each, while it lasts
         if touched:
             effects.extend(self._refresh_groups(touched))
-        if released:
-            # A give-back put off while an allocation held the group can go now.
-            stranded = self.bind_book.give_back_stranded(self.allocations.reserved_groups())
-            if stranded:
-                effects += stranded
-                effects += self._rebuild_inventory()
+        if released and self.config.binding is not None:
+            # Binds and give-backs put off while an allocation held the group
+            # can go now.
+            effects += self._rebuild()
         return effects
 
     def _tick(self, event: Tick) -> list[Effect]:

@@ -55,7 +55,8 @@ class BindQueue:
         withdrawn = False
         try:
             async with self._turn:
-                if self._planned(effect):
+                # Stopping: nothing more is written (a new dp may be starting).
+                if not self._stopping() and self._planned(effect):
                     error, withdrawn = await asyncio.get_running_loop().run_in_executor(
                         None, self.carry_out, effect
                     )
@@ -70,7 +71,7 @@ class BindQueue:
                     if isinstance(effect, UnbindDevice)
                     else BindingFinished(effect.address, error, now, withdrawn=withdrawn)
                 )
-        if not self.pending:  # one look at the host after a batch of binds
+        if not self.pending and not self._stopping():  # one look at the host after a batch
             self._after_batch()
 
     def _planned(self, effect: BindDevice | UnbindDevice) -> bool:

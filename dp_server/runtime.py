@@ -208,7 +208,8 @@ class Runtime:
         elif isinstance(effect, RefreshAllocations):
             self._pods.request(self.now())
         elif isinstance(effect, BindDevice | UnbindDevice):
-            self._spawn(self._binds.submit(effect))
+            if not self._stopping:
+                self._spawn(self._binds.submit(effect))
         elif isinstance(effect, BindConnection):
             _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
         elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):

@@ -507,6 +507,47 @@ def test_a_bind_that_finishes_after_a_reload_dropped_its_device_is_never_given_b
     assert effects_of(effects, UnbindDevice) == []
 
 
+def test_a_failed_give_back_is_not_published_healthy_from_the_scan_before_it() -> None:
+    """vfio-pci let the GPU go and nouveau would not take it: whatever the last
+    scan (GPU on vfio-pci, group viable) says, it is not usable until the next."""
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    node, kubelet = live_node(
+        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
+        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
+    )
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+                                   unbound_audio]), 2.05))  # fmt: skip
+    node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
+    node.handle(UnbindingFinished(gpu, "writing to nouveau/bind failed: EBUSY", 2.2))
+    (advertised,) = node.advertised("devices.kubevirt.io/10de_1eb8")
+    assert not advertised.healthy
+    kubelet.now = 2.3
+    refused = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
+    assert effects_of(refused, Reply) == []
+
+
+def test_nothing_is_moved_into_a_group_an_allocation_holds() -> None:
+    """With bindUnbound, the GPU on vfio-pci is usable beside its driverless
+    audio function, and a VM gets it: the audio function's bind is withdrawn
+    when its turn comes, and not planned again until the allocation ends."""
+    audio = a("0000:d8:00.1")
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
+    node, kubelet = live_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
+    assert node.bind_planned(audio, None)
+    kubelet.now = 2.0
+    assert effects_of(kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",)), Reply)
+    assert not node.bind_planned(audio, None)
+    node.handle(BindingFinished(audio, None, 2.1, withdrawn=True))
+    again = node.handle(HostObserved(on_vfio, 3.0))
+    assert effects_of(again, BindDevice) == []
+    assert "an allocation holds IOMMU group 216" in refusal(node.bindings, "0000:d8:00.1")
+    released = node.handle(AllocationsObserved({}, 40.0))
+    assert effects_of(released, BindDevice) == [BindDevice(audio, None)]
+
+
 def test_nothing_an_allocation_holds_is_given_back_until_it_is_released() -> None:
     book = BindingBook()
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
