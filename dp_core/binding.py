@@ -216,6 +216,7 @@ class BindingBook:
         # IOMMU group -> the member whose move failed, and why the group is stuck.
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
+        self._present: frozenset[PciAddress] = frozenset()  # in the last scan
         self._put_off: dict[PciAddress, int] = {}  # logged once each, while it lasts
         # Give-backs that ended (done or failed) since the last scan: the
         # snapshot shows them as they were before, and they must not look
@@ -224,8 +225,9 @@ class BindingBook:
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
-            self._selected = frozenset()
+            self._selected = self._present = frozenset()
         else:
+            self._present = frozenset(pci.address for pci in snapshot.pci_devices)
             selectors = config.pci_selectors()
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if _selected_for_binding(pci, selectors)
@@ -235,6 +237,13 @@ class BindingBook:
         # see: dp forgets having moved it, and never gives it back.
         for address in [a for a in self.moved if a not in self._selected]:
             del self.moved[address]
+
+    @property
+    def moving_groups(self) -> frozenset[int]:
+        """IOMMU groups a bind is under way into."""
+        return frozenset(
+            d.iommu_group for d in self.in_flight.values() if d.iommu_group is not None
+        )
 
     @property
     def leaving(self) -> frozenset[PciAddress]:
@@ -249,6 +258,7 @@ class BindingBook:
         """The config changed: every function may be tried again."""
         self.failed.clear()
         self._broken_groups.clear()
+        self._put_off.clear()
         self._select(snapshot, config)
 
     def forget_gone(self, present: set[PciAddress]) -> None:
@@ -261,9 +271,19 @@ class BindingBook:
                 del self._broken_groups[group]
 
     def replan(
-        self, snapshot: HostSnapshot, config: Config, held_groups: Container[int] = ()
+        self,
+        snapshot: HostSnapshot,
+        config: Config,
+        held_groups: Container[int] = (),
+        *,
+        start: bool = True,
     ) -> tuple[dict[PciAddress, BindDecision], list[BindDevice | Log]]:
-        """The plan for this host and config, and the binds and refusals it starts."""
+        """The plan for this host and config, and the binds and refusals it starts.
+
+        With `start` false the plan is made but no bind starts: before the
+        kubelet has said which IOMMU groups pods hold, a group a running VM
+        uses would look free.
+        """
         self._select(snapshot, config)
         if self.failed or self.refusals or self.moved or self._broken_groups:
             self.forget_gone({pci.address for pci in snapshot.pci_devices})
@@ -272,7 +292,7 @@ class BindingBook:
         for address, decision in plan.items():
             if decision.binds:
                 self.refusals.pop(address, None)
-                if address not in self.in_flight and address not in self.giving_back:
+                if start and address not in self.in_flight and address not in self.giving_back:
                     self.in_flight[address] = decision
                     effects.append(
                         Log.info("bind", device=str(address), driver=decision.driver or "none")
@@ -299,15 +319,19 @@ class BindingBook:
         if event.withdrawn:
             return [Log.info("bind-withdrawn", device=str(event.address))]
         effects: list[UnbindDevice | Log] = []
+        # Reported after a scan saw the device gone: whatever comes back is new.
+        gone = event.address not in self._present
         if event.error is None:
-            self.moved[event.address] = decision
+            if not gone:
+                self.moved[event.address] = decision
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
-            self.failed[event.address] = event.error
             effects.append(
                 Log.warning("bind-failed", device=str(event.address), reason=event.error)
             )
-            if decision.iommu_group is not None:
+            if not gone:
+                self.failed[event.address] = event.error
+            if decision.iommu_group is not None and not gone:
                 why = f"{event.address}, in the same IOMMU group, could not be moved to vfio-pci"
                 self._broken_groups.setdefault(decision.iommu_group, (event.address, why))
         if decision.iommu_group in self._broken_groups:
@@ -315,8 +339,8 @@ class BindingBook:
         return effects
 
     def give_back_stranded(self, held_groups: Container[int]) -> list[UnbindDevice | Log]:
-        """Give-backs put off (an allocation held the group, or the config did
-        not select the device) that can go ahead now."""
+        """Give-backs put off while an allocation held the group, or withdrawn
+        when their turn came then, that can go ahead now."""
         effects: list[UnbindDevice | Log] = []
         for group in list(self._broken_groups):
             if group not in held_groups:

@@ -115,13 +115,16 @@ def build_inventory(
     pci_names: Mapping[PciId, str] | None = None,
     bindings: Mapping[PciAddress, BindDecision] | None = None,
     giving_back: Collection[PciAddress] = (),
+    moving_groups: Collection[int] = (),
 ) -> Inventory:
     """Every resource the server would advertise on this host, sorted by name.
 
     `bindings` is the binding plan (`plan_bindings`): a function it moves to
     vfio-pci is advertised, Unhealthy until it gets there; one it refuses is
     skipped with the reason. A function in `giving_back` is on its way back
-    to its host driver, and Unhealthy, so that nothing allocates it meanwhile.
+    to its host driver, and Unhealthy, so that nothing allocates it meanwhile;
+    so is every member of an IOMMU group in `moving_groups` (a bind into it is
+    under way, and may fail and hand the member back to a host driver).
     """
     bindings = bindings or {}
     collected: dict[str, tuple[DeviceKind, list[AdvertisedDevice], str]] = {}
@@ -159,6 +162,9 @@ def build_inventory(
             reason = (
                 "dp is giving it back to its host driver: its IOMMU group cannot be moved whole"
             )
+            device = attrs.evolve(device, healthy=False, reason=reason)
+        elif moving_groups and device.healthy and pci.iommu_group in moving_groups:
+            reason = f"dp is moving a member of IOMMU group {pci.iommu_group} to vfio-pci"
             device = attrs.evolve(device, healthy=False, reason=reason)
         add(name, DeviceKind.PCI, device, VFIO_PERMISSIONS)
 

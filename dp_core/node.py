@@ -129,6 +129,9 @@ class Node:
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
         self.bind_book = BindingBook()
+        # Binds wait for the first PodResources answer: until then a group a
+        # running VM uses (dp restarted under it) would look free.
+        self._holders_known = False
         self._splits: set[str] = set()  # IOMMU groups found split, as last logged
         self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
@@ -202,7 +205,10 @@ class Node:
     def _host_observed(self, event: HostObserved) -> list[Effect]:
         self.snapshot = event.snapshot
         self.bind_book.observed()
-        return self._rebuild()
+        effects = self._rebuild()
+        if not self._holders_known and self.bindings:
+            effects.append(RefreshAllocations("binds wait to learn which IOMMU groups pods hold"))
+        return effects
 
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:
         self.config = event.config
@@ -220,7 +226,12 @@ class Node:
         """The inventory again from the snapshot, plan and give-backs held now."""
         effects: list[Effect] = []
         self.inventory = build_inventory(
-            self.snapshot, self.config, self.pci_names, self.bindings, self.bind_book.leaving
+            self.snapshot,
+            self.config,
+            self.pci_names,
+            self.bindings,
+            self.bind_book.leaving,
+            self.bind_book.moving_groups,
         )
         self._by_name = {r.name: r for r in self.inventory.resources}
         self._inventory_ids = {
@@ -234,7 +245,9 @@ class Node:
 
     def _plan_bindings(self) -> list[Effect]:
         held = self.allocations.reserved_groups()
-        self.bindings, effects = self.bind_book.replan(self.snapshot, self.config, held)
+        self.bindings, effects = self.bind_book.replan(
+            self.snapshot, self.config, held, start=self._holders_known
+        )
         return list(effects)
 
     def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
@@ -594,9 +607,10 @@ class Node:
         self._splits = splits  # logged once each, while it lasts
         if touched:
             effects.extend(self._refresh_groups(touched))
-        if released and self.config.binding is not None:
-            # Binds and give-backs put off while an allocation held the group
-            # can go now.
+        first, self._holders_known = not self._holders_known, True
+        if (released or first) and self.config.binding is not None:
+            # Binds waiting for this first answer, and binds and give-backs put
+            # off while an allocation held the group, can go now.
             effects += self._rebuild()
         return effects
 

@@ -31,6 +31,7 @@ from dp_core import (
     PciHostDevice,
     PciId,
     PermittedHostDevices,
+    RefreshAllocations,
     Reject,
     Reply,
     UnbindDevice,
@@ -50,6 +51,7 @@ from core_builders import (
     one,
     pci,
     snapshot,
+    started_node,
 )
 
 NIC = PciId(0x8086, 0x1572)
@@ -254,11 +256,18 @@ def test_inventory_without_a_plan_keeps_host_held_devices_out() -> None:
 
 
 # ---------------------------------------------------------------------------
+def binding_node(config_: Config) -> Node:
+    """A Node that has heard from PodResources, so binds may start."""
+    node = Node(config_)
+    node.handle(AllocationsObserved({}, 0.0))
+    return node
+
+
 # The Node: BindDevice once, BindingFinished, failures until the config changes
 
 
 def test_node_binds_once_and_reports_the_result() -> None:
-    node = Node(NIC_CONFIG)
+    node = binding_node(NIC_CONFIG)
     effects = node.handle(HostObserved(host([nic()]), 1.0))
     assert effects_of(effects, BindDevice) == [BindDevice(a("0000:18:00.0"), "i40e")]
     bind_log = [e for e in effects_of(effects, Log) if e.event == "bind"]
@@ -276,7 +285,7 @@ def test_node_binds_once_and_reports_the_result() -> None:
 def test_a_failed_bind_withdraws_the_queued_binds_of_its_group() -> None:
     """Binds run one at a time. The GPU's failed, so its group cannot become
     usable: the audio function's bind, still queued, is no longer planned."""
-    node = Node(config(GPU, AUDIO, drivers=("nouveau", "snd_hda_intel")))
+    node = binding_node(config(GPU, AUDIO, drivers=("nouveau", "snd_hda_intel")))
     effects = node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     assert effects_of(effects, BindDevice) == [
@@ -299,7 +308,7 @@ def test_a_group_that_cannot_be_moved_whole_is_given_back() -> None:
     """The GPU moved, then its audio function's bind failed: the GPU would sit
     on vfio-pci in a group no VM can use, so it goes back to nouveau, and
     neither is tried again until the config changes."""
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     assert [e.event for e in effects_of(node.handle(BindingFinished(gpu, None, 2.0)), Log)] == [
@@ -332,7 +341,7 @@ def test_a_group_that_cannot_be_moved_whole_is_given_back() -> None:
 
 
 def test_a_bind_that_finishes_after_its_groups_failure_is_given_back_at_once() -> None:
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     failed = node.handle(BindingFinished(gpu, "EIO", 2.0))
@@ -349,7 +358,7 @@ def test_a_bind_that_finishes_after_its_groups_failure_is_given_back_at_once() -
 
 
 def test_a_failed_give_back_is_an_error_and_the_device_stays_failed() -> None:
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node.handle(BindingFinished(gpu, None, 2.0))
@@ -376,7 +385,7 @@ def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     the GPU's selector, a failure in its group leaves it where it is. The GPU
     may have gone to another plugin's VMs meanwhile (externalResourceProvider),
     whose allocations dp cannot see: selected again, it is not dp's to give back."""
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node.handle(BindingFinished(gpu, None, 2.0))
@@ -395,7 +404,7 @@ def test_a_device_the_config_no_longer_selects_is_not_given_back() -> None:
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.3))
     assert effects_of(effects, UnbindDevice) == []
     # Selected all along, even across a reload, it is given back.
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     node.handle(BindingFinished(gpu, None, 2.0))
     node.handle(ConfigApplied(GPU_AND_AUDIO, now=2.05))
@@ -413,6 +422,7 @@ def test_a_given_back_device_stays_unhealthy_until_a_scan_shows_it_gone_from_vfi
         config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
         host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
     )
+    node.handle(AllocationsObserved({}, 1.0))  # PodResources answered: binds may start
     resource = "devices.kubevirt.io/10de_1eb8"
     node.handle(BindingFinished(gpu, None, 2.0))
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
@@ -431,7 +441,7 @@ def test_a_given_back_device_stays_unhealthy_until_a_scan_shows_it_gone_from_vfi
 
 
 def test_a_group_re_added_after_a_hot_unplug_is_not_given_back_for_its_old_failure() -> None:
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node.handle(BindingFinished(gpu, None, 2.0))
@@ -448,6 +458,21 @@ def test_a_group_re_added_after_a_hot_unplug_is_not_given_back_for_its_old_failu
     assert effects_of(node.handle(BindingFinished(gpu, None, 5.0)), UnbindDevice) == []
 
 
+def test_a_bind_result_reported_after_its_card_left_does_not_outlive_the_re_add() -> None:
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(HostObserved(host([]), 2.05))  # the card is removed while the audio bind runs
+    effects = node.handle(BindingFinished(audio, "ENODEV", 2.1))
+    assert effects_of(effects, UnbindDevice) == [] and node.bind_book.failed == {}
+    back = node.handle(HostObserved(gpu_and_audio(), 3.0))
+    assert effects_of(back, BindDevice) == [
+        BindDevice(gpu, "nouveau"),
+        BindDevice(audio, "snd_hda_intel"),
+    ]
+
+
 def test_a_device_being_given_back_is_not_allocatable() -> None:
     """With bindUnbound the audio function had no driver, and the probe left it
     with none. Until the GPU's give-back has its turn, a rescan shows the group
@@ -459,6 +484,7 @@ def test_a_device_being_given_back_is_not_allocatable() -> None:
         config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
         host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
     )
+    node.handle(AllocationsObserved({}, 1.0))  # PodResources answered: binds may start
     node.handle(BindingFinished(gpu, None, 2.0))
     effects = node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
     assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
@@ -473,7 +499,7 @@ def test_a_device_being_given_back_is_not_allocatable() -> None:
 
 
 def test_a_give_back_whose_device_the_config_dropped_is_withdrawn_when_its_turn_comes() -> None:
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node.handle(BindingFinished(gpu, None, 2.0))
@@ -489,7 +515,7 @@ def test_a_give_back_whose_device_the_config_dropped_is_withdrawn_when_its_turn_
 def test_a_bind_that_finishes_after_a_reload_dropped_its_device_is_never_given_back() -> None:
     """The GPU's bind was under way (its turn had come) when a reload dropped
     the GPU's selector; its still-selected sibling then fails."""
-    node = Node(GPU_AND_AUDIO)
+    node = binding_node(GPU_AND_AUDIO)
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node.handle(ConfigApplied(config(AUDIO, drivers=("nouveau", "snd_hda_intel")), now=1.5))
@@ -516,6 +542,7 @@ def test_a_failed_give_back_is_not_published_healthy_from_the_scan_before_it() -
         config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
         host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
     )
+    node.handle(AllocationsObserved({}, 1.0))  # PodResources answered: binds may start
     node.handle(BindingFinished(gpu, None, 2.0))
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
                                    unbound_audio]), 2.05))  # fmt: skip
@@ -528,24 +555,43 @@ def test_a_failed_give_back_is_not_published_healthy_from_the_scan_before_it() -
     assert effects_of(refused, Reply) == []
 
 
-def test_nothing_is_moved_into_a_group_an_allocation_holds() -> None:
-    """With bindUnbound, the GPU on vfio-pci is usable beside its driverless
-    audio function, and a VM gets it: the audio function's bind is withdrawn
-    when its turn comes, and not planned again until the allocation ends."""
+T4_RESOURCE = "devices.kubevirt.io/10de_1eb8"
+
+
+def test_nothing_is_moved_before_podresources_says_which_groups_pods_hold() -> None:
+    """dp restarted under a running VM that holds the GPU (on vfio-pci beside
+    its driverless audio function, with bindUnbound): no bind starts before
+    PodResources has answered, and then none into the VM's group until the
+    VM's pod is gone."""
     audio = a("0000:d8:00.1")
     unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
     on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
-    node, kubelet = live_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
-    assert node.bind_planned(audio, None)
-    kubelet.now = 2.0
-    assert effects_of(kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",)), Reply)
+    node, effects = started_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
+    assert effects_of(effects, BindDevice) == [] and not node.bind_book.in_flight
+    asks = [r.reason for r in effects_of(effects, RefreshAllocations)]
+    assert "binds wait to learn which IOMMU groups pods hold" in asks  # even with no kubelet
+    effects = node.handle(AllocationsObserved({T4_RESOURCE: frozenset({"0000:d8:00.0"})}, 1.0))
+    assert effects_of(effects, BindDevice) == []
     assert not node.bind_planned(audio, None)
-    node.handle(BindingFinished(audio, None, 2.1, withdrawn=True))
-    again = node.handle(HostObserved(on_vfio, 3.0))
-    assert effects_of(again, BindDevice) == []
     assert "an allocation holds IOMMU group 216" in refusal(node.bindings, "0000:d8:00.1")
+    assert effects_of(node.handle(HostObserved(on_vfio, 3.0)), BindDevice) == []
     released = node.handle(AllocationsObserved({}, 40.0))
     assert effects_of(released, BindDevice) == [BindDevice(audio, None)]
+
+
+def test_a_group_with_a_bind_under_way_is_not_allocatable() -> None:
+    """The GPU is on vfio-pci beside its driverless audio function: the group
+    is usable, but while the audio function's bind runs it may fail and hand
+    the function to a host driver, so nothing in the group is handed out."""
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
+    node, kubelet = live_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
+    node.handle(AllocationsObserved({}, 1.0))
+    assert node.bind_planned(a("0000:d8:00.1"), None)
+    (gpu,) = node.advertised(T4_RESOURCE)
+    assert not gpu.healthy and "moving a member of IOMMU group 216" in gpu.reason
+    kubelet.now = 2.0
+    assert effects_of(kubelet.allocate(T4_RESOURCE, ("0000:d8:00.0",)), Reply) == []
 
 
 def test_nothing_an_allocation_holds_is_given_back_until_it_is_released() -> None:
@@ -562,24 +608,17 @@ def test_nothing_an_allocation_holds_is_given_back_until_it_is_released() -> Non
     assert book.giving_back == {gpu}
 
 
-def test_a_give_back_withdrawn_while_an_allocation_held_the_group_goes_ahead_after_it() -> None:
-    """A VM was given the GPU (the group looked viable to a rescan) before
-    the give-back's turn: withdrawn then, it goes ahead once the allocation
-    has been released."""
+def test_a_give_back_put_off_by_a_holder_podresources_reports_goes_ahead_after_it() -> None:
+    """PodResources reports a pod holding the GPU that dp did not allocate (a
+    second dp during an upgrade, say) while the group is being moved: the
+    give-back waits until that pod is gone."""
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
-    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
-    on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
-    node, kubelet = live_node(
-        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
-        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
-    )
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
     node.handle(BindingFinished(gpu, None, 2.0))
-    node.handle(HostObserved(on_vfio, 2.05))  # the group looks viable: the GPU is Healthy
-    kubelet.now = 2.06
-    granted = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
-    assert effects_of(granted, Reply)
-    effects = node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
-    assert effects_of(effects, UnbindDevice) == []  # put off: the allocation holds group 216
+    node.handle(AllocationsObserved({"devices.kubevirt.io/10de_1eb8": frozenset({str(gpu)})}, 2.05))
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    assert effects_of(effects, UnbindDevice) == []  # put off: a pod holds group 216
     assert not node.give_back_planned(gpu)
     released = node.handle(AllocationsObserved({}, 40.0))
     assert [u.address for u in effects_of(released, UnbindDevice)] == [gpu]
@@ -592,7 +631,7 @@ def test_a_give_back_result_never_asked_for_is_a_caller_error() -> None:
 
 
 def test_a_failed_bind_is_not_retried_until_the_config_changes() -> None:
-    node = Node(NIC_CONFIG)
+    node = binding_node(NIC_CONFIG)
     node.handle(HostObserved(host([nic()]), 1.0))
     failed = node.handle(BindingFinished(a("0000:18:00.0"), "writing to unbind failed: EBUSY", 2.0))
     assert [(e.level, e.event) for e in effects_of(failed, Log)] == [("warning", "bind-failed")]
@@ -609,7 +648,7 @@ def test_a_failed_bind_is_not_retried_until_the_config_changes() -> None:
 
 
 def test_a_failed_device_that_leaves_and_returns_is_tried_again() -> None:
-    node = Node(NIC_CONFIG)
+    node = binding_node(NIC_CONFIG)
     node.handle(HostObserved(host([nic()]), 1.0))
     node.handle(BindingFinished(a("0000:18:00.0"), "EIO", 2.0))
     node.handle(HostObserved(host([]), 3.0))
@@ -709,7 +748,7 @@ def test_only_selected_devices_that_can_end_up_usable_are_bound(
 @given(binding_cases())
 def test_node_asks_for_exactly_the_planned_binds(case: tuple[HostSnapshot, Config]) -> None:
     snap, config_ = case
-    node = Node(config_)
+    node = binding_node(config_)
     effects = node.handle(HostObserved(snap, 1.0))
     planned = {address for address, d in plan_bindings(snap, config_).items() if d.binds}
     assert {effect.address for effect in effects_of(effects, BindDevice)} == planned

@@ -335,6 +335,10 @@ sharedDevices:
 
 SERVE_BINDING = """
 mkdir -p /py/tmp/dp
+# The kubelet's PodResources API first: binds wait until it has said which
+# IOMMU groups pods hold (here: none).
+chroot /py /scenario/gokubelet -pod-resources /tmp/pod-resources.sock -pod-resources-only &
+podresources=$!
 PYTHONPATH=/site PYTHONDONTWRITEBYTECODE=1 chroot /py /usr/bin/python3.11 -m dp_server serve \\
   --config /scenario/config.yaml --device-plugin-dir /tmp/dp --log-format json \\
   --pod-resources-socket /tmp/pod-resources.sock --rescan-interval 3600 > /py/tmp/server.log 2>&1 &
@@ -350,6 +354,7 @@ echo "gokubelet exit $?"
 kill -TERM $server
 wait $server
 echo "server exit $?"
+kill $podresources
 echo "=== log"
 cat /py/tmp/server.log
 echo "=== report"

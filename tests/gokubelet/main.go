@@ -10,6 +10,10 @@
 // -expect resources have sent their first device list it runs the scenario the
 // flags ask for and prints one JSON report on stdout.
 //
+// With -pod-resources it also serves the kubelet's PodResources List API on
+// that socket, answering that no pod holds anything; with -pod-resources-only
+// it serves only that, until it is killed.
+//
 // Messages are encoded by hand (a few fields each) so that the program builds
 // from Debian's grpc-go package alone, with no protoc step.
 package main
@@ -403,6 +407,34 @@ func (k *kubelet) start() error {
 	return nil
 }
 
+// servePodResources answers /v1.PodResourcesLister/List with an empty
+// ListPodResourcesResponse (no bytes): no pod holds any device.
+func servePodResources(path string) error {
+	_ = os.Remove(path)
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	server := grpc.NewServer(grpc.CustomCodec(rawCodec{}))
+	server.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "v1.PodResourcesLister",
+		HandlerType: (*interface{})(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "List",
+			Handler: func(_ interface{}, ctx context.Context, dec func(interface{}) error, _ grpc.UnaryServerInterceptor) (interface{}, error) {
+				var in []byte
+				if err := dec(&in); err != nil {
+					return nil, err
+				}
+				return &[]byte{}, nil
+			},
+		}},
+		Streams: []grpc.StreamDesc{},
+	}, struct{}{})
+	go func() { _ = server.Serve(lis) }()
+	return nil
+}
+
 // stop is the kubelet going away: its server and every plugin connection close.
 func (k *kubelet) stop() {
 	k.server.Stop()
@@ -608,7 +640,18 @@ func main() {
 	restarts := flag.Int("restarts", 0, "kubelet restarts to make after the calls")
 	awaitChange := flag.Duration("await-change", 0, "after the samples, print awaiting-change on stderr and wait this long for a device list to change")
 	dial := flag.String("dial", "sync", "sync: dial and ask the options inside Register (kubelet >= 1.20); after-reply: reply, then dial (older kubelets)")
+	podResources := flag.String("pod-resources", "", "also serve the PodResources List API (no pods) on this socket")
+	podResourcesOnly := flag.Bool("pod-resources-only", false, "serve only the PodResources API, until killed")
 	flag.Parse()
+	if *podResources != "" {
+		if err := servePodResources(*podResources); err != nil {
+			fmt.Fprintln(os.Stderr, "gokubelet:", err)
+			os.Exit(1)
+		}
+	}
+	if *podResourcesOnly {
+		select {}
+	}
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "gokubelet: -dir is required")
 		os.Exit(2)
