@@ -441,17 +441,7 @@ class Node:
         if resource is not None:
             bind: list[Effect] = [] if known else [BindConnection(connection, resource)]
             return resource, bind
-        pending = registrar.in_flight()
-        if pending is not None and registrar.opened_before(connection, pending):
-            why = f"it was open before {pending.name}'s Register started, so is not its dial"
-        elif pending is not None and not registrar.opens_a_registration(rpc):
-            why = (
-                f"it opened with {rpc}, and this kubelet opens a registration's connection with "
-                f"GetDevicePluginOptions: a reconnection of a lost connection, not the dial "
-                f"of {pending.name}'s Register"
-            )
-        else:
-            why = "no Register call was in flight when it arrived"
+        why = registrar.why_unattributed(connection, rpc)
         requeued = registrar.orphan_seen(self._now)
         raise _Rejection(
             StatusCode.UNAVAILABLE,

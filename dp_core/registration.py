@@ -303,6 +303,21 @@ class Registrar:
         self.bind(connection, pending.name, now)
         return pending.name
 
+    def why_unattributed(self, connection: int, rpc: str) -> str:
+        """Why `attribute` found no resource for `connection` opening with `rpc`."""
+        if self.mode is not SocketMode.SINGLE:
+            return "it came in on no resource's socket"
+        pending = self.in_flight()
+        if pending is None:
+            return "no Register call was in flight when it arrived"
+        if self.opened_before(connection, pending):
+            return f"it was open before {pending.name}'s Register started, so is not its dial"
+        return (
+            f"it opened with {rpc}, and this kubelet opens a registration's connection with "
+            f"{OPTIONS_CALL}: a reconnection of a lost connection, not the dial of "
+            f"{pending.name}'s Register"
+        )
+
     def opened_before(self, connection: int, reg: ResourceRegistration) -> bool:
         """Whether `connection` was open before `reg`'s Register started (so is not its dial)."""
         return reg.attempt > self._opened_at.get(connection, -1)
