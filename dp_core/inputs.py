@@ -188,12 +188,12 @@ class AllocationsObserved:
 
 
 @attrs.frozen
-class BindingFinished:
-    """A `BindDevice` was carried out: `error` is None when the function is on vfio-pci.
+class _WritesFinished:
+    """The shell carried out an effect that writes to a function's sysfs files.
 
-    `withdrawn`: when its turn came, `Node.bind_planned` said the plan no
-    longer moves the function (a config change or a rescan since), so nothing
-    was written; `error` is then None.
+    `error` is None when it did what it was asked. `withdrawn`: when its turn
+    came, the node said it is no longer planned, so nothing was written, and
+    `error` is then None.
     """
 
     address: PciAddress
@@ -203,27 +203,22 @@ class BindingFinished:
 
     def __attrs_post_init__(self) -> None:
         if self.withdrawn and self.error is not None:
-            raise ValueError("a withdrawn bind wrote nothing, so it has no error")
+            raise ValueError(f"a withdrawn {type(self).__name__} wrote nothing, so has no error")
 
 
 @attrs.frozen
-class UnbindingFinished:
+class BindingFinished(_WritesFinished):
+    """A `BindDevice` was carried out: `error` is None when the function is on
+    vfio-pci; withdrawn when `Node.bind_planned` said no (a config change or a
+    rescan since, or the function was on vfio-pci already)."""
+
+
+@attrs.frozen
+class UnbindingFinished(_WritesFinished):
     """An `UnbindDevice` was carried out: `error` is None when the function is
-    back on the driver it was taken from.
-
-    `withdrawn`: when its turn came, `Node.give_back_planned` said no (a
-    config change dropped the device, or an allocation holds its group), so
-    nothing was written; `error` is then None.
-    """
-
-    address: PciAddress
-    error: str | None
-    now: float
-    withdrawn: bool = attrs.field(default=False, kw_only=True)
-
-    def __attrs_post_init__(self) -> None:
-        if self.withdrawn and self.error is not None:
-            raise ValueError("a withdrawn give-back wrote nothing, so it has no error")
+    back on the driver it was taken from; withdrawn when
+    `Node.give_back_planned` said no (the config changed or dropped the device,
+    or an allocation holds its group)."""
 
 
 @attrs.frozen

@@ -41,6 +41,20 @@ def write_attribute(path: str, text: str) -> None:
         os.close(fd)
 
 
+def _answered(
+    what: str,
+    work: Callable[[PciAddress, str | None], str | None],
+    address: PciAddress,
+    driver: str | None,
+) -> str | None:
+    """`work`'s answer, or the unexpected error as one: the core must hear back in every case."""
+    try:
+        return work(address, driver)
+    except Exception as error:  # noqa: BLE001
+        _log.exception("%s of %s failed unexpectedly", what, address)
+        return f"unexpected {type(error).__name__}: {error}; check the device by hand"
+
+
 def _override_text(previous: str) -> str:
     """What to write to restore a `driver_override` read as `previous`.
 
@@ -80,11 +94,7 @@ class Binder:
 
     def bind(self, address: PciAddress, driver: str | None) -> str | None:
         """Move `address` from `driver` to vfio-pci: None when it got there, else why not."""
-        try:
-            return self._bind(address, driver)
-        except Exception as error:  # noqa: BLE001 - the core must hear back in every case
-            _log.exception("bind of %s failed unexpectedly", address)
-            return f"unexpected {type(error).__name__}: {error}; check the device by hand"
+        return _answered("bind", self._bind, address, driver)
 
     def _bind(self, address: PciAddress, driver: str | None) -> str | None:
         device = self._device(address)
@@ -132,11 +142,7 @@ class Binder:
 
     def unbind(self, address: PciAddress, driver: str | None) -> str | None:
         """Give `address` back from vfio-pci to `driver`: None when it got there, else why not."""
-        try:
-            return self._unbind(address, driver)
-        except Exception as error:  # noqa: BLE001 - the core must hear back in every case
-            _log.exception("give-back of %s failed unexpectedly", address)
-            return f"unexpected {type(error).__name__}: {error}; check the device by hand"
+        return _answered("give-back", self._unbind, address, driver)
 
     def _unbind(self, address: PciAddress, driver: str | None) -> str | None:
         device = self._device(address)

@@ -44,6 +44,7 @@ from dp_core import (
 from core_builders import (
     AUDIO,
     GPU,
+    Kubelet,
     configs,
     effects_of,
     host_snapshots,
@@ -256,6 +257,18 @@ def test_inventory_without_a_plan_keeps_host_held_devices_out() -> None:
 
 
 # ---------------------------------------------------------------------------
+def gpu_beside_driverless_audio() -> tuple[Node, Kubelet, PciDevice]:
+    """bindUnbound: a T4 on nouveau and its audio function on no driver, both
+    to be moved; live, and PodResources has answered (binds may start)."""
+    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
+    node, kubelet = live_node(
+        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
+        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
+    )
+    node.handle(AllocationsObserved({}, 1.0))
+    return node, kubelet, unbound_audio
+
+
 def binding_node(config_: Config) -> Node:
     """A Node that has heard from PodResources, so binds may start."""
     node = Node(config_)
@@ -417,12 +430,7 @@ def test_a_given_back_device_stays_unhealthy_until_a_scan_shows_it_gone_from_vfi
     function had no driver): once given back, the GPU is on nouveau, whatever
     that scan says, until the next one."""
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
-    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
-    node, kubelet = live_node(
-        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
-        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
-    )
-    node.handle(AllocationsObserved({}, 1.0))  # PodResources answered: binds may start
+    node, kubelet, unbound_audio = gpu_beside_driverless_audio()
     resource = "devices.kubevirt.io/10de_1eb8"
     node.handle(BindingFinished(gpu, None, 2.0))
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
@@ -479,12 +487,7 @@ def test_a_device_being_given_back_is_not_allocatable() -> None:
     viable (GPU on vfio-pci, audio on no driver): the GPU must stay Unhealthy,
     and when its turn comes the give-back still goes ahead."""
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
-    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
-    node, kubelet = live_node(
-        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
-        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
-    )
-    node.handle(AllocationsObserved({}, 1.0))  # PodResources answered: binds may start
+    node, kubelet, unbound_audio = gpu_beside_driverless_audio()
     node.handle(BindingFinished(gpu, None, 2.0))
     effects = node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
     assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
@@ -537,12 +540,7 @@ def test_a_failed_give_back_is_not_published_healthy_from_the_scan_before_it() -
     """vfio-pci let the GPU go and nouveau would not take it: whatever the last
     scan (GPU on vfio-pci, group viable) says, it is not usable until the next."""
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
-    unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
-    node, kubelet = live_node(
-        config(GPU, AUDIO, drivers=("nouveau",), unbound=True),
-        host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"), unbound_audio]),
-    )
-    node.handle(AllocationsObserved({}, 1.0))  # PodResources answered: binds may start
+    node, kubelet, unbound_audio = gpu_beside_driverless_audio()
     node.handle(BindingFinished(gpu, None, 2.0))
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
                                    unbound_audio]), 2.05))  # fmt: skip
@@ -623,6 +621,12 @@ def test_a_give_back_put_off_by_a_holder_podresources_reports_goes_ahead_after_i
     released = node.handle(AllocationsObserved({}, 40.0))
     assert [u.address for u in effects_of(released, UnbindDevice)] == [gpu]
     assert node.give_back_planned(gpu)
+
+
+@pytest.mark.parametrize("finished", [BindingFinished, UnbindingFinished])
+def test_a_withdrawn_result_has_no_error(finished: type[BindingFinished]) -> None:
+    with pytest.raises(ValueError, match="wrote nothing, so has no error"):
+        finished(a("0000:18:00.0"), "EBUSY", 1.0, withdrawn=True)
 
 
 def test_a_give_back_result_never_asked_for_is_a_caller_error() -> None:
