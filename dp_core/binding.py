@@ -217,6 +217,9 @@ class BindingBook:
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
         self._present: frozenset[PciAddress] = frozenset()  # in the last scan
+        # Binds in flight whose device a scan has seen gone since they were
+        # asked: whatever their result, it is about a device that is no more.
+        self._outlived: set[PciAddress] = set()
         self._put_off: dict[PciAddress, int] = {}  # logged once each, while it lasts
         # Give-backs that ended (done or failed) since the last scan: the
         # snapshot shows them as they were before, and they must not look
@@ -228,6 +231,7 @@ class BindingBook:
             self._selected = self._present = frozenset()
         else:
             self._present = frozenset(pci.address for pci in snapshot.pci_devices)
+            self._outlived.update(a for a in self.in_flight if a not in self._present)
             selectors = config.pci_selectors()
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if _selected_for_binding(pci, selectors)
@@ -320,7 +324,8 @@ class BindingBook:
             return [Log.info("bind-withdrawn", device=str(event.address))]
         effects: list[UnbindDevice | Log] = []
         # Reported after a scan saw the device gone: whatever comes back is new.
-        gone = event.address not in self._present
+        gone = event.address not in self._present or event.address in self._outlived
+        self._outlived.discard(event.address)
         if event.error is None:
             if not gone:
                 self.moved[event.address] = decision

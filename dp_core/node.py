@@ -206,7 +206,7 @@ class Node:
         self.snapshot = event.snapshot
         self.bind_book.observed()
         effects = self._rebuild()
-        if not self._holders_known and self.bindings:
+        if not self._holders_known and any(d.binds for d in self.bindings.values()):
             effects.append(RefreshAllocations("binds wait to learn which IOMMU groups pods hold"))
         return effects
 

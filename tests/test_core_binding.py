@@ -481,6 +481,37 @@ def test_a_bind_result_reported_after_its_card_left_does_not_outlive_the_re_add(
     ]
 
 
+def test_a_bind_result_from_before_a_card_left_and_came_back_is_forgotten() -> None:
+    """The card is seen gone, then back (a new bind of the GPU starts), before
+    the audio function's old bind reports: its failure is about a device that
+    is no more, and must not refuse the new one nor give the GPU back."""
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node.handle(BindingFinished(gpu, None, 2.0))
+    node.handle(HostObserved(host([]), 2.05))
+    back = node.handle(HostObserved(gpu_and_audio(), 2.1))
+    assert effects_of(back, BindDevice) == [BindDevice(gpu, "nouveau")]
+    effects = node.handle(BindingFinished(audio, "ENODEV", 2.2))
+    assert effects_of(effects, UnbindDevice) == [] and node.bind_book.failed == {}
+    assert effects_of(node.handle(BindingFinished(gpu, None, 2.3)), UnbindDevice) == []
+    gpu_moved = host(
+        [
+            pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+            pci("0000:d8:00.1", AUDIO, 216, driver="snd_hda_intel", class_code=0x040300),
+        ]
+    )
+    again = node.handle(HostObserved(gpu_moved, 3.0))
+    assert effects_of(again, BindDevice) == [BindDevice(audio, "snd_hda_intel")]
+
+
+def test_podresources_is_not_asked_for_a_plan_that_binds_nothing() -> None:
+    node, effects = started_node(NIC_CONFIG, host([nic(driver="ixgbe")]))
+    assert effects_of(effects, RefreshAllocations) == [
+        RefreshAllocations("the kubelet started: which pods hold devices")
+    ]
+
+
 def test_a_device_being_given_back_is_not_allocatable() -> None:
     """With bindUnbound the audio function had no driver, and the probe left it
     with none. Until the GPU's give-back has its turn, a rescan shows the group
