@@ -82,6 +82,10 @@ from .tally import Tally
 __all__ = ["Node", "Timing"]
 
 _SHOWN_ID_LENGTH = 64
+_BINDS_WAIT = (
+    "moves to vfio-pci wait until the kubelet's PodResources API has said which IOMMU "
+    "groups pods hold"
+)
 
 
 @attrs.frozen
@@ -131,7 +135,7 @@ class Node:
         self.bind_book = BindingBook()
         # Binds wait for the first PodResources answer: until then a group a
         # running VM uses (dp restarted under it) would look free.
-        self._holders_known = False
+        self._holders_known = self._waiting_logged = False
         self._splits: set[str] = set()  # IOMMU groups found split, as last logged
         self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
@@ -208,6 +212,9 @@ class Node:
         effects = self._rebuild()
         if not self._holders_known and any(d.binds for d in self.bindings.values()):
             effects.append(RefreshAllocations("binds wait to learn which IOMMU groups pods hold"))
+            if not self._waiting_logged:  # once: the wait shows, should PodResources not answer
+                self._waiting_logged = True
+                effects.append(Log.info("binds-waiting", reason=_BINDS_WAIT))
         return effects
 
     def _config_applied(self, event: ConfigApplied) -> list[Effect]:

@@ -599,6 +599,10 @@ def test_nothing_is_moved_before_podresources_says_which_groups_pods_hold() -> N
     assert effects_of(effects, BindDevice) == [] and not node.bind_book.in_flight
     asks = [r.reason for r in effects_of(effects, RefreshAllocations)]
     assert "binds wait to learn which IOMMU groups pods hold" in asks  # even with no kubelet
+    assert [e.event for e in effects_of(effects, Log)].count("binds-waiting") == 1
+    later = node.handle(HostObserved(on_vfio, 0.5))  # logged once, asked again
+    assert [e.event for e in effects_of(later, Log)].count("binds-waiting") == 0
+    assert effects_of(later, RefreshAllocations)
     effects = node.handle(AllocationsObserved({T4_RESOURCE: frozenset({"0000:d8:00.0"})}, 1.0))
     assert effects_of(effects, BindDevice) == []
     assert not node.bind_planned(audio, None)
