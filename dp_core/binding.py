@@ -23,7 +23,7 @@ and bounded by rules that refuse it with a reason:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Collection, Container, Mapping
 
 import attrs
 
@@ -265,7 +265,7 @@ class BindingBook:
         self._put_off.clear()
         self._select(snapshot, config)
 
-    def forget_gone(self, present: set[PciAddress]) -> None:
+    def forget_gone(self, present: Collection[PciAddress]) -> None:
         """A function that left the host and came back is a new device: try it again."""
         for book in (self.failed, self.refusals, self.moved):
             for address in [a for a in book if a not in present]:
@@ -290,7 +290,9 @@ class BindingBook:
         """
         self._select(snapshot, config)
         if self.failed or self.refusals or self.moved or self._broken_groups:
-            self.forget_gone({pci.address for pci in snapshot.pci_devices})
+            # `_select` listed what is present when binding is on; else list it here.
+            present = self._present or {pci.address for pci in snapshot.pci_devices}
+            self.forget_gone(present)
         plan = plan_bindings(snapshot, config, self.failed, held_groups)
         effects: list[BindDevice | Log] = []
         for address, decision in plan.items():
