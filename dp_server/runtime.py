@@ -237,7 +237,7 @@ class Runtime:
 
     # -- RPCs --------------------------------------------------------------------
 
-    def _connection_of(self, stream: grpclib.server.Stream[Any, Any]) -> int:
+    def connection_of(self, stream: grpclib.server.Stream[Any, Any]) -> int:
         # grpclib exposes the transport only through Peer; it identifies the
         # HTTP/2 connection, which is what the kubelet opens per resource.
         transport = stream.peer._transport
@@ -248,13 +248,13 @@ class Runtime:
 
     def call(
         self,
-        stream: grpclib.server.Stream[Any, Any],
+        connection: int,
         make: Callable[[int, int, float], Input],
         expected: type[_T],
     ) -> _T:
-        """Feed one unary RPC to the core and return its answer, or raise its status."""
+        """Feed one unary RPC on `connection` to the core; return its answer or raise its status."""
         call = next(self._ids)
-        effects = self.feed(make(self._connection_of(stream), call, self.now()))
+        effects = self.feed(make(connection, call, self.now()))
         for effect in effects:
             if isinstance(effect, Reject) and effect.call == call:
                 raise GRPCError(wire.STATUS[effect.status], effect.message)
@@ -266,7 +266,7 @@ class Runtime:
     async def watch(
         self, stream: grpclib.server.Stream[Any, Any]
     ) -> AsyncIterator[AsyncIterator[bytes]]:
-        connection = self._connection_of(stream)
+        connection = self.connection_of(stream)
         stream_id = next(self._ids)
         slot = self._streams[stream_id] = StreamSlot()
         if self._stopping:

@@ -7,7 +7,8 @@ status. No decision is made here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+import functools
+from typing import TYPE_CHECKING, Any
 
 import grpclib.const
 import grpclib.server
@@ -26,34 +27,58 @@ from dp_core import (
 
 from . import wire
 from .proto import v1beta1 as pb
+from .unary import Answer
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 __all__ = ["DevicePluginService"]
 
-_M = TypeVar("_M")
-
-
-async def _receive(stream: grpclib.server.Stream[Any, Any], kind: type[_M]) -> _M:
-    message = await stream.recv_message()
-    if not isinstance(message, kind):
-        raise GRPCError(Status.INVALID_ARGUMENT, f"expected a {kind.__name__} message")
-    return message
-
 
 class DevicePluginService:
-    """`/v1beta1.DevicePlugin/*` for every resource, on any number of sockets."""
+    """`/v1beta1.DevicePlugin/*` for every resource, on any number of sockets.
+
+    The unary RPCs are plain functions of (connection, request bytes) to reply
+    bytes, so that `dp_server.unary` can answer a whole call in the turn it is
+    read; grpclib serves the rest through `_serve_unary`.
+    """
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
-    async def get_device_plugin_options(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        await stream.recv_message()
+    def get_device_plugin_options(self, connection: int, request: bytes) -> bytes:
         answer = self._runtime.call(
-            stream, lambda conn, call, now: OptionsRequested(conn, call, now), PluginOptions
+            connection, lambda conn, call, now: OptionsRequested(conn, call, now), PluginOptions
         )
-        await stream.send_message(wire.options_message(answer))
+        return wire.options_message(answer)
+
+    def get_preferred_allocation(self, connection: int, request: bytes) -> bytes:
+        containers = wire.preferences(pb.PreferredAllocationRequest.parse(request))
+        answer = self._runtime.call(
+            connection,
+            lambda conn, call, now: PreferredAllocationRequested(conn, call, containers, now),
+            PreferredAnswer,
+        )
+        return bytes(wire.preferred_response(answer))
+
+    def allocate(self, connection: int, request: bytes) -> bytes:
+        try:
+            containers = wire.allocate_request(request)
+        except wire.WireError as error:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(error)) from None
+        answer = self._runtime.call(
+            connection,
+            lambda conn, call, now: AllocateRequested(conn, call, containers, now),
+            AllocateAnswer,
+        )
+        return wire.allocate_response(answer)
+
+    def pre_start_container(self, connection: int, request: bytes) -> bytes:
+        ids = tuple(pb.PreStartContainerRequest.parse(request).devices_ids)
+        self._runtime.call(
+            connection, lambda conn, call, now: PreStartRequested(conn, call, ids, now), object
+        )
+        return bytes(pb.PreStartContainerResponse())
 
     async def list_and_watch(self, stream: grpclib.server.Stream[Any, Any]) -> None:
         await stream.recv_message()
@@ -61,67 +86,42 @@ class DevicePluginService:
             async for message in updates:
                 await stream.send_message(message)
 
-    async def get_preferred_allocation(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        request = await _receive(stream, pb.PreferredAllocationRequest)
-        containers = wire.preferences(request)
-        answer = self._runtime.call(
-            stream,
-            lambda conn, call, now: PreferredAllocationRequested(conn, call, containers, now),
-            PreferredAnswer,
-        )
-        await stream.send_message(wire.preferred_response(answer))
+    def answers(self) -> dict[str, Answer]:
+        """The unary RPCs by path."""
+        return {
+            _BASE + "GetDevicePluginOptions": self.get_device_plugin_options,
+            _BASE + "GetPreferredAllocation": self.get_preferred_allocation,
+            _BASE + "Allocate": self.allocate,
+            _BASE + "PreStartContainer": self.pre_start_container,
+        }
 
-    async def allocate(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        try:
-            containers = wire.allocate_request(await _receive(stream, bytes))
-        except wire.WireError as error:
-            raise GRPCError(Status.INVALID_ARGUMENT, str(error)) from None
-        answer = self._runtime.call(
-            stream,
-            lambda conn, call, now: AllocateRequested(conn, call, containers, now),
-            AllocateAnswer,
-        )
-        await stream.send_message(wire.allocate_response(answer))
-
-    async def pre_start_container(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        request = await _receive(stream, pb.PreStartContainerRequest)
-        ids = tuple(request.devices_ids)
-        self._runtime.call(
-            stream, lambda conn, call, now: PreStartRequested(conn, call, ids, now), object
-        )
-        await stream.send_message(pb.PreStartContainerResponse())
+    async def _serve_unary(self, answer: Answer, stream: grpclib.server.Stream[Any, Any]) -> None:
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        await stream.send_message(answer(self._runtime.connection_of(stream), request))
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        base = "/v1beta1.DevicePlugin/"
-        return {
-            base + "GetDevicePluginOptions": grpclib.const.Handler(
-                self.get_device_plugin_options,
+        answers = self.answers()
+        mapping = {
+            path: grpclib.const.Handler(
+                functools.partial(self._serve_unary, answer),
                 Cardinality.UNARY_UNARY,
-                pb.Empty,
-                pb.DevicePluginOptions,
-            ),
-            base + "ListAndWatch": grpclib.const.Handler(
-                self.list_and_watch,
-                Cardinality.UNARY_STREAM,
-                pb.Empty,
-                pb.ListAndWatchResponse,
-            ),
-            base + "GetPreferredAllocation": grpclib.const.Handler(
-                self.get_preferred_allocation,
-                Cardinality.UNARY_UNARY,
-                pb.PreferredAllocationRequest,
-                pb.PreferredAllocationResponse,
-            ),
-            base + "Allocate": grpclib.const.Handler(
-                self.allocate,
-                Cardinality.UNARY_UNARY,
-                wire.Raw,
-                pb.AllocateResponse,
-            ),
-            base + "PreStartContainer": grpclib.const.Handler(
-                self.pre_start_container,
-                Cardinality.UNARY_UNARY,
-                pb.PreStartContainerRequest,
-                pb.PreStartContainerResponse,
-            ),
+                wire.Raw,  # decoded by the answer itself
+                _REPLY_TYPES[path],
+            )
+            for path, answer in answers.items()
         }
+        mapping[_BASE + "ListAndWatch"] = grpclib.const.Handler(
+            self.list_and_watch, Cardinality.UNARY_STREAM, pb.Empty, pb.ListAndWatchResponse
+        )
+        return mapping
+
+
+_BASE = "/v1beta1.DevicePlugin/"
+_REPLY_TYPES: dict[str, type[Any]] = {
+    _BASE + "GetDevicePluginOptions": pb.DevicePluginOptions,
+    _BASE + "GetPreferredAllocation": pb.PreferredAllocationResponse,
+    _BASE + "Allocate": pb.AllocateResponse,
+    _BASE + "PreStartContainer": pb.PreStartContainerResponse,
+}

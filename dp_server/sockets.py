@@ -16,11 +16,14 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from .transport import ConnectionTracker, TrackedServer
+
+if TYPE_CHECKING:
+    from .service import DevicePluginService
 
 __all__ = ["PluginDirectoryLost", "PluginSockets", "socket_identity"]
 
@@ -57,9 +60,12 @@ class _Listener:
 class PluginSockets:
     """Listening sockets by endpoint name, each a grpclib server of `service`."""
 
-    def __init__(self, directory: Path, service: Any, tracker: ConnectionTracker) -> None:
+    def __init__(
+        self, directory: Path, service: DevicePluginService, tracker: ConnectionTracker
+    ) -> None:
         self.directory = directory
         self._service = service
+        self._answers = service.answers()
         self._tracker = tracker
         self._listeners: dict[str, _Listener] = {}
         # Servers whose socket file was replaced, kept while connections made
@@ -99,7 +105,7 @@ class PluginSockets:
                 _log.info("socket-recreated", extra={"dp_fields": {"path": str(path)}})
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            server = TrackedServer([self._service], self._tracker, resource)
+            server = TrackedServer([self._service], self._tracker, resource, self._answers)
             try:
                 await server.start(path=str(path))
             except OSError as error:

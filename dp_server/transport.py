@@ -10,19 +10,27 @@ plugin sockets and on the Register channel to the kubelet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpclib.client
 import grpclib.protocol
+import h2.exceptions
 from grpclib.client import Channel
+from grpclib.exceptions import StreamTerminatedError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler, Server
+from grpclib.utils import Wrapper
+from h2.events import RequestReceived
 from h2.utilities import SizeLimitDict
 
-from . import wire
+from . import unary, wire
 
 CLOSED_STREAMS_KEPT = 256  # per connection
+
+_log = logging.getLogger("dp.transport")
 
 __all__ = ["CoalescingTransport", "ConnectionTracker", "KubeletChannel", "TrackedServer"]
 
@@ -141,7 +149,8 @@ class KubeletChannel(Channel):
 
 
 class _TrackedProtocol(_CoalescingProtocol):
-    """H2Protocol that tells the tracker when a kubelet connection comes and goes."""
+    """H2Protocol that tells the tracker when a kubelet connection comes and goes,
+    and answers whole unary calls itself (see `dp_server.unary`)."""
 
     def __init__(
         self,
@@ -149,33 +158,116 @@ class _TrackedProtocol(_CoalescingProtocol):
         tracker: ConnectionTracker,
         listener: str | None,
         forget: Callable[[], None],
+        answers: Mapping[str, unary.Answer],
     ) -> None:
         super().__init__(*args)
         self._tracker = tracker
         self._listener = listener
         self._forget = forget
+        self._answers = answers
         self._dp_connection: int | None = None
+        self._late_replies: set[asyncio.Task[None]] = set()  # a loop keeps weak references
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._dp_connection = self._tracker.made(self.coalescing, self._listener)  # type: ignore[arg-type]
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # ends replies still waiting (their stream's wrapper)
         self._forget()
         if self._dp_connection is not None:
             self._tracker.lost(self._dp_connection)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.connection.feed(data)
+        except h2.exceptions.ProtocolError:
+            _log.debug("protocol error", exc_info=True)
+            self.processor.close("Protocol error")
+            return
+        self.connection.flush()
+        calls = unary.whole_calls(events, self._answers) if self._dp_connection is not None else {}
+        # A call read after an event grpclib schedules work for waits its turn.
+        queued = False
+        for event in events:
+            stream_id = getattr(event, "stream_id", None)
+            call = calls.get(stream_id) if stream_id else None
+            if call is None:
+                queued = queued or bool(stream_id)
+                self.processor.process(event)
+            elif type(event) is RequestReceived:
+                if queued:
+                    asyncio.get_running_loop().call_soon(self._answer, call)
+                else:
+                    self._answer(call)
+        self.connection.flush()
+
+    def _answer(self, call: unary.WholeCall) -> None:
+        assert self._dp_connection is not None
+        connection = self.connection
+        if connection.is_closing():
+            return
+        h2_connection = connection._connection
+        stream_id = call.stream_id
+        headers, framed = unary.reply_frames(call, self._dp_connection)
+        try:
+            if call.flow_controlled:
+                h2_connection.acknowledge_received_data(call.flow_controlled, stream_id)
+            if framed is None:
+                h2_connection.send_headers(stream_id, headers, end_stream=True)
+            elif unary.fits(h2_connection, stream_id, framed):
+                h2_connection.send_headers(stream_id, headers)
+                h2_connection.send_data(stream_id, framed)
+                h2_connection.send_headers(stream_id, unary.TRAILERS_OK, end_stream=True)
+            else:
+                h2_connection.send_headers(stream_id, headers)
+                self._reply_later(stream_id, framed)
+        except h2.exceptions.StreamClosedError:
+            pass  # the peer gave up on the call; nothing to tell it
+        except h2.exceptions.ProtocolError as error:
+            # Not expected; raised out of data_received it would close the connection.
+            fields = {"rpc": call.path, "error": repr(error)}
+            _log.warning("reply-failed", extra={"dp_fields": fields})
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                h2_connection.reset_stream(stream_id)
+        connection.flush()
+
+    def _reply_later(self, stream_id: int, framed: bytes) -> None:
+        """Send a reply larger than the peer lets us send now, as grpclib would:
+        a frame at a time, as its flow-control windows open."""
+        stream = self.connection.create_stream(stream_id=stream_id)
+        stream.wrapper = Wrapper()
+        release = self.processor.register(stream)
+
+        async def reply() -> None:
+            try:
+                with stream.wrapper:  # type: ignore[union-attr]
+                    await stream.send_data(framed)
+                    await stream.send_headers(unary.TRAILERS_OK, end_stream=True)
+            except (StreamTerminatedError, h2.exceptions.StreamClosedError):
+                pass  # reset or connection closed
+            finally:
+                release()
+
+        task = asyncio.get_running_loop().create_task(reply())
+        self._late_replies.add(task)
+        task.add_done_callback(self._late_replies.discard)
 
 
 class TrackedServer(Server):
     """A grpclib Server for the device plugin service on one listening socket."""
 
     def __init__(
-        self, handlers: list[Any], tracker: ConnectionTracker, listener: str | None
+        self,
+        handlers: list[Any],
+        tracker: ConnectionTracker,
+        listener: str | None,
+        answers: Mapping[str, unary.Answer],
     ) -> None:
         super().__init__(handlers, codec=wire.PreEncodedCodec())
         self._dp_tracker = tracker
         self._dp_listener = listener
+        self._dp_answers = answers
 
     def stop_listening(self) -> None:
         """Accept no more connections; those made keep being served until `close()`."""
@@ -203,4 +295,5 @@ class TrackedServer(Server):
             # connection to the same server; after a kubelet restart the server
             # itself is replaced (the kubelet deleted its socket), so that is never.
             forget=lambda: self._handlers.discard(handler),
+            answers=self._dp_answers,
         )

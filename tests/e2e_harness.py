@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -30,6 +31,11 @@ VHOST = "devices.kubevirt.io/vhost-net"
 ALL = (KVM, NVME, TUN, VHOST, QAT, VGPU, GPU)
 
 FAST = Timing(dial_wait=1.0, backoff=Backoff(first=0.05, cap=0.5), release_grace=0.2)
+
+
+def live(kind: type) -> list[Any]:
+    """Every instance of `kind`, including garbage not yet collected."""
+    return [o for o in gc.get_objects() if isinstance(o, kind)]
 
 
 class Harness:
