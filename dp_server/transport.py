@@ -188,7 +188,7 @@ class _TrackedProtocol(_CoalescingProtocol):
         self.connection.flush()
         calls = unary.whole_calls(events, self._answers) if self._dp_connection is not None else {}
         # A call read after an event grpclib schedules work for waits its turn.
-        queued = False
+        queued = answered = False
         for event in events:
             stream_id = getattr(event, "stream_id", None)
             call = calls.get(stream_id) if stream_id else None
@@ -197,10 +197,18 @@ class _TrackedProtocol(_CoalescingProtocol):
                 self.processor.process(event)
             elif type(event) is RequestReceived:
                 if queued:
-                    asyncio.get_running_loop().call_soon(self._answer, call)
+                    asyncio.get_running_loop().call_soon(self._answer_now, call)
                 else:
                     self._answer(call)
+                    answered = True
         self.connection.flush()
+        if answered:
+            # The replies are complete: send them now rather than a turn later.
+            self.coalescing.flush()
+
+    def _answer_now(self, call: unary.WholeCall) -> None:
+        self._answer(call)
+        self.coalescing.flush()
 
     def _answer(self, call: unary.WholeCall) -> None:
         assert self._dp_connection is not None

@@ -33,6 +33,30 @@ ALL = (KVM, NVME, TUN, VHOST, QAT, VGPU, GPU)
 FAST = Timing(dial_wait=1.0, backoff=Backoff(first=0.05, cap=0.5), release_grace=0.2)
 
 
+class RecordingTransport(asyncio.WriteTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[bytes] = []
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert not self.closed, "write after close"
+        self.sent.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": "kubelet"}.get(name, default)
+
+
 def live(kind: type) -> list[Any]:
     """Every instance of `kind`, including garbage not yet collected."""
     return [o for o in gc.get_objects() if isinstance(o, kind)]

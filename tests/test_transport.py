@@ -11,33 +11,9 @@ from dp_server import runtime, transport, unary
 from dp_server.emulator._rpc import dp
 from dp_server.transport import CoalescingTransport
 
-from e2e_harness import ALL, GPU, Harness, live
+from e2e_harness import ALL, GPU, Harness, RecordingTransport, live
 
 pytestmark = pytest.mark.asyncio
-
-
-class RecordingTransport(asyncio.WriteTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[bytes] = []
-        self.closed = False
-        self.aborted = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert not self.closed, "write after close"
-        self.sent.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closed or self.aborted
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"peername": "kubelet"}.get(name, default)
 
 
 async def test_writes_of_one_loop_turn_go_out_as_one_send() -> None:

@@ -18,7 +18,7 @@ from dp_core import AllocateRequested, OptionsRequested, SocketMode, WatchStarte
 from dp_server import transport, unary
 from dp_server.emulator._rpc import dp
 
-from e2e_harness import GPU, Harness, live
+from e2e_harness import GPU, Harness, RecordingTransport, live
 
 BASE = "/v1beta1.DevicePlugin/"
 
@@ -421,3 +421,26 @@ def test_a_failing_answer_is_logged_and_answered_unknown(caplog: pytest.LogCaptu
     assert headers[2:] == [("grpc-status", "2"), ("grpc-message", "Internal Server Error")]
     [record] = [r for r in caplog.records if r.getMessage() == "call-failed"]
     assert record.dp_fields == {"rpc": BASE + "Allocate"} and record.exc_info
+
+
+async def test_a_whole_call_is_answered_and_sent_in_the_turn_that_reads_it() -> None:
+    raw = RecordingTransport()
+    server = transport.TrackedServer(
+        [],
+        transport.ConnectionTracker(lambda transport, listener: 1, lambda connection: None),
+        None,
+        {BASE + "Allocate": lambda connection, message: b"re:" + message},
+    )
+    protocol = server._protocol_factory()
+    protocol.connection_made(raw)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, request_headers("Allocate"))
+    client.send_data(1, framed(b"ids"), end_stream=True)
+    protocol.data_received(client.data_to_send())
+    # No turn of the loop has passed: the reply went out with the read.
+    events = client.receive_data(b"".join(raw.sent))
+    [data] = [e for e in events if isinstance(e, h2.events.DataReceived)]
+    assert data.data == framed(b"re:ids")
+    [trailers] = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
+    assert trailers.headers == [(b"grpc-status", b"0")]
