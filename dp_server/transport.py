@@ -19,10 +19,12 @@ import grpclib.client
 import grpclib.protocol
 import h2.exceptions
 from grpclib.client import Channel
+from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
+from grpclib.metadata import Deadline
 from grpclib.protocol import H2Protocol
 from grpclib.server import Handler, Server
-from grpclib.utils import Wrapper
+from grpclib.utils import DeadlineWrapper, Wrapper
 from h2.events import RequestReceived
 from h2.utilities import SizeLimitDict
 
@@ -229,7 +231,7 @@ class _TrackedProtocol(_CoalescingProtocol):
                 h2_connection.send_headers(stream_id, unary.TRAILERS_OK, end_stream=True)
             else:
                 h2_connection.send_headers(stream_id, headers)
-                self._reply_later(stream_id, framed)
+                self._reply_later(stream_id, framed, call.deadline)
         except h2.exceptions.StreamClosedError:
             pass  # the peer gave up on the call; nothing to tell it
         except h2.exceptions.ProtocolError as error:
@@ -240,20 +242,32 @@ class _TrackedProtocol(_CoalescingProtocol):
                 h2_connection.reset_stream(stream_id)
         connection.flush()
 
-    def _reply_later(self, stream_id: int, framed: bytes) -> None:
+    def _reply_later(self, stream_id: int, framed: bytes, deadline: Deadline | None) -> None:
         """Send a reply larger than the peer lets us send now, as grpclib would:
         a frame at a time, as its flow-control windows open."""
         stream = self.connection.create_stream(stream_id=stream_id)
-        stream.wrapper = Wrapper()
+        timer: contextlib.AbstractContextManager[Any]
+        if deadline is None:
+            wrapper, timer = Wrapper(), contextlib.nullcontext()
+        else:
+            wrapper = timed = DeadlineWrapper()
+            timer = timed.start(deadline)
+        stream.wrapper = wrapper
         release = self.processor.register(stream)
 
         async def reply() -> None:
             try:
-                with stream.wrapper:  # type: ignore[union-attr]
+                with timer, wrapper:
                     await stream.send_data(framed)
                     await stream.send_headers(unary.TRAILERS_OK, end_stream=True)
             except (StreamTerminatedError, h2.exceptions.StreamClosedError):
                 pass  # reset or connection closed
+            except TimeoutError:
+                # What grpclib does at a call's deadline: end it with that status.
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
+                    await stream.send_headers(
+                        [("grpc-status", str(Status.DEADLINE_EXCEEDED.value))], end_stream=True
+                    )
             finally:
                 release()
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.metadata import decode_timeout, encode_grpc_message
+from grpclib.metadata import Deadline, decode_timeout, encode_grpc_message
 from h2.connection import H2Connection
 from h2.events import DataReceived, Event, RequestReceived, StreamEnded, StreamReset
 
@@ -39,6 +39,9 @@ CONTENT_TYPE = "application/grpc+proto"
 TRAILERS_OK = [("grpc-status", "0")]
 _ACCEPTED_CONTENT_TYPES = frozenset({"application/grpc", CONTENT_TYPE})
 _MESSAGE_PREFIX = 5  # compressed flag, then the length as 4 bytes big-endian
+# grpclib refuses a call whose deadline is over when its task starts; leave
+# calls this close to theirs to grpclib, so they get its answer.
+_MIN_TIMEOUT = 0.001
 
 _log = logging.getLogger("dp.transport")
 
@@ -46,9 +49,12 @@ _log = logging.getLogger("dp.transport")
 class WholeCall:
     """One unary call whose request arrived complete in a single read."""
 
-    __slots__ = ("answer", "chunks", "ended", "flow_controlled", "path", "stream_id")
+    __slots__ = ("answer", "chunks", "deadline", "ended", "flow_controlled", "path", "stream_id")
 
-    def __init__(self, stream_id: int, path: str, answer: Answer) -> None:
+    def __init__(
+        self, stream_id: int, path: str, answer: Answer, deadline: Deadline | None = None
+    ) -> None:
+        self.deadline = deadline  # the call's grpc-timeout, from when it was read
         self.stream_id = stream_id
         self.path = path
         self.answer = answer
@@ -66,9 +72,12 @@ class WholeCall:
         return body[_MESSAGE_PREFIX:]
 
 
-def _path_of(headers: Sequence[tuple[str, str]], answers: Mapping[str, Answer]) -> str | None:
-    """The path of a request grpclib would accept and route to a unary answer, else None."""
-    path = method = content_type = te = None
+def _path_of(
+    headers: Sequence[tuple[str, str]], answers: Mapping[str, Answer]
+) -> tuple[str, float | None] | None:
+    """The path and grpc-timeout of a request grpclib would accept and route to a unary
+    answer, else None."""
+    path = method = content_type = te = timeout = None
     for name, value in headers:
         if name == ":path":
             path = value
@@ -80,12 +89,17 @@ def _path_of(headers: Sequence[tuple[str, str]], answers: Mapping[str, Answer]) 
             te = value
         elif name == "grpc-timeout":
             try:
-                decode_timeout(value)
+                seconds = decode_timeout(value)
             except ValueError:
                 return None  # grpclib answers this itself
+            timeout = seconds if timeout is None else min(timeout, seconds)
     if method != "POST" or content_type not in _ACCEPTED_CONTENT_TYPES or te != "trailers":
         return None
-    return path if path in answers else None
+    if path is None or path not in answers:
+        return None
+    if timeout is not None and timeout < _MIN_TIMEOUT:
+        return None
+    return path, timeout
 
 
 def whole_calls(events: Sequence[Event], answers: Mapping[str, Answer]) -> dict[int, WholeCall]:
@@ -95,9 +109,11 @@ def whole_calls(events: Sequence[Event], answers: Mapping[str, Answer]) -> dict[
         kind = type(event)
         if kind is RequestReceived:
             assert isinstance(event, RequestReceived) and event.stream_id is not None
-            path = _path_of(event.headers or (), answers)  # type: ignore[arg-type]
-            if path is not None:
-                calls[event.stream_id] = WholeCall(event.stream_id, path, answers[path])
+            found = _path_of(event.headers or (), answers)  # type: ignore[arg-type]
+            if found is not None:
+                path, timeout = found
+                deadline = None if timeout is None else Deadline.from_timeout(timeout)
+                calls[event.stream_id] = WholeCall(event.stream_id, path, answers[path], deadline)
         elif kind is DataReceived:
             assert isinstance(event, DataReceived)
             call = calls.get(event.stream_id or 0)

@@ -56,6 +56,7 @@ class RawClient:
             h2.config.H2Configuration(client_side=True, header_encoding="ascii")
         )
         self.replies: dict[int, dict[str, Any]] = {}
+        self.acknowledge = True  # False: a peer that never opens its windows again
 
     @classmethod
     async def connect(cls, path: str, window: int | None = None) -> RawClient:
@@ -99,7 +100,10 @@ class RawClient:
         elif isinstance(event, h2.events.DataReceived):
             reply["data"] += event.data
             reply["frames"] += 1
-            self.h2.acknowledge_received_data(event.flow_controlled_length or 0, event.stream_id)
+            if self.acknowledge:
+                self.h2.acknowledge_received_data(
+                    event.flow_controlled_length or 0, event.stream_id
+                )
         elif isinstance(event, h2.events.TrailersReceived):
             reply["trailers"] = list(event.headers or [])
         elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
@@ -159,6 +163,10 @@ def cases(devices: list[str]) -> dict[str, tuple[list[tuple[str, str]], bytes]]:
         "no te": (request_headers("Allocate", te=None), framed(b"")),
         "json": (request_headers("Allocate", content_type="application/grpc+json"), framed(b"")),
         "bad timeout": (request_headers("Allocate", grpc_timeout="soon"), framed(b"")),
+        "deadline passed": (
+            request_headers("Allocate", grpc_timeout="0n"),
+            framed(allocate_request(devices[0])),
+        ),
         "unknown method": (request_headers("Frobnicate"), framed(b"")),
     }
 
@@ -217,6 +225,7 @@ async def test_whole_calls_are_answered_exactly_as_grpclib_answers_them(
     assert ("grpc-status", "3") in whole["allocate, malformed"]["headers"]
     assert ("grpc-status", "12") in whole["unknown method"]["headers"]
     assert ("grpc-status", "3") in whole["no message"]["headers"]
+    assert ("grpc-status", "0") not in whole["deadline passed"]["trailers"]
 
 
 async def test_a_call_split_across_reads_is_answered_by_grpclib(
@@ -266,6 +275,31 @@ async def test_a_reply_larger_than_the_peer_lets_through_goes_out_as_windows_ope
     finally:
         await wide.close()
         await narrow.close()
+
+
+async def test_a_reply_the_peer_never_lets_through_ends_at_the_call_deadline(
+    gpu_socket: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, devices = gpu_socket
+    replies = []
+    for whole in (False, True):
+        with monkeypatch.context() as patch:
+            if not whole:
+                patch.setattr(unary, "whole_calls", lambda events, answers: {})
+            client = await RawClient.connect(path, window=40)
+            client.acknowledge = False
+            try:
+                stream_id = client.call(
+                    request_headers("Allocate", grpc_timeout="200m"),
+                    framed(allocate_request(devices[0])),
+                )
+                await client.flush()
+                replies.append(await client.reply(stream_id))
+            finally:
+                await client.close()
+    by_grpclib, answered_whole = replies
+    assert by_grpclib["trailers"] == [("grpc-status", "4")] and by_grpclib["frames"] == 1
+    assert answered_whole == by_grpclib
 
 
 async def test_a_reply_still_waiting_for_its_window_ends_with_the_connection(
