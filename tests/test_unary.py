@@ -71,8 +71,10 @@ class RawClient:
         """Queue one call's frames; `flush` sends everything queued in one write."""
         stream_id = self.h2.get_next_available_stream_id()
         self.h2.send_headers(stream_id, headers, end_stream=not body)
-        if body:
-            self.h2.send_data(stream_id, body, end_stream=True)
+        frame = self.h2.max_outbound_frame_size
+        for start in range(0, len(body), frame):
+            last = start + frame >= len(body)
+            self.h2.send_data(stream_id, body[start : start + frame], end_stream=last)
         self.replies[stream_id] = {"headers": [], "data": b"", "trailers": [], "frames": 0}
         return stream_id
 
@@ -318,6 +320,32 @@ async def test_a_reply_still_waiting_for_its_window_ends_with_the_connection(
     async with asyncio.timeout(5):
         while waiting[0]._late_replies:
             await asyncio.sleep(0.01)
+
+
+async def test_a_request_larger_than_one_read_is_answered(
+    gpu_socket: tuple[str, list[str]],
+) -> None:
+    path, devices = gpu_socket
+    unknown = [f"0000:{n >> 8 & 0xFF:02x}:{n >> 3 & 0x1F:02x}.{n & 7}-{n}" for n in range(8000)]
+    request = framed(allocate_request(devices[0], *unknown))
+    assert len(request) > 2 * len(transport._READ_BUFFER)
+    client = await RawClient.connect(path)
+    try:
+        # The server's SETTINGS open its windows wide enough for the request.
+        async with asyncio.timeout(5):
+            while len(request) > min(
+                client.h2.outbound_flow_control_window,
+                client.h2.remote_settings.initial_window_size,
+            ):
+                client.h2.receive_data(await client.reader.read(65536))
+        stream_id = client.call(request_headers("Allocate"), request)
+        await client.flush()
+        reply = await client.reply(stream_id)
+        assert ("grpc-status", "3") in reply["headers"]
+        [message] = [value for name, value in reply["headers"] if name == "grpc-message"]
+        assert unknown[0] in message
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize("first", ["ListAndWatch", "GetDevicePluginOptions"])
