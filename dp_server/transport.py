@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -129,8 +130,18 @@ class _Handler(Handler):
 # recv(256 KiB): a fresh 256 KiB object per read, which the allocator maps and
 # unmaps each time, some 14 us for a 100-byte request. A buffered protocol is
 # handed a buffer to recv_into instead, and what is read is passed on at once,
-# so one buffer serves every connection of the loop.
-_READ_BUFFER = memoryview(bytearray(64 * 1024))
+# so one buffer serves every connection of a loop. One per thread: a loop runs
+# in one thread, and recv_into releases the GIL.
+_READ_BUFFER_SIZE = 64 * 1024
+_reads = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    try:
+        buffer: memoryview = _reads.buffer
+    except AttributeError:
+        buffer = _reads.buffer = memoryview(bytearray(_READ_BUFFER_SIZE))
+    return buffer
 
 
 class _CoalescingProtocol(H2Protocol, asyncio.BufferedProtocol):
@@ -138,10 +149,11 @@ class _CoalescingProtocol(H2Protocol, asyncio.BufferedProtocol):
     reading into a shared buffer."""
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_BUFFER
+        self._read_into = _read_buffer()
+        return self._read_into
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_READ_BUFFER[:nbytes]))
+        self.data_received(bytes(self._read_into[:nbytes]))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)

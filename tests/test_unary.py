@@ -328,7 +328,7 @@ async def test_a_request_larger_than_one_read_is_answered(
     path, devices = gpu_socket
     unknown = [f"0000:{n >> 8 & 0xFF:02x}:{n >> 3 & 0x1F:02x}.{n & 7}-{n}" for n in range(8000)]
     request = framed(allocate_request(devices[0], *unknown))
-    assert len(request) > 2 * len(transport._READ_BUFFER)
+    assert len(request) > 2 * transport._READ_BUFFER_SIZE
     client = await RawClient.connect(path)
     try:
         # The server's SETTINGS open its windows wide enough for the request.
