@@ -23,12 +23,12 @@ and bounded by rules that refuse it with a reason:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
 
 import attrs
 
 from .config import Binding, Config, PciHostDevice
-from .effects import BindDevice, Log, UnbindDevice
+from .effects import BindDevice, Log, Move, UnbindDevice
 from .errors import UsageError
 from .host import VFIO_DRIVER, HostSnapshot, blocks_vfio
 from .inputs import BindingFinished, UnbindingFinished
@@ -225,6 +225,32 @@ class BindingBook:
         # snapshot shows them as they were before, and they must not look
         # usable until a scan shows where they are now.
         self._unscanned: set[PciAddress] = set()
+        # Moves an earlier run reported (`recall`), until the first scan says
+        # whether they are still on vfio-pci.
+        self._recalled: set[PciAddress] = set()
+        self.moves_version = 0  # changes whenever `moved` does
+
+    def moves(self) -> tuple[Move, ...]:
+        """What dp moved to vfio-pci, for `MovesChanged`."""
+        return tuple(
+            Move(d.address, d.driver, d.iommu_group)
+            for d in sorted(self.moved.values(), key=lambda d: d.address)
+        )
+
+    def recall(self, moves: Iterable[Move]) -> int:
+        """Take back what an earlier run moved; how many were new to it."""
+        recalled = 0
+        for move in moves:
+            if move.address not in self.moved:
+                self.moved[move.address] = BindDecision(move.address, move.driver, move.iommu_group)
+                self._recalled.add(move.address)
+                recalled += 1
+        return recalled
+
+    def _forget_moves(self, addresses: Iterable[PciAddress]) -> None:
+        for address in addresses:
+            if self.moved.pop(address, None) is not None:
+                self.moves_version += 1
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
@@ -239,8 +265,7 @@ class BindingBook:
         # A device the config stops selecting may go to another plugin and
         # its VMs (`externalResourceProvider`), whose allocations dp cannot
         # see: dp forgets having moved it, and never gives it back.
-        for address in [a for a in self.moved if a not in self._selected]:
-            del self.moved[address]
+        self._forget_moves([a for a in self.moved if a not in self._selected])
 
     @property
     def moving_groups(self) -> frozenset[int]:
@@ -254,9 +279,18 @@ class BindingBook:
         """Functions being given back, or whose give-back ended after the last scan."""
         return frozenset(self.giving_back | self._unscanned)
 
-    def observed(self) -> None:
-        """A scan taken after every give-back that has ended: it shows them as they are."""
+    def observed(self, snapshot: HostSnapshot) -> None:
+        """A scan taken after every give-back that has ended: it shows them as they are,
+        and shows whether the functions recalled from an earlier run are still on vfio-pci."""
         self._unscanned.clear()
+        if self._recalled:
+            on_vfio = {
+                address
+                for address in self._recalled
+                if (pci := snapshot.device(address)) is not None and pci.driver == VFIO_DRIVER
+            }
+            self._forget_moves(self._recalled - on_vfio)
+            self._recalled.clear()
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
         """The config changed: every function may be tried again."""
@@ -267,9 +301,10 @@ class BindingBook:
 
     def forget_gone(self, present: Collection[PciAddress]) -> None:
         """A function that left the host and came back is a new device: try it again."""
-        for book in (self.failed, self.refusals, self.moved):
+        for book in (self.failed, self.refusals):
             for address in [a for a in book if a not in present]:
                 del book[address]
+        self._forget_moves([a for a in self.moved if a not in present])
         for group, (address, _) in list(self._broken_groups.items()):
             if address not in present:
                 del self._broken_groups[group]
@@ -331,6 +366,7 @@ class BindingBook:
         if event.error is None:
             if not gone:
                 self.moved[event.address] = decision
+                self.moves_version += 1
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
             effects.append(
@@ -404,7 +440,8 @@ class BindingBook:
         device = str(event.address)
         if event.withdrawn:
             return [Log.info("give-back-withdrawn", device=device)]
-        moved = self.moved.pop(event.address, None)
+        moved = self.moved.get(event.address)
+        self._forget_moves([event.address])
         self._unscanned.add(event.address)
         if event.error is None:
             driver = (moved.driver if moved else None) or "none"

@@ -168,6 +168,28 @@ class UnbindDevice:
 
 
 @attrs.frozen
+class Move:
+    """A function dp moved to vfio-pci itself: the driver it took it from
+    (None: it had none) and its IOMMU group, which give-backs need."""
+
+    address: PciAddress
+    driver: str | None
+    iommu_group: int | None
+
+
+@attrs.frozen
+class MovesChanged:
+    """What dp has moved to vfio-pci changed; `moves` is all of it now.
+
+    The shell keeps it where a restarted dp finds it and hands it back with
+    `MovesRecalled`: a dp restarted between moving part of an IOMMU group and
+    giving it back still knows which functions it took from which driver.
+    """
+
+    moves: tuple[Move, ...]
+
+
+@attrs.frozen
 class Log:
     level: str
     event: str
@@ -197,5 +219,6 @@ Effect = (
     | RefreshAllocations
     | BindDevice
     | UnbindDevice
+    | MovesChanged
     | Log
 )

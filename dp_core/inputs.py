@@ -12,6 +12,7 @@ from types import MappingProxyType
 import attrs
 
 from .config import Config
+from .effects import Move
 from .host import HostSnapshot
 from .pci import PciAddress, PciId
 
@@ -221,6 +222,28 @@ class UnbindingFinished(_WritesFinished):
     or an allocation holds its group)."""
 
 
+def _moves(value: Iterable[Move]) -> tuple[Move, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class MovesRecalled:
+    """At start, before the first `HostObserved`: the moves an earlier run
+    reported last (`MovesChanged`). A recalled function the first scan does
+    not show on vfio-pci has been moved since, and is forgotten."""
+
+    moves: tuple[Move, ...] = attrs.field(converter=_moves)
+
+    @moves.validator
+    def _once_each(
+        self, attribute: attrs.Attribute[tuple[Move, ...]], value: tuple[Move, ...]
+    ) -> None:
+        addresses = [move.address for move in value]
+        twice = sorted({a for a in addresses if addresses.count(a) > 1})
+        if twice:
+            raise ValueError(f"moved twice: {', '.join(map(str, twice))}")
+
+
 @attrs.frozen
 class Tick:
     now: float
@@ -244,5 +267,6 @@ Input = (
     | AllocationsObserved
     | BindingFinished
     | UnbindingFinished
+    | MovesRecalled
     | Tick
 )

@@ -32,6 +32,7 @@ from .effects import (
     Effect,
     EndStream,
     Log,
+    MovesChanged,
     PluginOptions,
     PreferredAnswer,
     PreStartAnswer,
@@ -56,6 +57,7 @@ from .inputs import (
     Input,
     KubeletStarted,
     KubeletStopped,
+    MovesRecalled,
     OptionsRequested,
     PreferredAllocationRequested,
     PreStartRequested,
@@ -135,7 +137,7 @@ class Node:
         self.bind_book = BindingBook()
         # Binds wait for the first PodResources answer: until then a group a
         # running VM uses (dp restarted under it) would look free.
-        self._holders_known = self._waiting_logged = False
+        self._holders_known = self._waiting_logged = self._scanned = False
         self._splits: set[str] = set()  # IOMMU groups found split, as last logged
         self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
@@ -171,6 +173,7 @@ class Node:
             AllocationsObserved: self._allocations_observed,
             BindingFinished: self._binding_finished,
             UnbindingFinished: self._unbinding_finished,
+            MovesRecalled: self._moves_recalled,
             Tick: self._tick,
         }
 
@@ -185,7 +188,10 @@ class Node:
             if now < self._now:
                 raise UsageError(f"time went backwards: {now} after {self._now}")
             self._now = now
+        moves_version = self.bind_book.moves_version
         effects = handler(event)
+        if self.bind_book.moves_version != moves_version:
+            effects.append(MovesChanged(self.bind_book.moves()))
         effects.extend(self._start_due_registrations())
         self.tally.observe(event, effects, self.registrar.owner)
         return effects
@@ -208,7 +214,8 @@ class Node:
 
     def _host_observed(self, event: HostObserved) -> list[Effect]:
         self.snapshot = event.snapshot
-        self.bind_book.observed()
+        self._scanned = True
+        self.bind_book.observed(event.snapshot)
         effects = self._rebuild()
         if not self._holders_known and any(d.binds for d in self.bindings.values()):
             effects.append(RefreshAllocations("binds wait to learn which IOMMU groups pods hold"))
@@ -294,6 +301,12 @@ class Node:
     def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
         effects: list[Effect] = list(self.bind_book.unbound(event))
         return effects + self._rebuild_inventory()
+
+    def _moves_recalled(self, event: MovesRecalled) -> list[Effect]:
+        if self._scanned:
+            raise UsageError("MovesRecalled comes before the first HostObserved")
+        recalled = self.bind_book.recall(event.moves)
+        return [Log.info("moves-recalled", count=recalled)] if recalled else []
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]

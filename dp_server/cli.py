@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rescan-interval", type=float, default=30.0, help="seconds between host rescans"
     )
     serve.add_argument(
+        "--state-dir",
+        default="/var/lib/dp",
+        help="where to keep what dp moved to vfio-pci, so a restarted dp can give it back "
+        "(a host directory that outlives the pod; '' keeps nothing)",
+    )
+    serve.add_argument(
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
@@ -153,6 +159,7 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         rescan_interval=args.rescan_interval,
         config_path=args.config,
         metrics_address=metrics_address,
+        state_dir=args.state_dir or None,
     )
     try:
         runtime = Runtime(

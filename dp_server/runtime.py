@@ -40,6 +40,8 @@ from dp_core import (
     KubeletStarted,
     KubeletStopped,
     Log,
+    MovesChanged,
+    MovesRecalled,
     Node,
     PciId,
     Publish,
@@ -62,6 +64,7 @@ from . import wire
 from .bind_queue import BindQueue
 from .binder import Binder
 from .logs import emit
+from .moves_file import MovesStore
 from .pod_resources import PodResourcesPoller, describe_error
 from .proto import v1beta1 as pb
 from .scanner import scan_host
@@ -132,6 +135,7 @@ class Runtime:
         self._service = DevicePluginService(self)
         self._connections: dict[int, int] = {}  # id(transport) -> connection
         self._tracker = ConnectionTracker(self._connection_made, self._connection_lost)
+        self._moves = MovesStore(settings.state_dir)
         self._sockets = PluginSockets(self.plugin_dir, self._service, self._tracker)
         self._streams: dict[int, StreamSlot] = {}
         self._ids = itertools.count(1)
@@ -210,6 +214,8 @@ class Runtime:
         elif isinstance(effect, BindDevice | UnbindDevice):
             if not self._stopping:
                 self._spawn(self._binds.submit(effect))
+        elif isinstance(effect, MovesChanged):
+            self._moves.keep(effect.moves)
         elif isinstance(effect, BindConnection):
             _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
         elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
@@ -546,6 +552,9 @@ class Runtime:
         try:
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
             self._sockets.remove_stale()
+            recalled = self._moves.recall()
+            if recalled:
+                self.feed(MovesRecalled(recalled))
             self.rescan()
             if self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)

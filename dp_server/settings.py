@@ -35,6 +35,8 @@ class Settings:
     timing: Timing = Timing()
     config_path: str | None = None  # reloaded when it changes (see FileVersion)
     metrics_address: tuple[str | None, int] | None = None  # host None: every address
+    # Where what dp moved to vfio-pci is kept across restarts (moves_file); None: nowhere.
+    state_dir: str | None = None
 
 
 class SettingsError(ValueError):

@@ -9,9 +9,10 @@ import logging
 import attrs
 import pytest
 
-from dp_core import BindDevice, ConfigApplied, PciAddress
+from dp_core import VFIO_DRIVER, BindDevice, ConfigApplied, Move, PciAddress
 from dp_server.binder import Binder
 from dp_server.config_file import parse_config
+from dp_server.moves_file import MOVES_FILE, read_moves, write_moves
 from dp_server.topology import fixture_topology, write_sysfs
 
 from e2e_harness import Harness
@@ -472,3 +473,92 @@ async def test_a_bind_of_a_function_already_on_vfio_pci_writes_nothing(harness: 
     assert kernel.writes == []
     direct = Binder(str(harness.sysfs), kernel.write).bind(on_vfio, "nouveau")
     assert direct == "its driver is vfio-pci now, not nouveau as scanned; left alone"
+
+
+def gpu_on_vfio_audio_on_host(harness: Harness) -> FakeKernel:
+    """The fixture host with the first T4 on vfio-pci and its audio function on
+    snd_hda_intel: an earlier run moved the one and not yet the other."""
+    topology = fixture_topology()
+    audio = "0000:3b:00.1"
+    topology = attrs.evolve(
+        topology,
+        pci=[
+            attrs.evolve(f, driver="snd_hda_intel") if str(f.address) == audio else f
+            for f in topology.pci
+        ],
+    )
+    harness.sysfs, harness.dev = write_sysfs(topology, harness.root / "host-half")
+    (harness.sysfs / "bus/pci/drivers/nouveau").mkdir()  # loaded, driving nothing now
+    return FakeKernel(harness.sysfs, harness.dev)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_restarted_dp_gives_back_what_an_earlier_run_moved(
+    harness: Harness, caplog: pytest.LogCaptureFixture, kept: bool
+) -> None:
+    """The earlier run moved the T4 from nouveau and stopped before moving its
+    audio function, whose driver will not let go now. With the moves file the
+    restarted dp knows the T4 is its own to give back; without it, the T4 is
+    just a function on vfio-pci, and dp leaves it alone."""
+    caplog.set_level(logging.INFO, logger="dp")
+    gpu, audio = "0000:3b:00.0", "0000:3b:00.1"
+    kernel = gpu_on_vfio_audio_on_host(harness)
+    kernel.busy.add(audio)
+    state = harness.root / "state"
+    if kept:
+        write_moves(state / MOVES_FILE, (Move(PciAddress.parse(gpu), "nouveau", 59),))
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(GROUP_CONFIG, "<test>"),
+        binder=Binder(str(harness.sysfs), kernel.write),
+        state_dir=str(state),
+    )
+
+    def logged(event: str, device: str) -> bool:
+        return any(
+            r.getMessage() == event and r.dp_fields.get("device") == device  # type: ignore[attr-defined]
+            for r in caplog.records
+        )
+
+    for _ in range(200):
+        done = logged("given-back", gpu) if kept else logged("bind-failed", audio)
+        if done and not runtime.node.bind_book.giving_back:
+            break
+        await asyncio.sleep(0.05)
+    assert logged("bind-failed", audio)
+    if kept:
+        assert logged("given-back", gpu)
+        assert kernel.driver(gpu) == "nouveau"
+    else:
+        assert kernel.driver(gpu) == VFIO_DRIVER
+        assert gpu not in kernel.addresses_written()
+    assert kernel.driver(audio) == "snd_hda_intel"
+    # What is left moved: the third T4's audio function, moved in this run.
+    third_audio = Move(PciAddress.parse("0000:d8:00.1"), "snd_hda_intel", 216)
+    for _ in range(100):
+        if read_moves(state / MOVES_FILE) == (third_audio,):
+            break
+        await asyncio.sleep(0.05)
+    assert read_moves(state / MOVES_FILE) == (third_audio,)
+
+
+async def test_what_dp_moves_is_kept_in_the_state_directory(harness: Harness) -> None:
+    kernel = gpu_group_on_host_drivers(harness)
+    state = harness.root / "state"
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(GROUP_CONFIG, "<test>"),
+        binder=Binder(str(harness.sysfs), kernel.write),
+        state_dir=str(state),
+    )
+    expected = (
+        Move(PciAddress.parse("0000:3b:00.0"), "nouveau", 59),
+        Move(PciAddress.parse("0000:3b:00.1"), "snd_hda_intel", 59),
+        Move(PciAddress.parse("0000:d8:00.1"), "snd_hda_intel", 216),
+    )
+    for _ in range(200):
+        if (state / MOVES_FILE).exists() and read_moves(state / MOVES_FILE) == expected:
+            break
+        await asyncio.sleep(0.05)
+    assert read_moves(state / MOVES_FILE) == expected
+    assert runtime.node.bind_book.moves() == expected

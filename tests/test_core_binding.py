@@ -25,6 +25,9 @@ from dp_core import (
     HostObserved,
     HostSnapshot,
     Log,
+    Move,
+    MovesChanged,
+    MovesRecalled,
     Node,
     PciAddress,
     PciDevice,
@@ -797,3 +800,84 @@ def test_node_asks_for_exactly_the_planned_binds(case: tuple[HostSnapshot, Confi
         s.id for s in inventory.skipped
     }
     assert {str(address) for address in plan_bindings(snap, config_)} <= seen
+
+
+# ---------------------------------------------------------------------------
+# Moves kept across restarts: MovesChanged out, MovesRecalled in
+
+
+def test_every_change_to_what_dp_moved_is_reported_whole() -> None:
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    bound = node.handle(BindingFinished(gpu, None, 2.0))
+    assert effects_of(bound, MovesChanged) == [MovesChanged((Move(gpu, "nouveau", 216),))]
+    failed = node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    assert effects_of(failed, MovesChanged) == []  # still moved, until given back
+    given_back = node.handle(UnbindingFinished(gpu, None, 2.2))
+    assert effects_of(given_back, MovesChanged) == [MovesChanged(())]
+    assert effects_of(node.handle(HostObserved(gpu_and_audio(), 3.0)), MovesChanged) == []
+
+
+def gpu_moved_audio_not() -> HostSnapshot:
+    """An earlier run moved the GPU; its audio function is still on snd_hda_intel."""
+    return host(
+        [
+            pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
+            pci("0000:d8:00.1", AUDIO, 216, driver="snd_hda_intel", class_code=0x040300),
+        ]
+    )
+
+
+@pytest.mark.parametrize("recalled", [True, False])
+def test_a_move_recalled_from_an_earlier_run_is_given_back_when_its_group_breaks(
+    recalled: bool,
+) -> None:
+    """dp restarted after moving the GPU and before the audio function's move
+    failed. Told what it moved before, it gives the GPU back; without that,
+    the GPU is just a function on vfio-pci, and stays there."""
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node = binding_node(GPU_AND_AUDIO)
+    if recalled:
+        logs = node.handle(MovesRecalled((Move(gpu, "nouveau", 216),)))
+        assert [(e.event, dict(e.fields)) for e in effects_of(logs, Log)] == [
+            ("moves-recalled", {"count": 1})
+        ]
+    effects = node.handle(HostObserved(gpu_moved_audio_not(), 1.0))
+    assert effects_of(effects, BindDevice) == [BindDevice(audio, "snd_hda_intel")]
+    assert effects_of(effects, MovesChanged) == []
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.0))
+    reason = "0000:d8:00.1, in the same IOMMU group, could not be moved to vfio-pci"
+    expected = [UnbindDevice(gpu, "nouveau", reason)] if recalled else []
+    assert effects_of(effects, UnbindDevice) == expected
+
+
+def test_a_recalled_function_the_first_scan_shows_elsewhere_is_forgotten() -> None:
+    """Put back by hand while dp was down: it is not dp's to give back any more."""
+    gpu = a("0000:d8:00.0")
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(MovesRecalled((Move(gpu, "nouveau", 216),)))
+    effects = node.handle(HostObserved(gpu_and_audio(), 1.0))
+    assert effects_of(effects, MovesChanged) == [MovesChanged(())]
+    assert node.bind_book.moved == {}
+
+
+def test_a_recalled_function_the_config_does_not_select_is_forgotten() -> None:
+    gpu = a("0000:d8:00.0")
+    node = binding_node(config(AUDIO, drivers=("snd_hda_intel",)))
+    node.handle(MovesRecalled((Move(gpu, "nouveau", 216),)))
+    effects = node.handle(HostObserved(gpu_moved_audio_not(), 1.0))
+    assert effects_of(effects, MovesChanged) == [MovesChanged(())]
+
+
+def test_moves_are_recalled_before_the_first_scan_only() -> None:
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    with pytest.raises(UsageError, match="before the first HostObserved"):
+        node.handle(MovesRecalled((Move(a("0000:d8:00.0"), "nouveau", 216),)))
+
+
+def test_a_function_recalled_twice_is_refused_at_construction() -> None:
+    gpu = a("0000:d8:00.0")
+    with pytest.raises(ValueError, match="moved twice: 0000:d8:00.0"):
+        MovesRecalled([Move(gpu, "nouveau", 216), Move(gpu, None, 216)])  # type: ignore[arg-type]

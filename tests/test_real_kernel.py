@@ -341,7 +341,8 @@ chroot /py /scenario/gokubelet -pod-resources /tmp/pod-resources.sock -pod-resou
 podresources=$!
 PYTHONPATH=/site PYTHONDONTWRITEBYTECODE=1 chroot /py /usr/bin/python3.11 -m dp_server serve \\
   --config /scenario/config.yaml --device-plugin-dir /tmp/dp --log-format json \\
-  --pod-resources-socket /tmp/pod-resources.sock --rescan-interval 3600 > /py/tmp/server.log 2>&1 &
+  --pod-resources-socket /tmp/pod-resources.sock --rescan-interval 3600 \\
+  --state-dir /tmp/state > /py/tmp/server.log 2>&1 &
 server=$!
 # The kubelet comes once the server has moved the e1000e and looked at it again.
 for i in $(seq 600); do
@@ -359,6 +360,8 @@ echo "=== log"
 cat /py/tmp/server.log
 echo "=== report"
 cat /py/tmp/report.json
+echo "=== moves"
+cat /py/tmp/state/moves.json
 """
 
 
@@ -416,6 +419,7 @@ def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
     # serve moved the e1000e, and only it.
     code, output = steps[3]
     head, _, report_text = output.partition("=== report\n")
+    report_text, _, moves_text = report_text.partition("=== moves\n")
     outcome, _, log_text = head.partition("=== log\n")
     assert code == 0 and "gokubelet exit 0" in outcome and "server exit 0" in outcome, output
     assert "Traceback" not in log_text, log_text
@@ -445,6 +449,12 @@ def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
     # The boot display is where it was; its driver_override was never written.
     assert after["devices"][vga]["driver"] == "bochs-drm"
     assert after["devices"][vga]["override"] == "(null)"
+
+    # What it moved is kept in --state-dir, for a restarted dp.
+    assert json.loads(moves_text) == {
+        "version": 1,
+        "moves": [{"address": nic, "driver": "e1000e", "iommu_group": group}],
+    }
 
     # The kubelet was sent the e1000e Healthy, and Allocate names its group's node.
     report = json.loads(report_text)
