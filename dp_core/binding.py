@@ -265,7 +265,10 @@ class BindingBook:
         # A device the config stops selecting may go to another plugin and
         # its VMs (`externalResourceProvider`), whose allocations dp cannot
         # see: dp forgets having moved it, and never gives it back.
-        self._forget_moves([a for a in self.moved if a not in self._selected])
+        # Recalled moves wait for the first scan to judge them (`observed`).
+        self._forget_moves(
+            [a for a in self.moved if a not in self._selected and a not in self._recalled]
+        )
 
     @property
     def moving_groups(self) -> frozenset[int]:
@@ -287,7 +290,9 @@ class BindingBook:
             on_vfio = {
                 address
                 for address in self._recalled
-                if (pci := snapshot.device(address)) is not None and pci.driver == VFIO_DRIVER
+                if (pci := snapshot.device(address)) is not None
+                and pci.driver == VFIO_DRIVER
+                and pci.iommu_group == self.moved[address].iommu_group
             }
             self._forget_moves(self._recalled - on_vfio)
             self._recalled.clear()
@@ -304,7 +309,7 @@ class BindingBook:
         for book in (self.failed, self.refusals):
             for address in [a for a in book if a not in present]:
                 del book[address]
-        self._forget_moves([a for a in self.moved if a not in present])
+        self._forget_moves([a for a in self.moved if a not in present and a not in self._recalled])
         for group, (address, _) in list(self._broken_groups.items()):
             if address not in present:
                 del self._broken_groups[group]

@@ -167,6 +167,15 @@ class Naming:
 _DRIVER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+def driver_name_error(name: object) -> str | None:
+    """Why `name` cannot be a driver dp takes a device from, or None."""
+    if not isinstance(name, str) or not _DRIVER_NAME.match(name) or name in (".", ".."):
+        return f"{name!r} is not a kernel driver name such as 'nouveau'"
+    if name == VFIO_DRIVER:
+        return f"{name!r} is where devices are moved to, not from"
+    return None
+
+
 def _driver_names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
@@ -189,10 +198,9 @@ class Binding:
         self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
     ) -> None:
         for name in value:
-            if not isinstance(name, str) or not _DRIVER_NAME.match(name) or name in (".", ".."):
-                raise ConfigError(f"{name!r} is not a kernel driver name such as 'nouveau'")
-            if name == VFIO_DRIVER:
-                raise ConfigError(f"{name!r} is where devices are moved to, not from")
+            error = driver_name_error(name)
+            if error is not None:
+                raise ConfigError(error)
         repeated = sorted(name for name in value if value.count(name) > 1)
         if repeated:
             raise ConfigError(f"{repeated[0]!r} is listed twice")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from .config import driver_name_error
 from .errors import StatusCode
 from .inventory import AdvertisedDevice
 from .pci import PciAddress
@@ -173,8 +174,15 @@ class Move:
     (None: it had none) and its IOMMU group, which give-backs need."""
 
     address: PciAddress
-    driver: str | None
+    # It reaches a sysfs path (drivers/<driver>/bind) when given back.
+    driver: str | None = attrs.field()
     iommu_group: int | None
+
+    @driver.validator
+    def _check_driver(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+        error = None if value is None else driver_name_error(value)
+        if error is not None:
+            raise ValueError(error)
 
 
 @attrs.frozen

@@ -83,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--state-dir",
-        default="/var/lib/dp",
-        help="where to keep what dp moved to vfio-pci, so a restarted dp can give it back "
-        "(a host directory that outlives the pod; '' keeps nothing)",
+        default="/run/dp",
+        help="where to keep what dp moved to vfio-pci, so a restarted dp can give it back: "
+        "a host directory that outlives the pod but not a reboot, which undoes the moves "
+        "(default /run/dp; '' keeps nothing)",
     )
     serve.add_argument(
         "--metrics-address",

@@ -99,7 +99,12 @@ def read_moves(path: Path) -> tuple[Move, ...]:
         document: Any = json.loads(text)
     except json.JSONDecodeError as error:
         raise MovesFileError(f"{path}: not JSON: {error}") from None
-    if not isinstance(document, dict) or document.get("version") != _VERSION:
+    if (
+        not isinstance(document, dict)
+        or type(document.get("version")) is not int
+        or document["version"] != _VERSION
+        or not isinstance(document.get("moves"), list)
+    ):
         raise MovesFileError(f"{path}: not a version {_VERSION} moves file")
     try:
         moves = _converter.structure(document.get("moves"), tuple[Move, ...])
@@ -118,12 +123,22 @@ def write_moves(path: Path, moves: tuple[Move, ...]) -> None:
     document = {"version": _VERSION, "moves": _converter.unstructure(moves)}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "w", encoding="utf-8") as file:
-        json.dump(document, file, indent=1)
-        file.write("\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
+    try:
+        with open(partial, "w", encoding="utf-8") as file:
+            json.dump(document, file, indent=1)
+            file.write("\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    # The rename itself is on disk only once the directory is.
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _is_cattrs(error: Exception) -> bool:

@@ -881,3 +881,47 @@ def test_a_function_recalled_twice_is_refused_at_construction() -> None:
     gpu = a("0000:d8:00.0")
     with pytest.raises(ValueError, match="moved twice: 0000:d8:00.0"):
         MovesRecalled([Move(gpu, "nouveau", 216), Move(gpu, None, 216)])  # type: ignore[arg-type]
+
+
+def test_a_recalled_move_whose_group_changed_is_forgotten() -> None:
+    """The file says IOMMU group 216; the scan puts the function alone in 59
+    (another boot's numbering, or a hand-edited file): it is not given back
+    when 216 breaks."""
+    old_gpu, gpu, audio = a("0000:3b:00.0"), a("0000:d8:00.0"), a("0000:d8:00.1")
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(MovesRecalled((Move(old_gpu, "nouveau", 216),)))
+    scan = host(
+        [
+            pci("0000:3b:00.0", GPU, 59, driver=VFIO_DRIVER),
+            pci("0000:d8:00.0", GPU, 216, driver="nouveau"),
+            pci("0000:d8:00.1", AUDIO, 216, driver="snd_hda_intel", class_code=0x040300),
+        ]
+    )
+    assert effects_of(node.handle(HostObserved(scan, 1.0)), MovesChanged) == [MovesChanged(())]
+    node.handle(BindingFinished(gpu, None, 2.0))
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    assert [e.address for e in effects_of(effects, UnbindDevice)] == [gpu]
+
+
+@pytest.mark.parametrize("driver", ["../../../usb/drivers/usb", "vfio-pci", "", "a b"])
+def test_a_move_names_a_driver_a_config_could_name(driver: str) -> None:
+    """Given back, it reaches a sysfs path: drivers/<driver>/bind."""
+    with pytest.raises(ValueError):
+        Move(a("0000:d8:00.0"), driver, 216)
+
+
+@pytest.mark.parametrize("first", ["allocations", "config"])
+def test_recalled_moves_wait_for_the_first_scan_whatever_comes_before_it(first: str) -> None:
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node = Node(GPU_AND_AUDIO)
+    node.handle(MovesRecalled((Move(gpu, "nouveau", 216),)))
+    if first == "allocations":
+        before = node.handle(AllocationsObserved({}, 0.5))
+    else:
+        before = node.handle(ConfigApplied(GPU_AND_AUDIO, 0.5, {}))
+        node.handle(AllocationsObserved({}, 0.6))
+    assert effects_of(before, MovesChanged) == []
+    node.handle(HostObserved(gpu_moved_audio_not(), 1.0))
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.0))
+    reason = "0000:d8:00.1, in the same IOMMU group, could not be moved to vfio-pci"
+    assert effects_of(effects, UnbindDevice) == [UnbindDevice(gpu, "nouveau", reason)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dp_core import Move, PciAddress
+from dp_server import moves_file
 from dp_server.moves_file import MovesFileError, MovesStore, read_moves, write_moves
 
 GPU = Move(PciAddress.parse("0000:3b:00.0"), "nouveau", 59)
@@ -38,6 +40,14 @@ def test_no_file_is_no_moves(tmp_path: Path) -> None:
     [
         ("{", "not JSON"),
         ("[]", "not a version 1 moves file"),
+        ('{"version": true, "moves": []}', "not a version 1 moves file"),
+        ('{"version": 1, "moves": ""}', "not a version 1 moves file"),
+        ('{"version": 1}', "not a version 1 moves file"),
+        (
+            '{"version": 1, "moves": [{"address": "0000:3b:00.0", '
+            '"driver": "../../../usb/drivers/usb", "iommu_group": 59}]}',
+            "$[0]",
+        ),
         ('{"version": 2, "moves": []}', "not a version 1 moves file"),
         (
             '{"version": 1, "moves": [{"address": "3b:00", "driver": null, "iommu_group": 1}]}',
@@ -93,3 +103,20 @@ def test_the_store_logs_what_it_cannot_read_or_write_and_carries_on(
     nowhere = MovesStore(None)
     nowhere.keep((GPU,))
     assert nowhere.recall() == ()
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "moves.json"
+    write_moves(path, (GPU,))
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(moves_file.os, "fsync", no_space)
+    with pytest.raises(OSError):
+        write_moves(path, (GPU, LOOSE))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["moves.json"]
+    monkeypatch.undo()
+    assert read_moves(path) == (GPU,)

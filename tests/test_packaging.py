@@ -902,7 +902,7 @@ def test_daemonset_container(daemonset: dict[str, Any], containerfile: Container
         "--metrics-address",
         f":{METRICS_PORT}",
         "--state-dir",
-        "/var/lib/dp",
+        "/run/dp",
     ]
     # args replace the image's CMD; the ENTRYPOINT (dp-server) stays.
     assert "command" not in container
@@ -942,14 +942,14 @@ def test_daemonset_volumes(daemonset: dict[str, Any], configmap: dict[str, Any])
         "/var/lib/kubelet/pod-resources": False,
         "/sys": True,
         "/dev": True,
-        "/var/lib/dp": False,  # --state-dir, dp's own: created if missing
+        "/run/dp": False,  # --state-dir, dp's own: created if missing
     }
     for path, read_only in expected_host_paths.items():
         mount = mounts.get(path)
         assert mount is not None, f"{path} is not mounted"
         volume = volumes[mount["name"]]
         assert volume["hostPath"]["path"] == path
-        expected_type = "DirectoryOrCreate" if path == "/var/lib/dp" else "Directory"
+        expected_type = "DirectoryOrCreate" if path == "/run/dp" else "Directory"
         assert volume["hostPath"].get("type", "Directory") == expected_type
         assert mount.get("readOnly", False) is read_only, path
 
