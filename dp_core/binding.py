@@ -211,7 +211,7 @@ class BindingBook:
         self.in_flight: dict[PciAddress, BindDecision] = {}
         self.failed: dict[PciAddress, str] = {}
         self.refusals: dict[PciAddress, str] = {}  # last refusal logged, to log changes only
-        self.moved: dict[PciAddress, BindDecision] = {}  # on vfio-pci because dp put it there
+        self.moved: dict[PciAddress, Move] = {}  # on vfio-pci because dp put it there
         self.giving_back: set[PciAddress] = set()
         # IOMMU group -> the member whose move failed, and why the group is stuck.
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
@@ -232,17 +232,14 @@ class BindingBook:
 
     def moves(self) -> tuple[Move, ...]:
         """What dp moved to vfio-pci, for `MovesChanged`."""
-        return tuple(
-            Move(d.address, d.driver, d.iommu_group)
-            for d in sorted(self.moved.values(), key=lambda d: d.address)
-        )
+        return tuple(sorted(self.moved.values(), key=lambda move: move.address))
 
     def recall(self, moves: Iterable[Move]) -> int:
         """Take back what an earlier run moved; how many were new to it."""
         recalled = 0
         for move in moves:
             if move.address not in self.moved:
-                self.moved[move.address] = BindDecision(move.address, move.driver, move.iommu_group)
+                self.moved[move.address] = move
                 self._recalled.add(move.address)
                 recalled += 1
         return recalled
@@ -370,7 +367,10 @@ class BindingBook:
         self._outlived.discard(event.address)
         if event.error is None:
             if not gone:
-                self.moved[event.address] = decision
+                move = Move(
+                    event.address, decision.driver, decision.iommu_group, pinned=event.pinned
+                )
+                self.moved[event.address] = move
                 self.moves_version += 1
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
@@ -423,7 +423,7 @@ class BindingBook:
             self.failed[moved.address] = f"given back to {moved.driver or 'no driver'}: {reason}"
             driver = moved.driver or "none"
             effects.append(Log.warning("give-back", device=device, driver=driver, reason=reason))
-            effects.append(UnbindDevice(moved.address, moved.driver, reason))
+            effects.append(UnbindDevice(moved.address, moved.driver, reason, pinned=moved.pinned))
         return effects
 
     def give_back_planned(self, address: PciAddress, held_groups: Container[int]) -> bool:

@@ -159,24 +159,29 @@ class UnbindDevice:
     cannot become usable (a sibling's move failed), so the host gets the
     whole group back rather than half of it. The shell unbinds it from
     vfio-pci (checking first that vfio-pci still holds it), clears its
-    `driver_override` and binds it to `driver` (None: leaves it without one).
+    `driver_override` (or, if `pinned`, writes `driver` there again) and binds
+    it to `driver` (None: leaves it without one).
     It answers with `UnbindingFinished`, then a fresh `HostObserved`.
     """
 
     address: PciAddress
     driver: str | None
     reason: str
+    # Its driver_override named `driver` before dp moved it: write that back.
+    pinned: bool = attrs.field(default=False, kw_only=True)
 
 
 @attrs.frozen
 class Move:
     """A function dp moved to vfio-pci itself: the driver it took it from
-    (None: it had none) and its IOMMU group, which give-backs need."""
+    (None: it had none) and its IOMMU group, which give-backs need; `pinned`
+    when its driver_override named that driver (`BindingFinished.pinned`)."""
 
     address: PciAddress
     # It reaches a sysfs path (drivers/<driver>/bind) when given back.
     driver: str | None = attrs.field()
     iommu_group: int | None
+    pinned: bool = attrs.field(default=False, kw_only=True)
 
     @driver.validator
     def _check_driver(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:

@@ -211,7 +211,16 @@ class _WritesFinished:
 class BindingFinished(_WritesFinished):
     """A `BindDevice` was carried out: `error` is None when the function is on
     vfio-pci; withdrawn when `Node.bind_planned` said no (a config change or a
-    rescan since, or the function was on vfio-pci already)."""
+    rescan since, or the function was on vfio-pci already). `pinned`: its
+    driver_override named the driver it was taken from, which a give-back
+    must write there again."""
+
+    pinned: bool = attrs.field(default=False, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.pinned and (self.error is not None or self.withdrawn):
+            raise ValueError("only a bind that moved the function knows what held it")
 
 
 @attrs.frozen

@@ -52,12 +52,12 @@ class BindQueue:
 
     async def _run(self, effect: BindDevice | UnbindDevice) -> None:
         error: str | None = "it was not carried out"
-        withdrawn = False
+        withdrawn = pinned = False
         try:
             async with self._turn:
                 # Stopping: nothing more is written (a new dp may be starting).
                 if not self._stopping() and self._planned(effect):
-                    error, withdrawn = await asyncio.get_running_loop().run_in_executor(
+                    error, withdrawn, pinned = await asyncio.get_running_loop().run_in_executor(
                         None, self.carry_out, effect
                     )
                 else:
@@ -69,7 +69,9 @@ class BindQueue:
                 self._feed(
                     UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
                     if isinstance(effect, UnbindDevice)
-                    else BindingFinished(effect.address, error, now, withdrawn=withdrawn)
+                    else BindingFinished(
+                        effect.address, error, now, withdrawn=withdrawn, pinned=pinned
+                    )
                 )
         if not self.pending and not self._stopping():  # one look at the host after a batch
             self._after_batch()
@@ -79,15 +81,17 @@ class BindQueue:
             return self._node.give_back_planned(effect.address)
         return self._node.bind_planned(effect.address, effect.driver)
 
-    def carry_out(self, effect: BindDevice | UnbindDevice) -> tuple[str | None, bool]:
-        """(error, withdrawn), off the loop.
+    def carry_out(self, effect: BindDevice | UnbindDevice) -> tuple[str | None, bool, bool]:
+        """(error, withdrawn, pinned), off the loop.
 
         A bind finds the function on vfio-pci already when its plan came from
         a scan older than an earlier bind, or when something else (libvirt,
         driverctl) put it there: nothing to write, and not dp's move to record.
         """
         if isinstance(effect, UnbindDevice):
-            return self.binder.unbind(effect.address, effect.driver), False
+            error = self.binder.unbind(effect.address, effect.driver, pinned=effect.pinned)
+            return error, False, False
         if self.binder.on_vfio(effect.address):
-            return None, True
-        return self.binder.bind(effect.address, effect.driver), False
+            return None, True, False
+        error, pinned = self.binder.move(effect.address, effect.driver)
+        return error, False, pinned

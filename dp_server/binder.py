@@ -41,18 +41,10 @@ def write_attribute(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _answered(
-    what: str,
-    work: Callable[[PciAddress, str | None], str | None],
-    address: PciAddress,
-    driver: str | None,
-) -> str | None:
-    """`work`'s answer, or the unexpected error as one: the core must hear back in every case."""
-    try:
-        return work(address, driver)
-    except Exception as error:  # noqa: BLE001
-        _log.exception("%s of %s failed unexpectedly", what, address)
-        return f"unexpected {type(error).__name__}: {error}; check the device by hand"
+def _unexpected(what: str, address: PciAddress, error: Exception) -> str:
+    """An unexpected error as an answer: the core must hear back in every case."""
+    _log.exception("%s of %s failed unexpectedly", what, address)
+    return f"unexpected {type(error).__name__}: {error}; check the device by hand"
 
 
 def _override_text(previous: str) -> str:
@@ -73,10 +65,6 @@ class Binder:
     def __init__(self, sysfs_root: str, write: Writer = write_attribute) -> None:
         self.sys = os.fspath(sysfs_root).rstrip("/")
         self._write = write
-        # The driver_override each function had before this binder moved it,
-        # for a give-back: a function held by its driver only through an
-        # override (pci-stub, an administrator's pin) needs it back to bind.
-        self._overrides: dict[PciAddress, str] = {}
 
     def driver_of(self, address: PciAddress) -> str | None:
         """The driver bound to `address`, None if none; OSError if that cannot be read."""
@@ -94,9 +82,18 @@ class Binder:
 
     def bind(self, address: PciAddress, driver: str | None) -> str | None:
         """Move `address` from `driver` to vfio-pci: None when it got there, else why not."""
-        return _answered("bind", self._bind, address, driver)
+        return self.move(address, driver)[0]
 
-    def _bind(self, address: PciAddress, driver: str | None) -> str | None:
+    def move(self, address: PciAddress, driver: str | None) -> tuple[str | None, bool]:
+        """`bind`, and whether the function's driver_override named `driver` before:
+        a function held by its driver only through an override (pci-stub, an
+        administrator's pin) needs it back when it is given back (`pinned`)."""
+        try:
+            return self._bind(address, driver)
+        except Exception as error:  # noqa: BLE001
+            return _unexpected("bind", address, error), False
+
+    def _bind(self, address: PciAddress, driver: str | None) -> tuple[str | None, bool]:
         device = self._device(address)
         try:
             current = self.driver_of(address)
@@ -104,14 +101,13 @@ class Binder:
                 previous = file.read().strip()
             enabled_vfs = self._enabled_vfs(device)
         except OSError as error:
-            return f"cannot read {device}: {_why(error)}; left alone"
+            return f"cannot read {device}: {_why(error)}; left alone", False
         if current != driver:
-            return (
-                f"its driver is {current or 'none'} now, not {driver or 'none'} as scanned; "
-                "left alone"
-            )
+            why = f"its driver is {current or 'none'} now, not {driver or 'none'} as scanned"
+            return why + "; left alone", False
         if enabled_vfs and driver is not None:
-            return f"{enabled_vfs} now; unbinding {driver} would remove them, so it is left alone"
+            why = f"{enabled_vfs} now; unbinding {driver} would remove them"
+            return why + ", so it is left alone", False
         steps = [(f"{device}/driver_override", VFIO_DRIVER)]
         if driver is not None:
             steps.append((f"{self.sys}/bus/pci/drivers/{driver}/unbind", str(address)))
@@ -129,22 +125,24 @@ class Binder:
             after = None
             error_text = error_text or f"its driver cannot be read after the bind: {_why(error)}"
         if error_text is None and after == VFIO_DRIVER:
-            # Kept for a give-back only when it is what held the function on
-            # `driver`; an override naming another driver would stop the bind.
-            if previous in ("", "(null)", driver):
-                self._overrides[address] = previous
-            else:
-                self._overrides.pop(address, None)
-            return None
+            # Only an override naming `driver` is put back by a give-back: one
+            # naming another driver would stop the function's rebind.
+            return None, driver is not None and previous == driver
         if error_text is None:
             error_text = f"after drivers_probe it is bound to {after or 'no driver'}"
-        return error_text + self._give_back(address, previous, after)
+        return error_text + self._give_back(address, previous, after), False
 
-    def unbind(self, address: PciAddress, driver: str | None) -> str | None:
-        """Give `address` back from vfio-pci to `driver`: None when it got there, else why not."""
-        return _answered("give-back", self._unbind, address, driver)
+    def unbind(
+        self, address: PciAddress, driver: str | None, *, pinned: bool = False
+    ) -> str | None:
+        """Give `address` back from vfio-pci to `driver`, its driver_override naming
+        `driver` again if `pinned` (see `move`): None when it got there, else why not."""
+        try:
+            return self._unbind(address, driver, pinned)
+        except Exception as error:  # noqa: BLE001
+            return _unexpected("give-back", address, error)
 
-    def _unbind(self, address: PciAddress, driver: str | None) -> str | None:
+    def _unbind(self, address: PciAddress, driver: str | None, pinned: bool) -> str | None:
         device = self._device(address)
         try:
             current = self.driver_of(address)
@@ -157,7 +155,7 @@ class Binder:
         # bind explicitly: a probe could pick another driver that matches.
         steps = [
             (f"{self.sys}/bus/pci/drivers/{VFIO_DRIVER}/unbind", str(address)),
-            (f"{device}/driver_override", _override_text(self._overrides.get(address, ""))),
+            (f"{device}/driver_override", _override_text(driver if pinned and driver else "")),
         ]
         if driver is not None:
             steps.append((f"{self.sys}/bus/pci/drivers/{driver}/bind", str(address)))
@@ -172,7 +170,6 @@ class Binder:
             return f"its driver cannot be read after the give-back: {_why(error)}"
         if after != driver:
             return f"after the give-back it is bound to {after or 'no driver'}"
-        self._overrides.pop(address, None)
         return None
 
     @staticmethod

@@ -49,6 +49,7 @@ def _address(value: Any, _: Any) -> PciAddress:
 
 _converter.register_structure_hook(str, _strictly(str))
 _converter.register_structure_hook(int, _strictly(int))
+_converter.register_structure_hook(bool, _strictly(bool))
 _converter.register_structure_hook(PciAddress, _address)
 _converter.register_unstructure_hook(PciAddress, str)
 

@@ -20,10 +20,10 @@ class SlowBinder:
     def on_vfio(self, address: PciAddress) -> bool:
         return False
 
-    def bind(self, address: PciAddress, driver: str | None) -> str | None:
+    def move(self, address: PciAddress, driver: str | None) -> tuple[str | None, bool]:
         self.release.wait(5)
         self.written.append(address)
-        return None
+        return None, False
 
 
 class AlwaysPlanned:

@@ -426,12 +426,12 @@ async def test_a_give_back_restores_the_override_the_function_had(harness: Harne
     the give-back puts it back before binding, rather than clearing it."""
     kernel = FakeKernel(harness.sysfs, harness.dev)
     (harness.sysfs / "bus/pci/devices/0000:18:00.0/driver_override").write_text("i40e\n")
-    binder = Binder(str(harness.sysfs), kernel.write)
     nic = PciAddress.parse("0000:18:00.0")
-    assert binder.bind(nic, "i40e") is None
+    assert Binder(str(harness.sysfs), kernel.write).move(nic, "i40e") == (None, True)
     assert kernel.override("0000:18:00.0") == "vfio-pci"
     kernel.writes.clear()
-    assert binder.unbind(nic, "i40e") is None
+    # Given back by another binder (a restarted dp), told of the pin by the core.
+    assert Binder(str(harness.sysfs), kernel.write).unbind(nic, "i40e", pinned=True) is None
     assert kernel.override("0000:18:00.0") == "i40e"
     assert kernel.driver("0000:18:00.0") == "i40e"
     assert ("bus/pci/devices/0000:18:00.0/driver_override", "i40e") in kernel.writes
@@ -447,8 +447,8 @@ async def test_an_override_that_did_not_hold_the_function_is_not_restored(
     (harness.sysfs / "bus/pci/devices/0000:18:00.0/driver_override").write_text("pci-stub\n")
     binder = Binder(str(harness.sysfs), kernel.write)
     nic = PciAddress.parse("0000:18:00.0")
-    assert binder.bind(nic, "i40e") is None
-    assert binder.unbind(nic, "i40e") is None
+    assert binder.move(nic, "i40e") == (None, False)
+    assert binder.unbind(nic, "i40e", pinned=False) is None
     assert kernel.driver("0000:18:00.0") == "i40e"
     assert kernel.override("0000:18:00.0") == "(null)"
 
@@ -469,7 +469,7 @@ async def test_a_bind_of_a_function_already_on_vfio_pci_writes_nothing(harness: 
     kernel.writes.clear()
     on_vfio = PciAddress.parse("0000:3b:00.0")
     result = runtime._binds.carry_out(BindDevice(on_vfio, "nouveau"))
-    assert result == (None, True)
+    assert result == (None, True, False)
     assert kernel.writes == []
     direct = Binder(str(harness.sysfs), kernel.write).bind(on_vfio, "nouveau")
     assert direct == "its driver is vfio-pci now, not nouveau as scanned; left alone"
@@ -492,21 +492,23 @@ def gpu_on_vfio_audio_on_host(harness: Harness) -> FakeKernel:
     return FakeKernel(harness.sysfs, harness.dev)
 
 
-@pytest.mark.parametrize("kept", [True, False])
+@pytest.mark.parametrize("kept", ["moved", "moved, pinned", ""])
 async def test_a_restarted_dp_gives_back_what_an_earlier_run_moved(
-    harness: Harness, caplog: pytest.LogCaptureFixture, kept: bool
+    harness: Harness, caplog: pytest.LogCaptureFixture, kept: str
 ) -> None:
     """The earlier run moved the T4 from nouveau and stopped before moving its
     audio function, whose driver will not let go now. With the moves file the
     restarted dp knows the T4 is its own to give back; without it, the T4 is
-    just a function on vfio-pci, and dp leaves it alone."""
+    just a function on vfio-pci, and dp leaves it alone. A driver_override that
+    pinned the T4 to nouveau before the move is written back."""
     caplog.set_level(logging.INFO, logger="dp")
     gpu, audio = "0000:3b:00.0", "0000:3b:00.1"
     kernel = gpu_on_vfio_audio_on_host(harness)
     kernel.busy.add(audio)
     state = harness.root / "state"
     if kept:
-        write_moves(state / MOVES_FILE, (Move(PciAddress.parse(gpu), "nouveau", 59),))
+        move = Move(PciAddress.parse(gpu), "nouveau", 59, pinned="pinned" in kept)
+        write_moves(state / MOVES_FILE, (move,))
     harness.start_kubelet()
     runtime = await harness.start_server(
         parse_config(GROUP_CONFIG, "<test>"),
@@ -529,6 +531,7 @@ async def test_a_restarted_dp_gives_back_what_an_earlier_run_moved(
     if kept:
         assert logged("given-back", gpu)
         assert kernel.driver(gpu) == "nouveau"
+        assert kernel.override(gpu) == ("nouveau" if "pinned" in kept else "(null)")
     else:
         assert kernel.driver(gpu) == VFIO_DRIVER
         assert gpu not in kernel.addresses_written()

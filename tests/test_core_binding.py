@@ -925,3 +925,31 @@ def test_recalled_moves_wait_for_the_first_scan_whatever_comes_before_it(first: 
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.0))
     reason = "0000:d8:00.1, in the same IOMMU group, could not be moved to vfio-pci"
     assert effects_of(effects, UnbindDevice) == [UnbindDevice(gpu, "nouveau", reason)]
+
+
+def test_a_pin_on_the_driver_is_kept_with_the_move_and_written_back_at_give_back() -> None:
+    """pci-stub or an administrator's driver_override held the GPU on its
+    driver: the move remembers it (and keeps it across restarts), and the
+    give-back asks for it back."""
+    gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
+    node = binding_node(GPU_AND_AUDIO)
+    node.handle(HostObserved(gpu_and_audio(), 1.0))
+    bound = node.handle(BindingFinished(gpu, None, 2.0, pinned=True))
+    assert effects_of(bound, MovesChanged) == [
+        MovesChanged((Move(gpu, "nouveau", 216, pinned=True),))
+    ]
+    effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
+    reason = "0000:d8:00.1, in the same IOMMU group, could not be moved to vfio-pci"
+    assert effects_of(effects, UnbindDevice) == [UnbindDevice(gpu, "nouveau", reason, pinned=True)]
+    restarted = binding_node(GPU_AND_AUDIO)
+    restarted.handle(MovesRecalled((Move(gpu, "nouveau", 216, pinned=True),)))
+    restarted.handle(HostObserved(gpu_moved_audio_not(), 3.0))
+    effects = restarted.handle(BindingFinished(audio, "EBUSY", 4.0))
+    assert effects_of(effects, UnbindDevice) == [UnbindDevice(gpu, "nouveau", reason, pinned=True)]
+
+
+def test_only_a_bind_that_moved_the_function_reports_a_pin() -> None:
+    with pytest.raises(ValueError, match="only a bind that moved"):
+        BindingFinished(a("0000:d8:00.0"), "EBUSY", 1.0, pinned=True)
+    with pytest.raises(ValueError, match="only a bind that moved"):
+        BindingFinished(a("0000:d8:00.0"), None, 1.0, withdrawn=True, pinned=True)

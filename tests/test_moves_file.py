@@ -14,17 +14,19 @@ from dp_server import moves_file
 from dp_server.moves_file import MovesFileError, MovesStore, read_moves, write_moves
 
 GPU = Move(PciAddress.parse("0000:3b:00.0"), "nouveau", 59)
+PINNED = Move(PciAddress.parse("0000:af:00.0"), "pci-stub", 135, pinned=True)
 LOOSE = Move(PciAddress.parse("0000:18:00.0"), None, None)
 
 
 def test_moves_written_are_read_back(tmp_path: Path) -> None:
     path = tmp_path / "state" / "moves.json"
-    write_moves(path, (GPU, LOOSE))
-    assert read_moves(path) == (GPU, LOOSE)
+    write_moves(path, (GPU, LOOSE, PINNED))
+    assert read_moves(path) == (GPU, LOOSE, PINNED)
     assert json.loads(path.read_text())["moves"][0] == {
         "address": "0000:3b:00.0",
         "driver": "nouveau",
         "iommu_group": 59,
+        "pinned": False,
     }
     write_moves(path, ())
     assert read_moves(path) == ()
@@ -61,6 +63,11 @@ def test_no_file_is_no_moves(tmp_path: Path) -> None:
             '{"version": 1, "moves": [{"address": "0000:3b:00.0", "driver": "x", "iommu_group": 1},'
             ' {"address": "0000:3b:00.0", "driver": null, "iommu_group": 1}]}',
             "moved twice: 0000:3b:00.0",
+        ),
+        (
+            '{"version": 1, "moves": [{"address": "0000:3b:00.0", "driver": "x", '
+            '"iommu_group": 1, "pinned": "yes"}]}',
+            "$[0].pinned",
         ),
         (
             '{"version": 1, "moves": [{"address": "0000:3b:00.0", "driver": "x", '

@@ -453,7 +453,7 @@ def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
     # What it moved is kept in --state-dir, for a restarted dp.
     assert json.loads(moves_text) == {
         "version": 1,
-        "moves": [{"address": nic, "driver": "e1000e", "iommu_group": group}],
+        "moves": [{"address": nic, "driver": "e1000e", "iommu_group": group, "pinned": False}],
     }
 
     # The kubelet was sent the e1000e Healthy, and Allocate names its group's node.
