@@ -25,6 +25,10 @@ from .binder import Binder
 
 __all__ = ["BindQueue"]
 
+# How long a stopping dp waits for the write under way to end, so that what it
+# did is known (a move is kept in the moves file); SIGTERM must exit within 5 s.
+STOP_WAIT = 2.0
+
 
 class BindQueue:
     def __init__(
@@ -52,19 +56,20 @@ class BindQueue:
 
     async def _run(self, effect: BindDevice | UnbindDevice) -> None:
         error: str | None = "it was not carried out"
-        withdrawn = pinned = False
+        withdrawn = pinned = started = False
         try:
             async with self._turn:
                 # Stopping: nothing more is written (a new dp may be starting).
                 if not self._stopping() and self._planned(effect):
-                    error, withdrawn, pinned = await asyncio.get_running_loop().run_in_executor(
-                        None, self.carry_out, effect
-                    )
+                    started = True
+                    error, withdrawn, pinned = await self._carried_out(effect)
                 else:
                     error, withdrawn = None, True  # the plan changed while it waited
         finally:  # the core must hear back, or the function stays "in flight" for good
             self.pending -= 1
-            if not self._stopping():
+            # A write that started is reported even while stopping: what it did
+            # to the host must reach the moves file.
+            if started or not self._stopping():
                 now = self._now()
                 self._feed(
                     UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
@@ -75,6 +80,19 @@ class BindQueue:
                 )
         if not self.pending and not self._stopping():  # one look at the host after a batch
             self._after_batch()
+
+    async def _carried_out(
+        self, effect: BindDevice | UnbindDevice
+    ) -> tuple[str | None, bool, bool]:
+        work = asyncio.get_running_loop().run_in_executor(None, self.carry_out, effect)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # dp is stopping, and its thread finishes the write regardless.
+            try:
+                return await asyncio.wait_for(work, STOP_WAIT)
+            except TimeoutError:
+                return f"dp stopped before the write ended ({STOP_WAIT:g} s)", False, False
 
     def _planned(self, effect: BindDevice | UnbindDevice) -> bool:
         if isinstance(effect, UnbindDevice):

@@ -33,7 +33,8 @@ class AlwaysPlanned:
 
 def test_nothing_is_written_or_rescanned_once_stopping() -> None:
     """A stopping dp may be replaced by a new one at once: binds still waiting
-    their turn are withdrawn unwritten, and no rescan follows the batch."""
+    their turn are withdrawn unwritten, and no rescan follows the batch. The
+    write already under way is reported, so the move reaches the moves file."""
     binder = SlowBinder()
     fed: list[Input] = []
     rescans: list[bool] = []
@@ -62,7 +63,8 @@ def test_nothing_is_written_or_rescanned_once_stopping() -> None:
 
     asyncio.run(main())
     assert binder.written == [PciAddress.parse("0000:01:00.0")]
-    assert fed == [] and rescans == []
+    assert fed == [BindingFinished(PciAddress.parse("0000:01:00.0"), None, 0.0)]
+    assert rescans == []
 
 
 def test_the_core_hears_back_and_the_host_is_scanned_after_a_batch() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import attrs
 import pytest
@@ -565,3 +566,34 @@ async def test_what_dp_moves_is_kept_in_the_state_directory(harness: Harness) ->
         await asyncio.sleep(0.05)
     assert read_moves(state / MOVES_FILE) == expected
     assert runtime.node.bind_book.moves() == expected
+
+
+async def test_a_move_that_ends_while_dp_stops_is_kept_in_the_file(harness: Harness) -> None:
+    """SIGTERM during a bind: the thread finishes the write anyway, so dp
+    waits for it and records the move; else a restarted dp could not give it back."""
+    kernel = gpu_group_on_host_drivers(harness)
+    entered, release = threading.Event(), threading.Event()
+    held: list[str] = []
+
+    def slow_write(path: str, text: str) -> None:
+        if path.endswith("drivers_probe") and not held:
+            held.append(text)
+            entered.set()
+            release.wait(10)
+        kernel.write(path, text)
+
+    state = harness.root / "state"
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(GROUP_CONFIG, "<test>"),
+        binder=Binder(str(harness.sysfs), slow_write),
+        state_dir=str(state),
+    )
+    assert await asyncio.to_thread(entered.wait, 10)
+    runtime.stop()
+    await asyncio.sleep(0.2)
+    release.set()
+    assert harness._serving is not None
+    await asyncio.wait_for(harness._serving, 10)
+    assert kernel.driver(held[0]) == VFIO_DRIVER
+    assert [str(m.address) for m in read_moves(state / MOVES_FILE)] == [held[0]]
