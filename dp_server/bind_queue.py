@@ -57,19 +57,24 @@ class BindQueue:
     async def _run(self, effect: BindDevice | UnbindDevice) -> None:
         error: str | None = "it was not carried out"
         withdrawn = pinned = started = False
+        known = True  # whether what the write did is known
         try:
             async with self._turn:
                 # Stopping: nothing more is written (a new dp may be starting).
                 if not self._stopping() and self._planned(effect):
                     started = True
-                    error, withdrawn, pinned = await self._carried_out(effect)
+                    result = await self._carried_out(effect)
+                    if result is None:
+                        known = False
+                    else:
+                        error, withdrawn, pinned = result
                 else:
                     error, withdrawn = None, True  # the plan changed while it waited
         finally:  # the core must hear back, or the function stays "in flight" for good
             self.pending -= 1
             # A write that started is reported even while stopping: what it did
             # to the host must reach the moves file.
-            if started or not self._stopping():
+            if known and (started or not self._stopping()):
                 now = self._now()
                 self._feed(
                     UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
@@ -83,7 +88,8 @@ class BindQueue:
 
     async def _carried_out(
         self, effect: BindDevice | UnbindDevice
-    ) -> tuple[str | None, bool, bool]:
+    ) -> tuple[str | None, bool, bool] | None:
+        """The write's result; None when dp stopped before it ended (unknown)."""
         work = asyncio.get_running_loop().run_in_executor(None, self.carry_out, effect)
         try:
             return await asyncio.shield(work)
@@ -92,7 +98,9 @@ class BindQueue:
             try:
                 return await asyncio.wait_for(work, STOP_WAIT)
             except TimeoutError:
-                return f"dp stopped before the write ended ({STOP_WAIT:g} s)", False, False
+                # Unknown: reporting a failure would make the core forget a
+                # move whose give-back may not happen; keep the file as it is.
+                return None
 
     def _planned(self, effect: BindDevice | UnbindDevice) -> bool:
         if isinstance(effect, UnbindDevice):

@@ -4,6 +4,7 @@ vfio-pci through a fake kernel, and the kubelet emulator sees them turn Healthy.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import threading
 
@@ -11,6 +12,7 @@ import attrs
 import pytest
 
 from dp_core import VFIO_DRIVER, BindDevice, ConfigApplied, Move, PciAddress
+from dp_server import bind_queue
 from dp_server.binder import Binder
 from dp_server.config_file import parse_config
 from dp_server.moves_file import MOVES_FILE, read_moves, write_moves
@@ -597,3 +599,42 @@ async def test_a_move_that_ends_while_dp_stops_is_kept_in_the_file(harness: Harn
     await asyncio.wait_for(harness._serving, 10)
     assert kernel.driver(held[0]) == VFIO_DRIVER
     assert [str(m.address) for m in read_moves(state / MOVES_FILE)] == [held[0]]
+
+
+async def test_a_give_back_cut_short_by_a_stop_keeps_the_move(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted dp gives back the T4 an earlier run moved; SIGTERM comes
+    while vfio-pci's unbind hangs past the stop wait (a VM outside Kubernetes
+    holds the device). The T4 is still on vfio-pci and the outcome unknown, so
+    the moves file still names it, for the next dp to give back."""
+    monkeypatch.setattr(bind_queue, "STOP_WAIT", 0.3)
+    gpu, audio = "0000:3b:00.0", "0000:3b:00.1"
+    kernel = gpu_on_vfio_audio_on_host(harness)
+    kernel.busy.add(audio)
+    state = harness.root / "state"
+    write_moves(state / MOVES_FILE, (Move(PciAddress.parse(gpu), "nouveau", 59),))
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_write(path: str, text: str) -> None:
+        if path.endswith(f"drivers/{VFIO_DRIVER}/unbind") and text == gpu:
+            entered.set()
+            release.wait(10)
+            raise OSError(errno.EBUSY, "device or resource busy")
+        kernel.write(path, text)
+
+    harness.start_kubelet()
+    runtime = await harness.start_server(
+        parse_config(GROUP_CONFIG, "<test>"),
+        binder=Binder(str(harness.sysfs), slow_write),
+        state_dir=str(state),
+    )
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        runtime.stop()
+        assert harness._serving is not None
+        await asyncio.wait_for(asyncio.shield(harness._serving), 5)
+        assert kernel.driver(gpu) == VFIO_DRIVER
+        assert gpu in [str(m.address) for m in read_moves(state / MOVES_FILE)]
+    finally:
+        release.set()
