@@ -49,7 +49,16 @@ _log = logging.getLogger("dp.transport")
 class WholeCall:
     """One unary call whose request arrived complete in a single read."""
 
-    __slots__ = ("answer", "chunks", "deadline", "ended", "flow_controlled", "path", "stream_id")
+    __slots__ = (
+        "answer",
+        "chunks",
+        "deadline",
+        "ended",
+        "flow_controlled",
+        "path",
+        "request",
+        "stream_id",
+    )
 
     def __init__(
         self, stream_id: int, path: str, answer: Answer, deadline: Deadline | None = None
@@ -61,6 +70,7 @@ class WholeCall:
         self.chunks: list[bytes] = []
         self.flow_controlled = 0  # what to acknowledge to h2, padding included
         self.ended = False
+        self.request: bytes | None = None  # `message()`, once the call is whole
 
     def message(self) -> bytes | None:
         """The request message, or None unless the body is one uncompressed message."""
@@ -126,20 +136,21 @@ def whole_calls(events: Sequence[Event], answers: Mapping[str, Answer]) -> dict[
                 call.ended = True
         elif kind is StreamReset:
             calls.pop(getattr(event, "stream_id", 0), None)
-    return {
-        stream_id: call
-        for stream_id, call in calls.items()
-        if call.ended and call.message() is not None
-    }
+    whole = {}
+    for stream_id, call in calls.items():
+        if call.ended:
+            call.request = call.message()
+            if call.request is not None:
+                whole[stream_id] = call
+    return whole
 
 
 def reply_frames(call: WholeCall, connection: int) -> tuple[list[tuple[str, str]], bytes | None]:
     """What to send for `call`: the response headers and the framed reply message,
     or trailers-only headers and None when the answer is an error status."""
-    message = call.message()
-    assert message is not None
+    assert call.request is not None, "only whole calls are answered"
     try:
-        reply = call.answer(connection, message)
+        reply = call.answer(connection, call.request)
     except GRPCError as error:
         return _trailers_only(error.status, error.message), None
     except Exception:
