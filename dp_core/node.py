@@ -95,6 +95,8 @@ class Timing:
     """How long the node waits for things; all in seconds."""
 
     dial_wait: float = 3.0
+    # After a reply without a dial from a kubelet that dials inside Register.
+    held_client_wait: float = 0.2
     backoff: Backoff = Backoff()
     release_grace: float = 30.0
 
@@ -141,7 +143,10 @@ class Node:
         self._splits: set[str] = set()  # IOMMU groups found split, as last logged
         self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
-            socket_mode, dial_wait=self.timing.dial_wait, backoff=self.timing.backoff
+            socket_mode,
+            dial_wait=self.timing.dial_wait,
+            held_client_wait=self.timing.held_client_wait,
+            backoff=self.timing.backoff,
         )
         self.allocations = AllocationBook(self.timing.release_grace)
         self.tally = Tally()

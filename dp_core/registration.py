@@ -108,6 +108,13 @@ class ResourceRegistration:
     live_since: float | None = None
     connections: set[int] = attrs.field(factory=set)
     bound_this_attempt: bool = False
+    # The current kubelet connected to it through the options handshake, so
+    # may still hold a client for it; reset when the kubelet restarts.
+    connected: bool = False
+    # Replies without a dial taken for such a held client since it was last
+    # live, and whether the present wait for a dial is one of them.
+    held_replies: int = 0
+    held_wait: bool = False
 
 
 class Registrar:
@@ -118,10 +125,12 @@ class Registrar:
         mode: SocketMode,
         *,
         dial_wait: float = 3.0,
+        held_client_wait: float = 0.2,
         backoff: Backoff | None = None,
     ) -> None:
         self.mode = mode
         self.dial_wait = dial_wait
+        self.held_client_wait = held_client_wait
         self.backoff = backoff or Backoff()
         self.kubelet_present = False
         self._resources: dict[str, ResourceRegistration] = {}
@@ -142,7 +151,9 @@ class Registrar:
         # (say a resource's ListAndWatch, after its first connection closed
         # before the Register reply), and binding it to the Register in flight
         # would serve one resource's devices to another. Kubelets that dial
-        # after replying, or without that call, never teach it.
+        # after replying, or without that call, never teach it. Such a kubelet
+        # also never dials after its reply: one that replies without dialling
+        # still holds a client for the name (see `succeeded`).
         self.opens_with_options = False
         # A registration waiting for its dial after the reply saw that dial
         # refused by that rule: a new connection opening with ListAndWatch,
@@ -250,10 +261,21 @@ class Registrar:
                 self._lose(reg, now)
         else:
             self._move(reg, Step.SUCCEEDED_UNBOUND)
-            # A reply before any dial does not unlearn the rule: some 1.25+
-            # kubelets reply at once, without dialling, while they still hold
-            # a client for the resource ("already connected").
-            reg.dial_deadline = now + self.dial_wait
+            # A reply before any dial does not unlearn the rule: kubelets from
+            # 1.26 reply at once, without dialling, while they still hold a
+            # client for the name ("already connected"). Here that client's
+            # connection has closed (which is why this Register was sent) and
+            # the kubelet drops it as soon as it notices, within milliseconds:
+            # waiting for a dial that will not come would leave the resource
+            # unserved, and single-socket registration stalled, for seconds.
+            # The short wait is for a kubelet that dials after replying and
+            # was taught the rule by another client's stray call; after two
+            # such replies in a row it gets the full wait, in which a refused
+            # dial unlearns the rule (see `expire`).
+            held = self.opens_with_options and reg.connected and reg.held_replies < 2
+            reg.held_wait = held
+            reg.held_replies += held
+            reg.dial_deadline = now + (self.held_client_wait if held else self.dial_wait)
         return True
 
     def failed(self, name: str, attempt: int, now: float) -> bool:
@@ -287,6 +309,11 @@ class Registrar:
         """
         owner = self._owner.get(connection)
         if owner is not None:
+            reg = self._resources.get(owner)
+            if rpc == OPTIONS_CALL and reg is not None and reg.phase is Phase.REGISTERING:
+                # Per-resource mode binds connections when accepted; the
+                # kubelet's kind shows in the first call all the same.
+                self.opens_with_options = reg.connected = True
             return owner
         if self.mode is not SocketMode.SINGLE:
             return None
@@ -294,11 +321,13 @@ class Registrar:
         if pending is None or self.opened_before(connection, pending):
             return None
         if not self.opens_a_registration(rpc):
+            # During a short wait for a held client's registration, a refused
+            # ListAndWatch is another resource's reconnection, not its dial.
             if rpc == "ListAndWatch" and pending.phase is Phase.AWAITING_DIAL:
-                self._dial_refused = True
+                self._dial_refused |= not pending.held_wait
             return None
         if rpc == OPTIONS_CALL and pending.phase is Phase.REGISTERING:
-            self.opens_with_options = True
+            self.opens_with_options = pending.connected = True
             self._dial_refused = False
         self.bind(connection, pending.name, now)
         return pending.name
@@ -341,6 +370,8 @@ class Registrar:
         self._move(reg, Step.BOUND)
         if reg.phase is Phase.LIVE:
             reg.dial_deadline = None
+            reg.held_replies = 0
+            reg.held_wait = False
             if reg.live_since is None:
                 reg.live_since = now
 
@@ -392,6 +423,8 @@ class Registrar:
                 # dial; until that call ends, a new connection could be its.
                 self._stale_unbound.add(reg.attempt)
             reg.connections.clear()
+            reg.connected = reg.held_wait = False
+            reg.held_replies = 0
             if reg.phase is not Phase.WAITING:
                 self._move(reg, Step.LOST)
             reg.failures = 0
@@ -413,12 +446,15 @@ class Registrar:
         expired = []
         for reg in self._phase_members(Phase.AWAITING_DIAL):
             if reg.dial_deadline is not None and now >= reg.dial_deadline:
-                if self._dial_refused:
+                if self._dial_refused and not reg.held_wait:
                     self.opens_with_options = self._dial_refused = False
                 self._move(reg, Step.DIAL_TIMEOUT)
                 reg.dial_deadline = None
                 reg.failures += 1
-                reg.next_attempt_at = now + self.dial_wait + self.backoff.delay(reg.failures)
+                # A held client's registration has no late dial to wait for.
+                late_dial_wait = 0.0 if reg.held_wait else self.dial_wait
+                reg.held_wait = False
+                reg.next_attempt_at = now + late_dial_wait + self.backoff.delay(reg.failures)
                 expired.append(reg.name)
         for reg in self._phase_members(Phase.UNBOUND):
             if now >= reg.next_attempt_at:

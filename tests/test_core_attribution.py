@@ -10,7 +10,9 @@ Two kubelet generations are modelled:
 - "options" (1.25 and later): dials inside Register and calls
   GetDevicePluginOptions there; ListAndWatch starts before or after the reply.
   Its connections can be lost at any time, and grpc-go reconnects for the
-  next call.
+  next call. While it still holds a client for a resource (its stream not yet
+  seen to end), a Register for that resource is answered at once without a
+  dial, as 1.26 and later do ("already connected").
 - "after-reply" (1.24 and earlier): dials after replying, starts with
   ListAndWatch. Nothing on the wire tells its reconnection from the next
   registration's dial, so the model does not lose its connections.
@@ -76,6 +78,7 @@ class ModelKubelet:
         self.stream_connection: dict[int, int] = {}
         self.pending: list[Endpoint] = []  # Register calls the kubelet is handling
         self.current: dict[str, Endpoint] = {}  # the registered endpoint of each resource
+        self.held_replies = 0
         self.feed(HostObserved(two_gpus_and_vfs(), 0.0))
         self.feed(KubeletStarted(0.0))
 
@@ -140,6 +143,8 @@ class ModelKubelet:
         if not endpoint.dialled:
             if self.generation == "after-reply" and not endpoint.replied:
                 return ["reply", "refuse"]
+            if self.holds_a_client(endpoint.register.resource):
+                return ["held", "refuse"]
             return ["dial", "refuse"]
         steps = []
         if not endpoint.replied:
@@ -167,6 +172,12 @@ class ModelKubelet:
                     self.feed(RegistrationFailed(resource, attempt, "options", self.now))
                     return
                 self._replace(endpoint)
+        elif step == "held":
+            # connectClient finds the client it holds and replies at once.
+            self.pending.remove(endpoint)
+            endpoint.dead = True
+            self.held_replies += 1
+            self.feed(RegistrationSucceeded(resource, attempt, self.now))
         elif step == "reply":
             endpoint.replied = True
             self.feed(RegistrationSucceeded(resource, attempt, self.now))
@@ -177,6 +188,10 @@ class ModelKubelet:
             self.feed(WatchStarted(self.stream_connection[stream], stream, self.now))
         if endpoint in self.pending and endpoint.replied and endpoint.stream is not None:
             self.pending.remove(endpoint)
+
+    def holds_a_client(self, resource: str) -> bool:
+        held = self.current.get(resource)
+        return held is not None and not held.dead
 
     def _replace(self, endpoint: Endpoint) -> None:
         """The registration took: the resource's previous endpoint is stopped."""

@@ -155,6 +155,31 @@ SINGLE_SCRIPTS = [
                  ["a", "b", "a"], id="restart-starts-over-once-it-ends"),
     pytest.param("stopped kubelet", "a=registering b=waiting c=waiting", ["a"],
                  id="stop-then-start"),
+    # A kubelet that dials inside Register (it opened a with the options call)
+    # and replies without a dial still holds a client whose connection is
+    # gone: a and b are asked again within a fraction of a second, not after
+    # two dial waits, and a does not hold up b's registration meanwhile.
+    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+                 "close:1@20 close:2@20 ok:a@20 tick@20.19",
+                 "a=awaiting-dial b=waiting c=live", ["a", "b", "c", "a"],
+                 id="held-client-short-wait"),
+    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+                 "close:1@20 close:2@20 ok:a@20 tick@20.2",
+                 "a=unbound b=registering c=live", ["a", "b", "c", "a", "b"],
+                 id="held-client-lets-the-next-go"),
+    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+                 "close:1@20 ok:a@20 tick@20.2 tick@20.39",
+                 "a=unbound b=live c=live", ["a", "b", "c", "a"],
+                 id="held-client-backs-off"),
+    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+                 "close:1@20 ok:a@20 tick@20.2 tick@20.4 open:4@20.4 rpc:4@20.4",
+                 "a=registering b=live c=live", ["a", "b", "c", "a", "a"],
+                 id="held-client-dropped-then-dialled"),
+    # A kubelet that dials after replying still gets the full dial wait.
+    pytest.param("kubelet ok:a open:1 watch:1 ok:b open:2 watch:2 ok:c open:3 watch:3 "
+                 "close:1@20 ok:a@20 tick@22.9",
+                 "a=awaiting-dial b=live c=live", ["a", "b", "c", "a"],
+                 id="old-kubelet-full-dial-wait"),
 ]  # fmt: skip
 
 
@@ -231,6 +256,16 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
             "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
             "close:1@20 ok:a@20 open:4@20 alloc:4@20 tick@23 tick@26.3 alloc:4@26.4 watch:4@26.4",
             ["a", "b", "c", None, None, None],
+        ),
+        # ... nor by b's reconnection opening with ListAndWatch while a's
+        # Register got a reply without a dial (the kubelet still held a's
+        # client): that is no dial of a's, refused, so a new connection that
+        # opens with ListAndWatch during a's next Register is still refused.
+        (
+            "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+            "close:1@20 close:2@20 ok:a@20 open:4@20.1 watch:4@20.1 tick@20.2 "
+            "fail:b@20.2 tick@20.5 open:5@20.5 watch:5@20.5",
+            ["a", "b", "c", None, None],
         ),
         # A dial of a Register sent before a kubelet restart is not the dial
         # of the Register that follows the restart.
@@ -392,10 +427,10 @@ def test_an_unbound_resource_registers_again_when_no_late_dial_comes() -> None:
     node.handle(ConnectionOpened(1, 1.1))
     node.handle(ConnectionClosed(1, 1.1))
     node.handle(Tick(4.0))  # dial timeout: A unbound, B registering
-    node.handle(ConnectionOpened(2, 4.1))
-    node.handle(OptionsRequested(2, 1, 4.1))  # binds to B
-    node.handle(RegistrationSucceeded(B, 2, 4.2))
-    assert node.registrar.phases()[A] is Phase.UNBOUND
+    node.handle(RegistrationSucceeded(B, 2, 4.1))
+    node.handle(ConnectionOpened(2, 4.2))
+    node.handle(WatchStarted(2, 1, 4.2))  # B's dial, after its reply
+    assert node.registrar.phases() == {A: Phase.UNBOUND, B: Phase.LIVE}
     # Waits dial_wait (3 s) plus the backoff of one miss (20 ms) for a late RPC.
     assert node.next_deadline() == pytest.approx(7.02)
     assert registers(node.handle(Tick(7.0))) == []
@@ -622,6 +657,87 @@ def test_per_resource_connection_binds_on_accept() -> None:
     assert node.handle(OptionsRequested(7, 1, 0.1)) == [Reply(1, PluginOptions(False, True))]
     node.handle(RegistrationSucceeded(B, 2, 0.2))
     assert node.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
+
+
+def test_a_kubelet_holding_a_client_is_asked_again_once_it_has_dropped_it() -> None:
+    """Kubelets from 1.26 answer a Register for a name whose client they still
+    hold without dialling ("already connected"). When that client's
+    connection has closed, the kubelet drops it within milliseconds; A
+    registers again 0.2 s later (plus backoff) and is served."""
+    node, _ = started_node()
+    node.handle(ConnectionOpened(1, 0.1))
+    node.handle(OptionsRequested(1, 1, 0.1))
+    node.handle(RegistrationSucceeded(A, 1, 0.2))
+    node.handle(ConnectionOpened(2, 0.3))
+    node.handle(OptionsRequested(2, 2, 0.3))
+    node.handle(RegistrationSucceeded(B, 2, 0.4))
+    assert registers(node.handle(ConnectionClosed(1, 20.0))) == [(A, 3)]
+    assert registers(node.handle(RegistrationSucceeded(A, 3, 20.01))) == []
+    assert node.next_deadline() == pytest.approx(20.21)
+    effects = node.handle(Tick(20.21))
+    assert one(effects, Log).event == "registration-unattributed"
+    # The kubelet dials inside Register, so no late dial is waited for: only
+    # the backoff of the second failure in a row.
+    assert node.next_deadline() == pytest.approx(20.21 + 0.04)
+    assert registers(node.handle(Tick(20.25))) == [(A, 4)]
+    node.handle(ConnectionOpened(3, 20.26))
+    effects = node.handle(OptionsRequested(3, 3, 20.26))
+    assert effects[0] == BindConnection(3, A)
+    node.handle(RegistrationSucceeded(A, 4, 20.27))
+    assert node.registrar.phases() == {A: Phase.LIVE, B: Phase.LIVE}
+
+
+def test_a_third_reply_without_a_dial_in_a_row_waits_the_full_dial_wait() -> None:
+    """A kubelet that dials after replying, taught the options rule by another
+    client's call, would look like one holding a client forever: after two
+    short waits the full one comes back, in which its refused dial unlearns
+    the rule."""
+    node, _ = started_node()
+    node.handle(ConnectionOpened(1, 0.1))
+    node.handle(OptionsRequested(1, 1, 0.1))
+    node.handle(RegistrationSucceeded(A, 1, 0.2))
+    node.handle(ConnectionOpened(2, 0.3))
+    node.handle(OptionsRequested(2, 2, 0.3))
+    node.handle(RegistrationSucceeded(B, 2, 0.4))
+    ((resource, attempt),) = registers(node.handle(ConnectionClosed(1, 20.0)))
+    now = 20.0
+    for wait in (0.2, 0.2, 3.0):
+        node.handle(RegistrationSucceeded(resource, attempt, now))
+        deadline = node.next_deadline()
+        assert deadline == pytest.approx(now + wait)
+        assert deadline is not None
+        node.handle(Tick(deadline))
+        now = node.next_deadline() or 0.0
+        if wait == 3.0:
+            break
+        ((resource, attempt),) = registers(node.handle(Tick(now)))
+    assert node.registrar.phases()[A] is Phase.UNBOUND
+
+
+def test_per_resource_mode_learns_that_the_kubelet_dials_inside_register() -> None:
+    node, _ = started_node(mode=SocketMode.PER_RESOURCE)
+    node.handle(ConnectionOpened(7, 0.1, listener=B))
+    assert not node.registrar.opens_with_options
+    node.handle(OptionsRequested(7, 1, 0.1))
+    assert node.registrar.opens_with_options
+    node.handle(RegistrationSucceeded(B, 2, 0.2))
+    node.handle(ConnectionOpened(8, 0.2, listener=A))
+    node.handle(OptionsRequested(8, 2, 0.2))
+    node.handle(RegistrationSucceeded(A, 1, 0.3))
+    # B's connection closes; the reply to its next Register comes without a
+    # dial: the kubelet still holds B's client, and B is asked again shortly.
+    assert registers(node.handle(ConnectionClosed(7, 20.0))) == [(B, 3)]
+    node.handle(RegistrationSucceeded(B, 3, 20.1))
+    assert node.next_deadline() == pytest.approx(20.3)
+
+
+def test_per_resource_mode_waits_the_full_dial_wait_for_an_old_kubelet() -> None:
+    node, _ = started_node(mode=SocketMode.PER_RESOURCE)
+    node.handle(RegistrationSucceeded(A, 1, 0.3))
+    assert node.next_deadline() == pytest.approx(3.3)
+    node.handle(ConnectionOpened(7, 0.4, listener=A))
+    node.handle(WatchStarted(7, 1, 0.4))
+    assert not node.registrar.opens_with_options
 
 
 def test_per_resource_connection_for_unknown_listener_is_a_usage_error() -> None:

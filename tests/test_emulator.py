@@ -415,7 +415,7 @@ async def test_each_registration_gets_its_own_connection(
 async def test_reregistration_replaces_and_closes_the_old_endpoint(
     make_kubelet: Any, make_plugin: Any
 ) -> None:
-    kubelet = make_kubelet()
+    kubelet = make_kubelet(keeps_clients=False)  # as kubelets before 1.26
     first = await make_plugin("first.sock")
     second = await make_plugin("second.sock", devices=[device("n0"), device("n1")])
     await first.register(kubelet)
@@ -436,6 +436,47 @@ async def test_reregistration_replaces_and_closes_the_old_endpoint(
     assert sorted(state.devices) == ["n0", "n1"] and state.allocatable == 2
     assert kubelet.registration_count(RESOURCE) == 2
     assert "replaced" in kinds(kubelet)
+
+
+async def test_a_held_client_answers_a_register_without_a_dial(
+    make_kubelet: Any, make_plugin: Any
+) -> None:
+    """1.26 and later: a Register for a name whose client the kubelet holds is
+    answered at once for the same socket, and refused for another."""
+    kubelet = make_kubelet()
+    first = await make_plugin("first.sock")
+    second = await make_plugin("second.sock")
+    await first.register(kubelet)
+    assert await asyncio.to_thread(kubelet.wait_registered, RESOURCE, WAIT, listed=True)
+    await first.register(kubelet)
+    assert [e.detail for e in kubelet.events_of("already-connected", RESOURCE)] == ["first.sock"]
+    assert first.methods().count("GetDevicePluginOptions") == 1
+    with pytest.raises(GRPCError, match="already registered with a different socket path"):
+        await second.register(kubelet)
+    assert second.methods() == []
+    assert kubelet.registration_count(RESOURCE) == 1
+    assert kubelet.resources()[RESOURCE].endpoint == "first.sock"
+
+
+async def test_a_broken_connection_drops_the_client_after_its_linger(
+    make_kubelet: Any, make_plugin: Any
+) -> None:
+    kubelet = make_kubelet()
+    plugin = await make_plugin()
+    await plugin.register(kubelet)
+    assert await asyncio.to_thread(kubelet.wait_registered, RESOURCE, WAIT, listed=True)
+    kubelet.break_connection(RESOURCE, linger=2.0)
+    await plugin.register(kubelet)  # the client is still held
+    assert len(kubelet.events_of("already-connected", RESOURCE)) == 1
+    await wait(kubelet, lambda k: plugin.streams_closed == 1)
+    await wait(kubelet, lambda k: not k.resources()[RESOURCE].registered)
+    ended = kubelet.events_of("stream-ended", RESOURCE)
+    assert ended[0].time - kubelet.events_of("already-connected")[0].time > 1.0
+    await plugin.register(kubelet)  # dropped: dialled anew
+    assert await asyncio.to_thread(kubelet.wait_registered, RESOURCE, WAIT, listed=True)
+    assert kubelet.registration_count(RESOURCE) == 2
+    with pytest.raises(KubeletError, match="has no client"):
+        kubelet.break_connection("example.com/none")
 
 
 # --------------------------------------------------------------------------- ListAndWatch

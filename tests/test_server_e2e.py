@@ -21,7 +21,7 @@ from dp_server.demo import DEMO_CONFIG
 from dp_server.emulator._rpc import dp
 from dp_server.runtime import Runtime
 
-from e2e_harness import ALL, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
+from e2e_harness import ALL, FAST, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 
 pytestmark = pytest.mark.asyncio
 
@@ -216,6 +216,34 @@ async def test_kubelet_restart_reregisters_everything(harness: Harness) -> None:
     assert len(ours) == 1  # the deleted socket was created again
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
     assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == "0000:5e:01.0"
+
+
+@pytest.mark.parametrize("mode", [SocketMode.SINGLE, SocketMode.PER_RESOURCE])
+async def test_a_kubelet_still_holding_a_lost_client_is_asked_again_at_once(
+    harness: Harness, mode: SocketMode
+) -> None:
+    """Kubelets from 1.26 answer a Register for a name whose client they still
+    hold without dialling ("already connected"), and drop the client once they
+    see its stream end. A Register sent the moment dp sees the connection
+    close can meet the client still held; dp asks again shortly after, rather
+    than wait for a dial that will not come."""
+    await harness.serve(socket_mode=mode)
+    emulator = harness.emulator
+    assert emulator is not None
+    before = emulator.registration_count(GPU)
+    await harness.kubelet("break_connection", GPU, linger=0.5)
+    assert await harness.wait(lambda e: bool(e.events_of("already-connected", GPU)))
+    assert await harness.wait(lambda e: e.registration_count(GPU) > before)
+    assert await harness.registered((GPU,))
+    held = emulator.events_of("already-connected", GPU)[0].time
+    (registered,) = [e.time for e in emulator.events_of("registered", GPU) if e.time > held]
+    # Waiting for a dial, as for a kubelet that dials after replying, would
+    # take FAST.dial_wait twice over.
+    assert registered - held < FAST.dial_wait
+    response = await harness.kubelet("allocate", GPU, ["0000:3b:00.0"])
+    assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:3b:00.0"
+    others = [name for name in ALL if name != GPU]
+    assert {name: emulator.registration_count(name) for name in others} == dict.fromkeys(others, 1)
 
 
 async def test_register_refused_is_retried_with_backoff(harness: Harness) -> None:

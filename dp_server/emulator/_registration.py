@@ -33,7 +33,7 @@ from ._rpc import (
     dp,
     is_extended_resource_name,
 )
-from ._state import DeviceState, KubeletState, PluginOptions, _Resource
+from ._state import DeviceState, KubeletError, KubeletState, PluginOptions, _Resource
 from ._workers import Task, Workers
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,9 @@ class _Endpoint:
     options: PluginOptions
     call: Any = None  # the ListAndWatch call, cancellable
     watcher: Task | None = None
+    # After its stream ends, how long the kubelet keeps the client before it
+    # notices and drops it (see `KubeletEmulator.break_connection`).
+    linger: float = 0.0
 
     def close(self, *, join: bool = True) -> None:
         """Stop the client as the kubelet does: cancel the stream, close the conn."""
@@ -89,11 +92,13 @@ class Registration:
         dial_mode: DialMode,
         dial_timeout: float,
         refuse: RefuseHook | None,
+        keeps_clients: bool = True,
     ) -> None:
         self.state = state
         self.plugin_dir = plugin_dir
         self.socket_path = socket_path
         self.dial_mode: DialMode = dial_mode
+        self.keeps_clients = keeps_clients
         self.dial_timeout = dial_timeout
         self._refuse = refuse
         # Dials in flight, so stop()/restart() can abort them instead of waiting 10 s.
@@ -242,6 +247,12 @@ class Registration:
                 )
             )
             return dp.Empty()
+        held, refusal = self._held_client(request)
+        if refusal is not None:
+            event("rejected", name, refusal)
+            context.abort(grpc.StatusCode.UNKNOWN, refusal)
+        if held:
+            return dp.Empty()
         try:
             self._connect(request, generation)
         except _DialError as exc:
@@ -250,6 +261,35 @@ class Registration:
             return dp.Empty()
         context.abort(grpc.StatusCode.UNKNOWN, message)
         raise AssertionError("unreachable: context.abort raises")
+
+    def _held_client(self, request: dp.RegisterRequest) -> tuple[bool, str | None]:
+        """The kubelet's connectClient (1.26 and later): while it holds a client
+        for the name, a Register for the same socket is answered at once,
+        without a dial, and one for another socket is refused."""
+        if not self.keeps_clients:
+            return False, None
+        name = request.resource_name
+        with self.state.cond:
+            res = self.state.resources.get(name)
+            held = res.endpoint if res is not None else None
+        if held is None:
+            return False, None
+        if held.endpoint != request.endpoint:
+            path = self.plugin_dir / held.endpoint
+            why = f"the device plugin {name} already registered with a different socket path"
+            return True, f"{why} {path}"
+        self.state.event("already-connected", name, request.endpoint)
+        return True, None
+
+    def break_connection(self, name: str, linger: float) -> None:
+        """Close the client's connection; the client is dropped `linger` s later."""
+        with self.state.cond:
+            res = self.state.resources.get(name)
+            ep = res.endpoint if res is not None else None
+            if ep is None:
+                raise KubeletError(f"{name} has no client")
+            ep.linger = linger
+        ep.channel.close()
 
     def _validate(self, request: dp.RegisterRequest) -> str | None:
         if request.version != API_VERSION:
@@ -385,6 +425,8 @@ class Registration:
             detail = f"{exc.code().name}: {exc.details()}"
         except ValueError as exc:  # grpcio raises this for calls on a closed channel
             detail = f"channel closed: {exc}"
+        if ep.linger:
+            time.sleep(ep.linger)  # the kubelet's runClient has not noticed yet
         with state.cond:
             res = state.resources[name]
             if res.endpoint is not ep:

@@ -11,6 +11,10 @@ device-manager behaviour that the server depends on (DESIGN.md §3):
   starts right after. Kubelets before 1.25 replied first, then dialled and took
   the options from the RegisterRequest (`dial_mode="after-reply"`).
 * Each registration gets a connection of its own, with `:authority` localhost.
+* While it holds a client for a name (until it sees that client's stream end),
+  a Register for the same socket is answered at once without a dial ("already
+  connected"), and one for another socket is refused, as 1.26 and later do
+  (`keeps_clients=False`: every Register dials and replaces the old client).
 * Each ListAndWatch response replaces the device list; when the stream ends all
   devices turn unhealthy and the kubelet never redials.
 * A restart deletes every socket in the device-plugins directory except the
@@ -69,6 +73,7 @@ class KubeletEmulator(PodsMixin):
         pod_resources_socket: Path | None = None,
         dial_timeout: float = DIAL_TIMEOUT,
         pod_resources_qps: float | None = 100.0,
+        keeps_clients: bool = True,
     ) -> None:
         if dial_mode not in ("sync", "after-reply"):
             raise ValueError(f"dial_mode must be 'sync' or 'after-reply', not {dial_mode!r}")
@@ -87,6 +92,7 @@ class KubeletEmulator(PodsMixin):
             dial_mode=dial_mode,
             dial_timeout=dial_timeout,
             refuse=refuse,
+            keeps_clients=keeps_clients,
         )
         self._running = False
         self._stopped = False
@@ -164,6 +170,13 @@ class KubeletEmulator(PodsMixin):
         with self._state.cond:
             self.last_restart = time.monotonic()
         self._state.event("restart", "", str(self.socket_path))
+
+    def break_connection(self, resource: str, *, linger: float = 0.0) -> None:
+        """Close the connection of `resource`'s client, as a transport failure
+        would. The kubelet drops the client once it sees the stream end: after
+        `linger` seconds here, so that a Register in between meets the client
+        still held."""
+        self._registration.break_connection(resource, linger)
 
     def __enter__(self) -> KubeletEmulator:
         return self.start()
