@@ -10,7 +10,10 @@ again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections.abc import Callable, Coroutine
+from typing import TypeVar
 
 from dp_core import (
     BindDevice,
@@ -28,6 +31,30 @@ __all__ = ["BindQueue"]
 # How long a stopping dp waits for the write under way to end, so that what it
 # did is known (a move is kept in the moves file); SIGTERM must exit within 5 s.
 STOP_WAIT = 2.0
+
+_T = TypeVar("_T")
+
+
+def _in_a_daemon_thread(call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+    """Run `call` in a thread of its own that nothing waits for at exit.
+
+    A sysfs write can hang in the kernel (vfio-pci's unbind waits for the
+    device's user to let go). asyncio.run and the interpreter wait for the
+    default executor's threads before exiting, so a write stuck there would
+    keep a stopped dp alive; a daemon thread is left to the kernel instead.
+    """
+    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(call())
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="dp-sysfs-write", daemon=True).start()
+    return future
 
 
 class BindQueue:
@@ -90,7 +117,7 @@ class BindQueue:
         self, effect: BindDevice | UnbindDevice
     ) -> tuple[str | None, bool, bool] | None:
         """The write's result; None when dp stopped before it ended (unknown)."""
-        work = asyncio.get_running_loop().run_in_executor(None, self.carry_out, effect)
+        work = asyncio.wrap_future(_in_a_daemon_thread(lambda: self.carry_out(effect)))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:

@@ -200,6 +200,63 @@ def test_serve_stops_cleanly_on_signal(
         emulator.stop()
 
 
+BINDING_CONFIG = """
+permittedHostDevices:
+  pciHostDevices:
+    - {pciVendorSelector: "8086:1572", resourceName: "intel.com/x710"}
+binding:
+  replaceDrivers: [i40e]
+"""
+
+
+def test_serve_exits_on_signal_while_a_sysfs_write_hangs(
+    host: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """vfio-pci's unbind, or a driver's, can hang in the kernel while the
+    device's user holds it. A stopping dp waits 2 s for the write under way,
+    then exits 0 all the same, its sockets removed; the write is left to the
+    kernel. Here i40e's unbind is a FIFO nobody reads: opening it blocks."""
+    import tempfile
+
+    sysfs, dev = host
+    unbind = sysfs / "bus/pci/drivers/i40e/unbind"
+    unbind.unlink()
+    os.mkfifo(unbind)
+    override = sysfs / "bus/pci/devices/0000:18:00.0/driver_override"
+    config = tmp_path / "binding.yaml"
+    config.write_text(BINDING_CONFIG)
+    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-h-"))
+    emulator = KubeletEmulator(plugin_dir, pod_resources_socket=plugin_dir / "pr.sock").start()
+    command = [
+        *(sys.executable, "-m", "dp_server", "serve", "--sysfs", str(sysfs), "--dev", str(dev)),
+        *("--config", str(config), "--device-plugin-dir", str(plugin_dir)),
+        *("--pod-resources-socket", str(plugin_dir / "pr.sock")),
+        *("--state-dir", str(tmp_path / "state"), "--log-format", "json"),
+    ]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        # The override is written first; the unbind comes next, and hangs.
+        deadline = time.monotonic() + 20
+        while override.read_text().strip() != "vfio-pci":
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=15)
+        elapsed = time.monotonic() - started
+        assert code == 0
+        assert 2 <= elapsed < 5
+        assert [p.name for p in plugin_dir.iterdir() if p.name.startswith("dp-")] == []
+        events = [json.loads(line) for line in server.stderr.read().splitlines() if line]  # type: ignore[union-attr]
+        assert events[-1]["event"] == "stopped"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        emulator.stop()
+
+
 def test_the_command_leaves_ssl_metadata_multiprocessing_and_zlib_unloaded() -> None:
     import importlib.metadata
 
