@@ -111,8 +111,8 @@ class ResourceRegistration:
     # The current kubelet connected to it through the options handshake, so
     # may still hold a client for it; reset when the kubelet restarts.
     connected: bool = False
-    # Replies without a dial taken for such a held client since it was last
-    # live, and whether the present wait for a dial is one of them.
+    # Replies without a dial in a row taken for such a held client, and
+    # whether the present wait for a dial is one of them.
     held_replies: int = 0
     held_wait: bool = False
 
@@ -254,6 +254,7 @@ class Registrar:
         if reg.bound_this_attempt or self.mode is SocketMode.PER_RESOURCE and reg.connections:
             self._move(reg, Step.SUCCEEDED_BOUND)
             reg.live_since = now
+            reg.held_replies = 0  # the kubelet dialled: the client it held is gone
             if not reg.connections:
                 # The kubelet dialled during Register, but that connection closed
                 # before the reply arrived: nothing serves the resource, and the

@@ -714,6 +714,49 @@ def test_a_third_reply_without_a_dial_in_a_row_waits_the_full_dial_wait() -> Non
     assert node.registrar.phases()[A] is Phase.UNBOUND
 
 
+LIVE_ABC = "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+# a's connection is lost twice, long apart; each time the kubelet still holds
+# a's client at the first Register, drops it, and dials at the next.
+TWO_HELD_INCIDENTS = (
+    "close:1@20 ok:a@20 tick@20.2 tick@20.5 open:4@20.5 rpc:4@20.5 ok:a@20.5 "
+    "close:4@40 ok:a@40 tick@40.2 tick@40.5 open:5@40.5 rpc:5@40.5 ok:a@40.5 "
+)
+
+
+def test_replies_without_a_dial_are_counted_in_a_row() -> None:
+    """Each incident has one held reply, then a dialled registration: the
+    third incident, 20 s later, gets the short wait again."""
+    script = Script(SocketMode.SINGLE).run(
+        LIVE_ABC + TWO_HELD_INCIDENTS + "close:5@60 ok:a@60 tick@60.2"
+    )
+    assert script.registrar.get("a").held_replies == 1
+    assert script.phases() == "a=unbound b=live c=live"
+
+
+def test_per_resource_replies_without_a_dial_are_counted_in_a_row() -> None:
+    script = Script(SocketMode.PER_RESOURCE).run(
+        "kubelet open:1,a rpc:1 ok:a "
+        "close:1@20 ok:a@20 tick@20.2 tick@20.5 open:4,a@20.5 rpc:4@20.5 ok:a@20.5 "
+        "close:4@40 ok:a@40 tick@40.2 tick@40.5 open:5,a@40.5 rpc:5@40.5 ok:a@40.5 "
+        "close:5@60 ok:a@60 tick@60.2"
+    )
+    assert script.phases().startswith("a=unbound")
+
+
+def test_a_later_held_reply_does_not_unlearn_the_options_rule() -> None:
+    """Were the third incident's wait the full one, b's refused ListAndWatch
+    reconnection would unlearn the rule, and c's Allocate reconnection would
+    then be bound to b."""
+    script = Script(SocketMode.SINGLE).run(
+        LIVE_ABC
+        + TWO_HELD_INCIDENTS
+        + "close:5@60 close:2@60 ok:a@60 open:6@60.1 watch:6@60.1 tick@60.2 tick@63 "
+        "close:3@63 open:7@63 alloc:7@63"
+    )
+    # rpc:1..5 bound to their resources; b's (6) and c's (7) reconnections refused.
+    assert script.attributed == ["a", "b", "c", "a", "a", None, None]
+
+
 def test_per_resource_mode_learns_that_the_kubelet_dials_inside_register() -> None:
     node, _ = started_node(mode=SocketMode.PER_RESOURCE)
     node.handle(ConnectionOpened(7, 0.1, listener=B))

@@ -8,12 +8,13 @@ import os
 import socket
 from typing import Any
 
+import attrs
 import grpc
 import grpclib.const
 import grpclib.server
 import pytest
 
-from dp_core import Config, PciId, SocketMode
+from dp_core import Backoff, Config, PciId, SocketMode
 from dp_server import wire
 from dp_server.cli import load_settings
 from dp_server.config_file import parse_config
@@ -244,6 +245,30 @@ async def test_a_kubelet_still_holding_a_lost_client_is_asked_again_at_once(
     assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:3b:00.0"
     others = [name for name in ALL if name != GPU]
     assert {name: emulator.registration_count(name) for name in others} == dict.fromkeys(others, 1)
+
+
+async def test_every_lost_client_still_held_gets_the_short_wait(harness: Harness) -> None:
+    timing = attrs.evolve(FAST, backoff=Backoff(first=0.05, cap=0.5, healthy_after=0.5))
+    await harness.serve(timing=timing)
+    emulator = harness.emulator
+    assert emulator is not None
+    took = []
+    for _ in range(3):
+        before = emulator.registration_count(GPU)
+        held_before = len(emulator.events_of("already-connected", GPU))
+        await harness.kubelet("break_connection", GPU, linger=0.25)
+        assert await harness.wait(
+            lambda e, n=held_before: len(e.events_of("already-connected", GPU)) > n
+        )
+        assert await harness.wait(lambda e, n=before: e.registration_count(GPU) > n)
+        assert await harness.registered((GPU,))
+        held = emulator.events_of("already-connected", GPU)[held_before].time
+        registered = [e.time for e in emulator.events_of("registered", GPU) if e.time > held][0]
+        took.append(round(registered - held, 2))
+        await asyncio.sleep(1.0)  # live past healthy_after
+    # Each incident is one reply without a dial, then a dial: none waits for
+    # a dial as for a kubelet that dials after replying.
+    assert all(t < FAST.dial_wait for t in took), took
 
 
 async def test_register_refused_is_retried_with_backoff(harness: Harness) -> None:
