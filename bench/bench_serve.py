@@ -363,8 +363,31 @@ def restart_kubelet(
     if not emulator.wait_for(again, timeout) or not emulator.wait_registered(
         names, max(0.0, deadline - time.monotonic()), listed=True
     ):
-        done = sum(1 for n in names if emulator.registration_count(n) > before[n])
-        raise BenchError(f"only {done}/{len(names)} re-registered within {timeout} s")
+        states = emulator.resources()
+        late = [
+            n
+            for n in names
+            if not (
+                emulator.registration_count(n) > before[n]
+                and (at := states[n].registered_at) is not None
+                and at >= t_restart
+                and emulator.wait_registered([n], 0.0, listed=True)
+            )
+        ]
+        # What the kubelet saw of the first few, from just before the restart.
+        shown = "; ".join(
+            f"{n}: "
+            + ", ".join(
+                f"{e.kind}@{e.time - t_restart:+.3f}"
+                for e in emulator.events
+                if e.resource == n and e.time >= t_restart - 1
+            )
+            for n in late[:3]
+        )
+        raise BenchError(
+            f"{len(late)}/{len(names)} not registered anew and listed within {timeout} s "
+            f"of the restart: {shown}"
+        )
     return t_restart, before
 
 

@@ -150,8 +150,9 @@ class KubeletEmulator(PodsMixin):
         turn unhealthy, capacity stays known), deletes every socket in the
         device-plugins directory except the checkpoint, then serves a fresh
         `kubelet.sock`. Pods and their allocations survive, as the kubelet
-        restores them from its checkpoint. `last_restart` is set to the moment
-        the new socket accepts connections.
+        restores them from its checkpoint. `last_restart` is the moment just
+        before the new socket is created: a plugin may register through it
+        before serve() (let alone PodResources' start) has returned.
         """
         registration = self._registration
         with self._state.cond:
@@ -164,11 +165,11 @@ class KubeletEmulator(PodsMixin):
         registration.disconnect_all(reason="kubelet restarted")
         registration.join_threads()
         registration.cleanup_plugin_dir()
+        with self._state.cond:
+            self.last_restart = time.monotonic()
         registration.serve()
         if self._pod_resources is not None:
             self._pod_resources.start()
-        with self._state.cond:
-            self.last_restart = time.monotonic()
         self._state.event("restart", "", str(self.socket_path))
 
     def break_connection(self, resource: str, *, linger: float = 0.0) -> None:
