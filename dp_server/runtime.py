@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import grpclib.server
-from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
 from dp_core import (
@@ -66,7 +65,6 @@ from .binder import Binder
 from .logs import emit
 from .moves_file import MovesStore
 from .pod_resources import PodResourcesPoller, describe_error
-from .proto import v1beta1 as pb
 from .scanner import scan_host
 from .service import DevicePluginService
 from .settings import Settings, SettingsError, socket_name_room
@@ -81,6 +79,8 @@ if TYPE_CHECKING:
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings", "SettingsError"]
 
 KUBELET_SOCKET = "kubelet.sock"
+
+REGISTER_PATH = "/v1beta1.Registration/Register"
 
 _log = logging.getLogger("dp.runtime")
 # After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
@@ -151,8 +151,8 @@ class Runtime:
         self._scanned = False
         self._registering = False
         self._follow_kubelet_since = 0.0
-        self._kubelet_channel: Channel | None = None
-        self._channel_users: dict[Channel, int] = {}
+        self._kubelet_channel: KubeletChannel | None = None
+        self._channel_users: dict[KubeletChannel, int] = {}
         self._encoded_lists: dict[str, tuple[object, bytes]] = {}
         self._next_rescan = 0.0
         self._pods = PodResourcesPoller(
@@ -382,7 +382,7 @@ class Runtime:
             channel.close()
 
     async def _register(self, effect: Register) -> None:
-        channel: Channel | None = None
+        channel: KubeletChannel | None = None
         try:
             await self._sockets.ensure(
                 effect.endpoint, effect.resource if effect.own_socket else None
@@ -394,10 +394,7 @@ class Runtime:
             channel = self._kubelet_channel
             self._channel_users[channel] = self._channel_users.get(channel, 0) + 1
             request = wire.register_request(effect.endpoint, effect.resource, effect.options)
-            await pb.RegistrationStub(channel).register(
-                request,  # type: ignore[arg-type]  # bytes: the channel's codec passes them on
-                timeout=self.settings.register_timeout,
-            )
+            await channel.unary(REGISTER_PATH, request, self.settings.register_timeout)
         except Exception as error:  # noqa: BLE001 - every failure must reach the core
             if not isinstance(error, GRPCError) and channel is self._kubelet_channel:
                 self._retire_kubelet_channel()

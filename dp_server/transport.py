@@ -20,7 +20,7 @@ import grpclib.client
 import grpclib.protocol
 import h2.exceptions
 from grpclib.client import Channel
-from grpclib.const import Status
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.metadata import Deadline
 from grpclib.protocol import H2Protocol
@@ -175,6 +175,24 @@ class KubeletChannel(Channel):
 
     def _protocol_factory(self) -> H2Protocol:
         return _CoalescingProtocol(grpclib.client.Handler(), self._config, self._h2_config)
+
+    async def unary(self, path: str, request: bytes, timeout: float) -> bytes:
+        """A unary call with a message encoded already; the reply's bytes.
+
+        The request goes out as soon as it is written rather than at the end
+        of the loop's turn: after a kubelet restart each Register waits for
+        the last one's dial, so a turn's worth of other work (the previous
+        resource's ListAndWatch) would add to every registration.
+        """
+        async with self.request(
+            path, Cardinality.UNARY_UNARY, wire.Raw, wire.Raw, timeout=timeout
+        ) as stream:
+            # The channel's PreEncodedCodec passes bytes on, and hands `Raw` back as bytes.
+            await stream.send_message(request, end=True)  # type: ignore[arg-type]
+            if isinstance(self._protocol, _CoalescingProtocol):
+                self._protocol.coalescing.flush()
+            reply: Any = await stream.recv_message()
+        return bytes(reply or b"")
 
 
 class _TrackedProtocol(_CoalescingProtocol):
