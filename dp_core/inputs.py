@@ -92,10 +92,14 @@ class RegistrationSucceeded:
 
 @attrs.frozen
 class RegistrationFailed:
+    """A Register call failed; `unanswered` when it ended without the kubelet's
+    answer (it timed out), so the kubelet may still act on it and dial."""
+
     resource: str
     attempt: int
     reason: str
     now: float
+    unanswered: bool = False
 
 
 @attrs.frozen

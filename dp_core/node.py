@@ -97,6 +97,9 @@ class Timing:
     dial_wait: float = 3.0
     # After a reply without a dial from a kubelet that dials inside Register.
     held_client_wait: float = 0.2
+    # After a Register timed out undialled: the shared socket waits this long
+    # for the kubelet's late dial, which is then refused.
+    late_dial_wait: float = 10.0
     backoff: Backoff = Backoff()
     release_grace: float = 30.0
 
@@ -146,6 +149,7 @@ class Node:
             socket_mode,
             dial_wait=self.timing.dial_wait,
             held_client_wait=self.timing.held_client_wait,
+            late_dial_wait=self.timing.late_dial_wait,
             backoff=self.timing.backoff,
         )
         self.allocations = AllocationBook(self.timing.release_grace)
@@ -422,7 +426,9 @@ class Node:
         return [Log.info("registered", resource=event.resource, phase=phase.value)]
 
     def _registration_failed(self, event: RegistrationFailed) -> list[Effect]:
-        if not self.registrar.failed(event.resource, event.attempt, event.now):
+        if not self.registrar.failed(
+            event.resource, event.attempt, event.now, unanswered=event.unanswered
+        ):
             return []
         reg = self.registrar.get(event.resource)
         return [
@@ -430,7 +436,7 @@ class Node:
                 "registration-failed",
                 resource=event.resource,
                 reason=event.reason,
-                retry_in=round(reg.next_attempt_at - event.now, 3),
+                retry_in=round(max(reg.next_attempt_at, self.registrar.quiet_until) - event.now, 3),
             )
         ]
 

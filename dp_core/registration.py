@@ -126,11 +126,13 @@ class Registrar:
         *,
         dial_wait: float = 3.0,
         held_client_wait: float = 0.2,
+        late_dial_wait: float = 10.0,
         backoff: Backoff | None = None,
     ) -> None:
         self.mode = mode
         self.dial_wait = dial_wait
         self.held_client_wait = held_client_wait
+        self.late_dial_wait = late_dial_wait
         self.backoff = backoff or Backoff()
         self.kubelet_present = False
         self._resources: dict[str, ResourceRegistration] = {}
@@ -143,6 +145,11 @@ class Registrar:
         # Attempts from before a kubelet restart whose call has not ended yet
         # and whose connection was never seen (single-socket mode waits them out).
         self._stale_unbound: set[int] = set()
+        # Until then the shared socket starts no Register: one timed out with
+        # no dial seen, and a kubelet that handles it late dials within its
+        # dial timeout (10 s) of starting to; that connection must find no
+        # Register in flight to be taken for.
+        self._quiet_until = 0.0
         self._attempts = 0
         # Learned anew from each kubelet. One that opens a registration's
         # connection inside Register with GetDevicePluginOptions (1.25 and
@@ -175,6 +182,11 @@ class Registrar:
             self._in_phase[reg.phase][name] = reg
             self._rank[name] = len(self._rank)
         return added
+
+    @property
+    def quiet_until(self) -> float:
+        """No Register starts on the shared socket before this (see `failed`)."""
+        return self._quiet_until
 
     def get(self, name: str) -> ResourceRegistration:
         try:
@@ -230,7 +242,9 @@ class Registrar:
         if not self.kubelet_present:
             return []
         single = self.mode is SocketMode.SINGLE
-        if single and (self._stale_unbound or self.in_flight() is not None):
+        if single and (
+            self._stale_unbound or now < self._quiet_until or self.in_flight() is not None
+        ):
             return []
         waiting = sorted(
             self._in_phase[Phase.WAITING].values(), key=lambda r: (r.next_attempt_at, r.name)
@@ -279,11 +293,13 @@ class Registrar:
             reg.dial_deadline = now + (self.held_client_wait if held else self.dial_wait)
         return True
 
-    def failed(self, name: str, attempt: int, now: float) -> bool:
+    def failed(self, name: str, attempt: int, now: float, *, unanswered: bool = False) -> bool:
         self._stale_unbound.discard(attempt)
         reg = self._resources.get(name)
         if reg is None or reg.attempt != attempt or reg.phase is not Phase.REGISTERING:
             return False
+        if unanswered and self.mode is SocketMode.SINGLE and not reg.bound_this_attempt:
+            self._quiet_until = max(self._quiet_until, now + self.late_dial_wait)
         self._move(reg, Step.FAILED)
         reg.failures += 1
         reg.next_attempt_at = now + self.backoff.delay(reg.failures)
@@ -310,11 +326,12 @@ class Registrar:
         """
         owner = self._owner.get(connection)
         if owner is not None:
-            reg = self._resources.get(owner)
-            if rpc == OPTIONS_CALL and reg is not None and reg.phase is Phase.REGISTERING:
+            if rpc == OPTIONS_CALL:
                 # Per-resource mode binds connections when accepted; the
-                # kubelet's kind shows in the first call all the same.
-                self.opens_with_options = reg.connected = True
+                # kubelet's kind shows in its calls all the same.
+                reg = self._resources.get(owner)
+                if reg is not None and reg.phase is Phase.REGISTERING:
+                    self.opens_with_options = reg.connected = True
             return owner
         if self.mode is not SocketMode.SINGLE:
             return None
@@ -415,6 +432,7 @@ class Registrar:
         """Every resource registers again at once; old connections are dead."""
         self.kubelet_present = True
         self.opens_with_options = self._dial_refused = False
+        self._quiet_until = 0.0  # the old kubelet's late handlers died with it
         # `_opened_at` stays: a connection from before the restart must not be
         # taken for the dial of a Register that starts after it.
         self._owner.clear()
@@ -471,5 +489,8 @@ class Registrar:
         deadlines += [reg.next_attempt_at for reg in self._in_phase[Phase.UNBOUND].values()]
         blocked = self.in_flight() is not None or bool(self._stale_unbound)
         if self.kubelet_present and (self.mode is SocketMode.PER_RESOURCE or not blocked):
-            deadlines += [reg.next_attempt_at for reg in self._in_phase[Phase.WAITING].values()]
+            deadlines += [
+                max(reg.next_attempt_at, self._quiet_until)
+                for reg in self._in_phase[Phase.WAITING].values()
+            ]
         return min(deadlines) if deadlines else None

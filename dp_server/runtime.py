@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import grpclib.server
+from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from dp_core import (
@@ -399,7 +400,15 @@ class Runtime:
             if not isinstance(error, GRPCError) and channel is self._kubelet_channel:
                 self._retire_kubelet_channel()
             reason = describe_error(error)
-            self.feed(RegistrationFailed(effect.resource, effect.attempt, reason, self.now()))
+            # Timed out: the kubelet may still be handling it, and dial late.
+            unanswered = isinstance(error, TimeoutError) or (
+                isinstance(error, GRPCError) and error.status is Status.DEADLINE_EXCEEDED
+            )
+            self.feed(
+                RegistrationFailed(
+                    effect.resource, effect.attempt, reason, self.now(), unanswered=unanswered
+                )
+            )
         else:
             self.feed(RegistrationSucceeded(effect.resource, effect.attempt, self.now()))
         finally:

@@ -97,6 +97,8 @@ class Script:
             assert r.succeeded(args[0], r.get(args[0]).attempt, now)
         elif verb == "fail":
             assert r.failed(args[0], r.get(args[0]).attempt, now)
+        elif verb == "timeout":  # the call ended without the kubelet's answer
+            assert r.failed(args[0], r.get(args[0]).attempt, now, unanswered=True)
         elif verb == "end":  # a stale call ends: nothing to record but that it ended
             assert not r.failed(args[0], r.get(args[0]).attempt, now)
         elif verb == "open":
@@ -175,6 +177,18 @@ SINGLE_SCRIPTS = [
                  "close:1@20 ok:a@20 tick@20.2 tick@20.4 open:4@20.4 rpc:4@20.4",
                  "a=registering b=live c=live", ["a", "b", "c", "a", "a"],
                  id="held-client-dropped-then-dialled"),
+    # A Register that timed out undialled may still make a stalled kubelet
+    # dial: nothing else registers on the shared socket for the late dial
+    # wait (10 s), so that dial finds no Register to be taken for.
+    pytest.param("kubelet timeout:a@15 tick@24.9", "a=waiting b=waiting c=waiting", ["a"],
+                 id="timeout-quiets-the-socket"),
+    pytest.param("kubelet timeout:a@15 tick@25", "a=waiting b=registering c=waiting",
+                 ["a", "b"], id="timeout-quiet-ends"),
+    pytest.param("kubelet open:1 rpc:1 open:2 rpc:2 timeout:a@15 timeout:b@15",
+                 "a=waiting b=waiting c=registering", ["a", "b", "c"],
+                 id="timeout-after-the-dial-quiets-nothing"),
+    pytest.param("kubelet timeout:a@15 kubelet@16", "a=registering b=waiting c=waiting",
+                 ["a", "a"], id="a-new-kubelet-ends-the-quiet"),
     # A kubelet that dials after replying still gets the full dial wait.
     pytest.param("kubelet ok:a open:1 watch:1 ok:b open:2 watch:2 ok:c open:3 watch:3 "
                  "close:1@20 ok:a@20 tick@22.9",
@@ -206,6 +220,8 @@ PER_RESOURCE_SCRIPTS = [
                  ["a", "b", "c"], id="failure-backs-off"),
     pytest.param("kubelet fail:c@1 tick@1.1", "a=registering b=registering c=registering",
                  ["a", "b", "c", "c"], id="failure-retries"),
+    pytest.param("kubelet timeout:c@15 tick@15.1", "a=registering b=registering c=registering",
+                 ["a", "b", "c", "c"], id="timeout-quiets-no-socket-of-its-own"),
     pytest.param("kubelet open:1,a ok:a close:1@2", "a=registering b=registering c=registering",
                  ["a", "b", "c", "a"], id="close-reregisters-alongside-others"),
 ]  # fmt: skip
@@ -267,6 +283,8 @@ def test_per_resource_scripts(steps: str, phases: str, started: list[str]) -> No
             "fail:b@20.2 tick@20.5 open:5@20.5 watch:5@20.5",
             ["a", "b", "c", None, None],
         ),
+        # The late dial of a Register that timed out finds nothing in flight.
+        ("kubelet timeout:a@15 open:9@20 rpc:9@20 tick@25 open:10@25 rpc:10@25", [None, "b"]),
         # A dial of a Register sent before a kubelet restart is not the dial
         # of the Register that follows the restart.
         ("kubelet open:10 kubelet@1 end:a@1 watch:10@1 open:11@1 watch:11@1", [None, "a"]),
@@ -781,6 +799,16 @@ def test_per_resource_mode_waits_the_full_dial_wait_for_an_old_kubelet() -> None
     node.handle(ConnectionOpened(7, 0.4, listener=A))
     node.handle(WatchStarted(7, 1, 0.4))
     assert not node.registrar.opens_with_options
+
+
+def test_a_register_that_timed_out_holds_the_shared_socket_for_the_late_dial_wait() -> None:
+    node, _ = started_node()
+    effects = node.handle(RegistrationFailed(A, 1, "timed out", 15.0, unanswered=True))
+    log = one(effects, Log)
+    assert log.event == "registration-failed" and ("retry_in", 10.0) in log.fields
+    assert node.next_deadline() == pytest.approx(25.0)
+    assert registers(node.handle(Tick(24.99))) == []
+    assert registers(node.handle(Tick(25.0))) == [(B, 2)]
 
 
 def test_per_resource_connection_for_unknown_listener_is_a_usage_error() -> None:

@@ -192,6 +192,39 @@ async def test_a_reconnection_during_the_next_register_is_not_attributed_to_it(
     assert counts[GPU] == 3 and counts[QAT] == 4 and counts[TUN] == 110
 
 
+async def test_the_late_dial_of_a_register_that_timed_out_is_not_taken_for_the_next(
+    harness: Harness,
+) -> None:
+    """A kubelet stalled past dp's Register timeout may still handle that call
+    and dial. After a timeout dp registers nothing else on the shared socket
+    for the late dial wait: the late dial finds no Register in flight and is
+    refused, instead of being bound to the next resource's Register (whose
+    own dial would then be taken for the one after, and so on)."""
+    import threading
+    import time
+
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def stall(request: dp.RegisterRequest) -> str | None:
+        with lock:
+            order.append(request.resource_name)
+            seen = len(order)
+        if seen == 1:
+            time.sleep(1.0)  # past dp's 0.5 s timeout: this dial comes late
+        elif seen == 2:
+            time.sleep(0.8)  # sent at once, this Register would be in flight at 1.0 s
+        return None
+
+    timing = attrs.evolve(FAST, late_dial_wait=1.5)
+    runtime = await harness.serve(kubelet={"refuse": stall}, register_timeout=0.5, timing=timing)
+    emulator = harness.emulator
+    assert emulator is not None
+    assert emulator.events_of("dial-failed", order[0])  # the late dial, refused
+    for name, state in emulator.resources().items():
+        assert sorted(state.devices) == sorted(d.id for d in runtime.node.advertised(name)), name
+
+
 async def test_kubelet_started_after_the_server(harness: Harness) -> None:
     await harness.start_server()
     await asyncio.sleep(0.2)
