@@ -294,12 +294,23 @@ class Registrar:
         return True
 
     def failed(self, name: str, attempt: int, now: float, *, unanswered: bool = False) -> bool:
+        stale = attempt in self._stale_unbound
         self._stale_unbound.discard(attempt)
         reg = self._resources.get(name)
+        if (
+            unanswered
+            and self.mode is SocketMode.SINGLE
+            and (
+                stale
+                or reg is not None
+                and reg.attempt == attempt
+                and reg.phase is Phase.REGISTERING
+                and not reg.bound_this_attempt
+            )
+        ):
+            self._quiet_until = max(self._quiet_until, now + self.late_dial_wait)
         if reg is None or reg.attempt != attempt or reg.phase is not Phase.REGISTERING:
             return False
-        if unanswered and self.mode is SocketMode.SINGLE and not reg.bound_this_attempt:
-            self._quiet_until = max(self._quiet_until, now + self.late_dial_wait)
         self._move(reg, Step.FAILED)
         reg.failures += 1
         reg.next_attempt_at = now + self.backoff.delay(reg.failures)

@@ -184,9 +184,14 @@ class KubeletChannel(Channel):
         the last one's dial, so a turn's worth of other work (the previous
         resource's ListAndWatch) would add to every registration.
         """
-        async with self.request(
-            path, Cardinality.UNARY_UNARY, wire.Raw, wire.Raw, timeout=timeout
-        ) as stream:
+        # The deadline is kept here, not sent: grpclib sends grpc-timeout in
+        # whole seconds rounded down above 10 s, and grpc-go resets the call
+        # at that deadline, before ours, so a stalled kubelet's non-answer
+        # would end as a stream reset rather than a timeout.
+        async with (
+            asyncio.timeout(timeout),
+            self.request(path, Cardinality.UNARY_UNARY, wire.Raw, wire.Raw) as stream,
+        ):
             # The channel's PreEncodedCodec passes bytes on, and hands `Raw` back as bytes.
             await stream.send_message(request, end=True)  # type: ignore[arg-type]
             if isinstance(self._protocol, _CoalescingProtocol):

@@ -775,6 +775,21 @@ def test_a_later_held_reply_does_not_unlearn_the_options_rule() -> None:
     assert script.attributed == ["a", "b", "c", "a", "a", None, None]
 
 
+def test_a_stale_register_that_timed_out_also_quiets_the_shared_socket() -> None:
+    """A Register sent as the kubelet restarted may reach the new kubelet
+    (which is why `kubelet_started` waits such calls out). If it then times
+    out, a new kubelet slow to handle it dials late just the same: no Register
+    starts for the late dial wait, or that dial is taken for the next one's."""
+    script = Script(SocketMode.SINGLE).run("kubelet open:1 rpc:1 kubelet@1")
+    assert script.started == ["a", "b"]  # b's Register is stale: nothing starts
+    r = script.registrar
+    assert not r.failed("b", r.get("b").attempt, 16.0, unanswered=True)  # it timed out
+    script.start_due(16.0)
+    script.run("open:9@18 rpc:9@18")  # the new kubelet's late dial for b
+    assert script.attributed == ["a", None]
+    assert script.started == ["a", "b"]
+
+
 def test_per_resource_mode_learns_that_the_kubelet_dials_inside_register() -> None:
     node, _ = started_node(mode=SocketMode.PER_RESOURCE)
     node.handle(ConnectionOpened(7, 0.1, listener=B))

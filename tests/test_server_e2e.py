@@ -12,7 +12,12 @@ import attrs
 import grpc
 import grpclib.const
 import grpclib.server
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import pytest
+from grpclib.metadata import decode_timeout
 
 from dp_core import Backoff, Config, PciId, SocketMode
 from dp_server import wire
@@ -223,6 +228,75 @@ async def test_the_late_dial_of_a_register_that_timed_out_is_not_taken_for_the_n
     assert emulator.events_of("dial-failed", order[0])  # the late dial, refused
     for name, state in emulator.resources().items():
         assert sorted(state.devices) == sorted(d.id for d in runtime.node.advertised(name)), name
+
+
+class _StalledGoKubelet(asyncio.Protocol):
+    """kubelet.sock as grpc-go serves it for a kubelet stalled in Register: no
+    reply, and at the deadline the request's grpc-timeout gives, the stream
+    reset with RST_STREAM(CANCEL), as grpc-go's server does (http2_server.go,
+    operateHeaders: a timer closes the stream on reaching the deadline)."""
+
+    def __init__(self, registers: list[float]) -> None:
+        self.registers = registers
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        self.h2.initiate_connection()
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                self.registers.append(loop.time())
+                headers = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers}
+                if "grpc-timeout" in headers:
+                    timeout = decode_timeout(headers["grpc-timeout"])
+                    loop.call_later(timeout, self._reset, event.stream_id)
+        self.transport.write(self.h2.data_to_send())
+
+    def _reset(self, stream_id: int) -> None:
+        if not self.transport.is_closing():
+            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self.transport.write(self.h2.data_to_send())
+
+
+async def test_a_register_a_grpc_go_kubelet_would_reset_at_its_deadline_quiets_the_socket(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpclib sends grpc-timeout in whole seconds above 10 s, rounded down
+    (15 s goes out as "14S"), and grpc-go resets a call at that deadline: a
+    stalled kubelet would end dp's Register with a stream reset a second
+    before dp's own timeout, and dp would not know the call went unanswered.
+    dp keeps the deadline to itself, so its timeout comes first and the shared
+    socket waits for a late dial."""
+    loop = asyncio.get_running_loop()
+    harness.plugin_dir.mkdir(parents=True, exist_ok=True)
+    registers: list[float] = []
+    kubelet = await loop.create_unix_server(
+        lambda: _StalledGoKubelet(registers), path=str(harness.plugin_dir / "kubelet.sock")
+    )
+    try:
+        runtime = await harness.start_server(register_timeout=10.9)
+
+        def reasons() -> list[str]:
+            return [
+                r.dp_fields["reason"]  # type: ignore[attr-defined]
+                for r in caplog.records
+                if r.getMessage() == "registration-failed"
+            ]
+
+        async with asyncio.timeout(15):
+            while not reasons():
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # well past the backoff (FAST: 0.05 s)
+        assert reasons() == ["timed out"]
+        assert len(registers) == 1, "a Register started in the late dial wait"
+        assert runtime.node.registrar.quiet_until > runtime.now()
+    finally:
+        kubelet.close()
 
 
 async def test_kubelet_started_after_the_server(harness: Harness) -> None:
