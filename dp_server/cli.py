@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -183,6 +184,24 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_now_if_a_write_hangs(code: int) -> None:
+    """Leave at once if a sysfs write the stop gave up on is still running.
+
+    Its daemon thread may be stuck in the kernel for good; the interpreter's
+    shutdown would not wait for it, but a thread that wakes to log during
+    that shutdown can abort the process over stderr's lock. Everything dp
+    owes is done by now (sockets removed, moves file written): flush the logs
+    and go.
+    """
+    from .bind_queue import writes_running
+
+    if writes_running():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "warning"))
@@ -190,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "scan":
             return _scan(args)
         if args.command == "serve":
-            return asyncio.run(_serve_until_signalled(args))
+            code = asyncio.run(_serve_until_signalled(args))
+            _exit_now_if_a_write_hangs(code)
+            return code
         if args.command == "demo":
             from .demo import run_demo
 
