@@ -264,7 +264,7 @@ class _StalledGoKubelet(asyncio.Protocol):
 
 
 async def test_a_register_a_grpc_go_kubelet_would_reset_at_its_deadline_quiets_the_socket(
-    harness: Harness, caplog: pytest.LogCaptureFixture
+    harness: Harness,
 ) -> None:
     """grpclib sends grpc-timeout in whole seconds above 10 s, rounded down
     (15 s goes out as "14S"), and grpc-go resets a call at that deadline: a
@@ -280,21 +280,13 @@ async def test_a_register_a_grpc_go_kubelet_would_reset_at_its_deadline_quiets_t
     )
     try:
         runtime = await harness.start_server(register_timeout=10.9)
-
-        def reasons() -> list[str]:
-            return [
-                r.dp_fields["reason"]  # type: ignore[attr-defined]
-                for r in caplog.records
-                if r.getMessage() == "registration-failed"
-            ]
-
+        registrar = runtime.node.registrar
         async with asyncio.timeout(15):
-            while not reasons():
+            while not registrar.quiet_until and len(registers) < 2:
                 await asyncio.sleep(0.05)
         await asyncio.sleep(1.5)  # well past the backoff (FAST: 0.05 s)
-        assert reasons() == ["timed out"]
-        assert len(registers) == 1, "a Register started in the late dial wait"
-        assert runtime.node.registrar.quiet_until > runtime.now()
+        assert len(registers) == 1, "the Register ended early, and another started"
+        assert registrar.quiet_until > runtime.now()
     finally:
         kubelet.close()
 
