@@ -26,7 +26,7 @@ from dp_core import (
 
 from .binder import Binder
 
-__all__ = ["WRITE_THREAD", "BindQueue", "writes_running"]
+__all__ = ["BindQueue", "writes_running"]
 
 # How long a stopping dp waits for the write under way to end, so that what it
 # did is known (a move is kept in the moves file); SIGTERM must exit within 5 s.
@@ -34,12 +34,12 @@ STOP_WAIT = 2.0
 
 _T = TypeVar("_T")
 
-WRITE_THREAD = "dp-sysfs-write"
+_WRITE_THREAD = "dp-sysfs-write"
 
 
 def writes_running() -> bool:
     """Whether a sysfs write thread is still running (one the stop gave up on)."""
-    return any(t.name == WRITE_THREAD and t.is_alive() for t in threading.enumerate())
+    return any(t.name == _WRITE_THREAD and t.is_alive() for t in threading.enumerate())
 
 
 def _in_a_daemon_thread(call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
@@ -60,7 +60,7 @@ def _in_a_daemon_thread(call: Callable[[], _T]) -> concurrent.futures.Future[_T]
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
             future.set_exception(error)
 
-    threading.Thread(target=run, name=WRITE_THREAD, daemon=True).start()
+    threading.Thread(target=run, name=_WRITE_THREAD, daemon=True).start()
     return future
 
 
