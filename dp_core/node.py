@@ -3,7 +3,8 @@
 `Node.handle(input)` takes one input and returns the effects to carry out, in
 order. It owns the inventory (what each resource advertises), registration
 and connection attribution (`Registrar`), allocations (`AllocationBook`) and
-the ListAndWatch streams. The shell feeds it and executes what it returns.
+the ListAndWatch streams; its binding steps are in `node_binding`. The shell
+feeds it and executes what it returns.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .allocation import (
     container_allocation,
     preferred_devices,
 )
-from .binding import BindDecision, BindingBook, plan_bindings
+from .binding import BindDecision, BindingBook
 from .config import Config
 from .effects import (
     AllocateAnswer,
@@ -41,7 +42,6 @@ from .effects import (
     Register,
     Reject,
     Reply,
-    UnbindDevice,
 )
 from .errors import StatusCode, UsageError
 from .health import health_changes
@@ -77,6 +77,7 @@ from .inventory import (
     shared_groups,
 )
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
+from .node_binding import BindingSteps
 from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
 from .tally import Tally
@@ -117,7 +118,7 @@ class _Rejection(Exception):
         self.message = message
 
 
-class Node:
+class Node(BindingSteps):
     """One node's device-plugin server state. Not thread-safe; one caller at a time."""
 
     def __init__(
@@ -263,59 +264,6 @@ class Node:
         self._group_members = shared_groups(self.inventory.resources)
         effects.extend(self._refresh())
         return effects
-
-    # -- binding (DESIGN.md §6) -------------------------------------------------
-
-    def _plan_bindings(self) -> list[Effect]:
-        held = self.allocations.reserved_groups()
-        self.bindings, effects = self.bind_book.replan(
-            self.snapshot, self.config, held, start=self._holders_known
-        )
-        return list(effects)
-
-    def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
-        """Whether the plan still moves `address` from `driver`.
-
-        Binds run one at a time, and a slow driver can hold one for seconds:
-        ask this when a `BindDevice`'s turn comes, since a config change or a
-        rescan since it was emitted may have withdrawn it (DESIGN.md §6).
-        """
-        decision = self.bindings.get(address)
-        return (
-            decision is not None
-            and decision.binds
-            and decision.driver == driver
-            and decision.iommu_group not in self.allocations.reserved_groups()
-        )
-
-    def _binding_finished(self, event: BindingFinished) -> list[Effect]:
-        held = self.allocations.reserved_groups()
-        effects: list[Effect] = list(self.bind_book.finished(event, held))
-        if event.error is not None:
-            # Its group will not become usable: plan again now, so that binds of
-            # its siblings still queued are withdrawn (`bind_planned`) rather
-            # than carried out. Only the plan: the snapshot predates the binds
-            # just done, and the rescan after the batch acts on what it shows.
-            held = self.allocations.reserved_groups()
-            self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed, held)
-        if any(isinstance(effect, UnbindDevice) for effect in effects):
-            # Unhealthy from now on, so nothing allocates what is to be unbound.
-            effects += self._rebuild_inventory()
-        return effects
-
-    def give_back_planned(self, address: PciAddress) -> bool:
-        """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
-        return self.bind_book.give_back_planned(address, self.allocations.reserved_groups())
-
-    def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
-        effects: list[Effect] = list(self.bind_book.unbound(event))
-        return effects + self._rebuild_inventory()
-
-    def _moves_recalled(self, event: MovesRecalled) -> list[Effect]:
-        if self._scanned:
-            raise UsageError("MovesRecalled comes before the first HostObserved")
-        recalled = self.bind_book.recall(event.moves)
-        return [Log.info("moves-recalled", count=recalled)] if recalled else []
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
