@@ -123,6 +123,9 @@ class Script:
         return " ".join(f"{n}={p.value}" for n, p in sorted(self.registrar.phases().items()))
 
 
+# a, b and c registered, each through its own options call (a 1.25+ kubelet).
+LIVE_ABC = "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
+
 SINGLE_SCRIPTS = [
     pytest.param("", "a=waiting b=waiting c=waiting", [], id="nothing-before-kubelet"),
     pytest.param("kubelet", "a=registering b=waiting c=waiting", ["a"], id="one-at-a-time"),
@@ -161,20 +164,16 @@ SINGLE_SCRIPTS = [
     # and replies without a dial still holds a client whose connection is
     # gone: a and b are asked again within a fraction of a second, not after
     # two dial waits, and a does not hold up b's registration meanwhile.
-    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
-                 "close:1@20 close:2@20 ok:a@20 tick@20.19",
+    pytest.param(LIVE_ABC + "close:1@20 close:2@20 ok:a@20 tick@20.19",
                  "a=awaiting-dial b=waiting c=live", ["a", "b", "c", "a"],
                  id="held-client-short-wait"),
-    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
-                 "close:1@20 close:2@20 ok:a@20 tick@20.2",
+    pytest.param(LIVE_ABC + "close:1@20 close:2@20 ok:a@20 tick@20.2",
                  "a=unbound b=registering c=live", ["a", "b", "c", "a", "b"],
                  id="held-client-lets-the-next-go"),
-    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
-                 "close:1@20 ok:a@20 tick@20.2 tick@20.39",
+    pytest.param(LIVE_ABC + "close:1@20 ok:a@20 tick@20.2 tick@20.39",
                  "a=unbound b=live c=live", ["a", "b", "c", "a"],
                  id="held-client-backs-off"),
-    pytest.param("kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
-                 "close:1@20 ok:a@20 tick@20.2 tick@20.4 open:4@20.4 rpc:4@20.4",
+    pytest.param(LIVE_ABC + "close:1@20 ok:a@20 tick@20.2 tick@20.4 open:4@20.4 rpc:4@20.4",
                  "a=registering b=live c=live", ["a", "b", "c", "a", "a"],
                  id="held-client-dropped-then-dialled"),
     # A Register that timed out undialled may still make a stalled kubelet
@@ -732,7 +731,6 @@ def test_a_third_reply_without_a_dial_in_a_row_waits_the_full_dial_wait() -> Non
     assert node.registrar.phases()[A] is Phase.UNBOUND
 
 
-LIVE_ABC = "kubelet open:1 rpc:1 ok:a open:2 rpc:2 ok:b open:3 rpc:3 ok:c "
 # a's connection is lost twice, long apart; each time the kubelet still holds
 # a's client at the first Register, drops it, and dials at the next.
 TWO_HELD_INCIDENTS = (
