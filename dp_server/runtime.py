@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import grpclib.server
-from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from dp_core import (
@@ -47,8 +46,6 @@ from dp_core import (
     Publish,
     RefreshAllocations,
     Register,
-    RegistrationFailed,
-    RegistrationSucceeded,
     Reject,
     Reply,
     ReportUnhealthy,
@@ -65,13 +62,14 @@ from .bind_queue import BindQueue
 from .binder import Binder
 from .logs import emit
 from .moves_file import MovesStore
-from .pod_resources import PodResourcesPoller, describe_error
+from .pod_resources import PodResourcesPoller
+from .register_client import RegisterClient
 from .scanner import scan_host
 from .service import DevicePluginService
 from .settings import Settings, SettingsError, socket_name_room
 from .sockets import PluginDirectoryLost, PluginSockets, socket_identity
 from .streams import StreamSlot
-from .transport import ConnectionTracker, KubeletChannel
+from .transport import ConnectionTracker
 from .watcher import DirectoryWatcher, FileVersion
 
 if TYPE_CHECKING:
@@ -80,8 +78,6 @@ if TYPE_CHECKING:
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings", "SettingsError"]
 
 KUBELET_SOCKET = "kubelet.sock"
-
-REGISTER_PATH = "/v1beta1.Registration/Register"
 
 _log = logging.getLogger("dp.runtime")
 # After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
@@ -138,6 +134,9 @@ class Runtime:
         self._tracker = ConnectionTracker(self._connection_made, self._connection_lost)
         self._moves = MovesStore(settings.state_dir)
         self._sockets = PluginSockets(self.plugin_dir, self._service, self._tracker)
+        self._registers = RegisterClient(
+            self.kubelet_socket, settings.register_timeout, self._sockets, self.feed, self.now
+        )
         self._streams: dict[int, StreamSlot] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -152,8 +151,6 @@ class Runtime:
         self._scanned = False
         self._registering = False
         self._follow_kubelet_since = 0.0
-        self._kubelet_channel: KubeletChannel | None = None
-        self._channel_users: dict[KubeletChannel, int] = {}
         self._encoded_lists: dict[str, tuple[object, bytes]] = {}
         self._next_rescan = 0.0
         self._pods = PodResourcesPoller(
@@ -207,7 +204,7 @@ class Runtime:
         elif isinstance(effect, Register):
             self._registering = True
             if not self._stopping:
-                self._spawn(self._register(effect))
+                self._spawn(self._registers.call(effect))
         elif isinstance(effect, Log):
             emit(effect)
         elif isinstance(effect, RefreshAllocations):
@@ -365,59 +362,12 @@ class Runtime:
         if identity == self._kubelet_identity:
             return
         self._kubelet_identity = identity
-        self._retire_kubelet_channel()
+        self._registers.retire()
         if identity is None:
             self.feed(KubeletStopped(self.now()))
             self._follow_kubelet(fast=False)
         else:
             self.feed(KubeletStarted(self.now()))
-
-    def _retire_kubelet_channel(self) -> None:
-        """Stop using the channel to kubelet.sock; close it once no call uses it.
-
-        A Register still on its way must be let finish rather than cut off:
-        the kubelet may act on it (and dial) whatever happens to our side.
-        """
-        channel, self._kubelet_channel = self._kubelet_channel, None
-        if channel is not None and not self._channel_users.get(channel):
-            channel.close()
-
-    async def _register(self, effect: Register) -> None:
-        channel: KubeletChannel | None = None
-        try:
-            await self._sockets.ensure(
-                effect.endpoint, effect.resource if effect.own_socket else None
-            )
-            if self._kubelet_channel is None:
-                self._kubelet_channel = KubeletChannel(
-                    path=str(self.kubelet_socket), codec=wire.PreEncodedCodec()
-                )
-            channel = self._kubelet_channel
-            self._channel_users[channel] = self._channel_users.get(channel, 0) + 1
-            request = wire.register_request(effect.endpoint, effect.resource, effect.options)
-            await channel.unary(REGISTER_PATH, request, self.settings.register_timeout)
-        except Exception as error:  # noqa: BLE001 - every failure must reach the core
-            if not isinstance(error, GRPCError) and channel is self._kubelet_channel:
-                self._retire_kubelet_channel()
-            reason = describe_error(error)
-            # Timed out: the kubelet may still be handling it, and dial late.
-            unanswered = isinstance(error, TimeoutError) or (
-                isinstance(error, GRPCError) and error.status is Status.DEADLINE_EXCEEDED
-            )
-            self.feed(
-                RegistrationFailed(
-                    effect.resource, effect.attempt, reason, self.now(), unanswered=unanswered
-                )
-            )
-        else:
-            self.feed(RegistrationSucceeded(effect.resource, effect.attempt, self.now()))
-        finally:
-            if channel is not None:
-                self._channel_users[channel] -= 1
-                if not self._channel_users[channel]:
-                    del self._channel_users[channel]
-                    if channel is not self._kubelet_channel:
-                        channel.close()
 
     # -- host ------------------------------------------------------------------------
 
@@ -596,7 +546,7 @@ class Runtime:
         self._stopping = True
         for slot in self._streams.values():
             slot.end("the device plugin is shutting down")
-        self._retire_kubelet_channel()
+        self._registers.retire()
         await self._sockets.close(timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
