@@ -62,20 +62,25 @@ def start(
     restarts: int = 0,
     dial: str = "sync",
     await_change: float = 0.0,
+    break_connection: bool = False,
+    linger: float = 0.0,
     timeout: float = 30.0,
 ) -> subprocess.Popen[str]:
     """Serve kubelet.sock in `plugin_dir`; the report comes on stdout at the end.
 
     With `await_change`, once the sample calls are done gokubelet writes
     `awaiting-change` on stderr and waits that long for device lists to be
-    sent again (see `awaiting_change`)."""
+    sent again (see `awaiting_change`). With `break_connection`, it then closes
+    the first resource's connection and times its return (`break_s`); a
+    client whose stream ended is held `linger` seconds before it is dropped."""
     plugin_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [
             str(binary),
             *("-dir", str(plugin_dir), "-expect", str(expect), "-dial", dial),
             *("-allocs", str(allocs), "-restarts", str(restarts), "-timeout", f"{timeout}s"),
-            *("-await-change", f"{await_change}s"),
+            *("-await-change", f"{await_change}s", "-linger", f"{linger}s"),
+            *(("-break",) if break_connection else ()),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,7 +5,9 @@ kubelet itself runs grpc-go, whose HTTP/2 client behaves differently in the
 details (settings, BDP pings, window updates, how it dials). gokubelet
 (tests/gokubelet/main.go) is the kubelet's device manager on grpc-go: Register
 with the synchronous dial and GetDevicePluginOptions (or, as old kubelets, dial
-after the reply), ListAndWatch, Allocate, and restarts that delete every socket.
+after the reply), a client held until it sees its stream end (a Register for it
+meanwhile answered without a dial, as from 1.26), ListAndWatch, Allocate, and
+restarts that delete every socket.
 
 Without Go and grpc-go installed these tests are skipped, unless
 DP_REQUIRE_GO_KUBELET=1 (as in CI), where that is a failure.
@@ -205,3 +207,31 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
     assert server.returncode == 0, log
     assert "Traceback" not in log
     assert sorted(p.name for p in plugin_dir.iterdir()) == []  # gokubelet and dp both cleaned up
+
+
+def test_a_grpc_go_kubelet_still_holding_a_lost_client_gets_it_back_at_once(
+    gokubelet: Path, node: dict[str, Any], tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    """From 1.26 the kubelet answers a Register for a name whose client it
+    still holds without dialling, and drops the client once it sees its
+    stream end. Here a resource's connection closes, and gokubelet holds the
+    client 0.3 s longer: dp's first Register meets it, and dp asks again
+    shortly after instead of waiting for a dial (3 s, twice)."""
+    scan = {r["name"]: r for r in node["scan"]["resources"]}
+    (tmp_path / "dp").mkdir()
+    kubelet = go_kubelet.start(
+        gokubelet, tmp_path / "dp", expect=len(scan), break_connection=True, linger=0.3
+    )
+    processes.append(kubelet)
+    server = serve(node, tmp_path, "single")
+    processes.append(server)
+    report = go_kubelet.report(kubelet, timeout=60)
+    if report["errors"] or report["exit_code"] != 0:
+        server.kill()
+        raise AssertionError(f"{report}\n--- server log:\n{server.communicate()[1]}")
+    first = min(scan)
+    listed = {r["resource"]: r for r in report["resources"]}
+    assert listed[first]["already_connected"] >= 1
+    assert listed[first]["registrations"] == 2
+    assert 0.3 <= report["break_s"] < 3.0, report["break_s"]
+    assert all(r["registrations"] == 1 for name, r in listed.items() if name != first)

@@ -344,25 +344,29 @@ type endpoint struct {
 }
 
 type resource struct {
-	Resource      string    `json:"resource"`
-	Endpoint      string    `json:"endpoint"`
-	Options       options   `json:"options"`
-	Registrations int       `json:"registrations"`
-	Lists         int       `json:"lists"`
-	Devices       []device  `json:"devices"`
-	registeredAt  time.Time // of the latest registration
-	listedAt      time.Time // first list of the latest registration
-	ep            *endpoint
+	Resource      string  `json:"resource"`
+	Endpoint      string  `json:"endpoint"`
+	Options       options `json:"options"`
+	Registrations int     `json:"registrations"`
+	// Registers answered without a dial: the client was still held.
+	AlreadyConnected int       `json:"already_connected"`
+	Lists            int       `json:"lists"`
+	Devices          []device  `json:"devices"`
+	registeredAt     time.Time // of the latest registration
+	listedAt         time.Time // first list of the latest registration
+	ep               *endpoint
 }
 
 type kubelet struct {
 	dir            string
 	dialAfterReply bool
-	mu             sync.Mutex
-	changed        *sync.Cond
-	res            map[string]*resource
-	server         *grpc.Server
-	errors         []string
+	// How long runClient takes to drop a client once its ListAndWatch ended.
+	linger  time.Duration
+	mu      sync.Mutex
+	changed *sync.Cond
+	res     map[string]*resource
+	server  *grpc.Server
+	errors  []string
 }
 
 func newKubelet(dir string, dialAfterReply bool) *kubelet {
@@ -460,6 +464,27 @@ func (k *kubelet) register(in []byte) error {
 	}
 	if req.version != "v1beta1" {
 		return fmt.Errorf("requested device plugin version %q is not supported", req.version)
+	}
+	if !k.dialAfterReply {
+		// connectClient (1.26 and later): a client still held for the name
+		// answers a Register for the same socket without a dial, and
+		// refuses one for another socket.
+		k.mu.Lock()
+		var held *endpoint
+		if r := k.res[req.resource]; r != nil && r.ep != nil {
+			held = r.ep
+			if held.socket == req.endpoint {
+				r.AlreadyConnected++
+			}
+		}
+		k.mu.Unlock()
+		if held != nil && held.socket != req.endpoint {
+			return fmt.Errorf("the device plugin %s already registered with a different socket path %s",
+				req.resource, filepath.Join(k.dir, held.socket))
+		}
+		if held != nil {
+			return nil
+		}
 	}
 	if k.dialAfterReply {
 		// Old kubelets: `go m.addEndpoint(r)`, with the options of the request.
@@ -561,6 +586,22 @@ func (k *kubelet) watch(ctx context.Context, r *resource, ep *endpoint) {
 		}
 		k.mu.Unlock()
 	}
+	if ctx.Err() != nil {
+		return // stopped, or replaced by a newer registration
+	}
+	// runClient: the stream ended, so the client is disconnected and
+	// deregistered, `linger` after (the kubelet notices when it notices).
+	k.mu.Lock()
+	linger := k.linger
+	k.mu.Unlock()
+	time.Sleep(linger)
+	k.mu.Lock()
+	if r.ep == ep {
+		r.ep = nil
+		k.changed.Broadcast()
+	}
+	k.mu.Unlock()
+	ep.conn.Close()
 }
 
 // waitListed waits until `expect` resources have a first list from a
@@ -629,6 +670,7 @@ type report struct {
 	UnknownDevice *callError                     `json:"unknown_device,omitempty"`
 	Preferences   map[string]preference          `json:"preferences"`
 	Changed       map[string][]device            `json:"changed"`
+	BreakS        float64                        `json:"break_s"`
 	Errors        []string                       `json:"errors"`
 }
 
@@ -639,9 +681,11 @@ func main() {
 	allocs := flag.Int("allocs", 0, "Allocate calls to time, round-robin over the resources")
 	restarts := flag.Int("restarts", 0, "kubelet restarts to make after the calls")
 	awaitChange := flag.Duration("await-change", 0, "after the samples, print awaiting-change on stderr and wait this long for a device list to change")
-	dial := flag.String("dial", "sync", "sync: dial and ask the options inside Register (kubelet >= 1.20); after-reply: reply, then dial (older kubelets)")
+	dial := flag.String("dial", "sync", "sync: dial and ask the options inside Register (kubelet >= 1.25); after-reply: reply, then dial (older kubelets)")
 	podResources := flag.String("pod-resources", "", "also serve the PodResources List API (no pods) on this socket")
 	podResourcesOnly := flag.Bool("pod-resources-only", false, "serve only the PodResources API, until killed")
+	breakConn := flag.Bool("break", false, "after the calls, close the first resource's connection as a transport failure would, and time its return")
+	linger := flag.Duration("linger", 0, "how long a client whose stream ended is still held (a Register meanwhile is answered without a dial)")
 	flag.Parse()
 	if *podResources != "" {
 		if err := servePodResources(*podResources); err != nil {
@@ -661,6 +705,7 @@ func main() {
 		os.Exit(2)
 	}
 	k := newKubelet(*dir, *dial == "after-reply")
+	k.linger = *linger
 	start := time.Now()
 	if err := k.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "gokubelet:", err)
@@ -798,6 +843,29 @@ func main() {
 		if err != nil || len(resp) != 1 {
 			fail(fmt.Errorf("%s: Allocate(%s): %v (%d responses)", name, d.ID, err, len(resp)))
 		}
+	}
+	if *breakConn && len(names) > 0 {
+		k.mu.Lock()
+		ep := k.res[names[0]].ep
+		k.mu.Unlock()
+		broken := time.Now()
+		ep.conn.Close()
+		wake := time.AfterFunc(*timeout, func() { k.mu.Lock(); k.changed.Broadcast(); k.mu.Unlock() })
+		k.mu.Lock()
+		for {
+			r := k.res[names[0]]
+			if r.ep != nil && r.ep != ep && !r.listedAt.IsZero() {
+				rep.BreakS = r.listedAt.Sub(broken).Seconds()
+				break
+			}
+			if time.Since(broken) > *timeout {
+				k.mu.Unlock()
+				fail(fmt.Errorf("%s: not listed again within %v of its connection closing", names[0], *timeout))
+			}
+			k.changed.Wait()
+		}
+		k.mu.Unlock()
+		wake.Stop()
 	}
 	for i := 0; i < *restarts; i++ {
 		// A kubelet restart: everything closes and every socket in the
