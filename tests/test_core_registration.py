@@ -676,11 +676,9 @@ def test_per_resource_connection_binds_on_accept() -> None:
     assert node.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
 
 
-def test_a_kubelet_holding_a_client_is_asked_again_once_it_has_dropped_it() -> None:
-    """Kubelets from 1.26 answer a Register for a name whose client they still
-    hold without dialling ("already connected"). When that client's
-    connection has closed, the kubelet drops it within milliseconds; A
-    registers again 0.2 s later (plus backoff) and is served."""
+def registered_through_options() -> Node:
+    """A and B registered on connections 1 and 2, each opened with the options
+    call inside its Register: a kubelet from 1.25 on."""
     node, _ = started_node()
     node.handle(ConnectionOpened(1, 0.1))
     node.handle(OptionsRequested(1, 1, 0.1))
@@ -688,6 +686,15 @@ def test_a_kubelet_holding_a_client_is_asked_again_once_it_has_dropped_it() -> N
     node.handle(ConnectionOpened(2, 0.3))
     node.handle(OptionsRequested(2, 2, 0.3))
     node.handle(RegistrationSucceeded(B, 2, 0.4))
+    return node
+
+
+def test_a_kubelet_holding_a_client_is_asked_again_once_it_has_dropped_it() -> None:
+    """Kubelets from 1.26 answer a Register for a name whose client they still
+    hold without dialling ("already connected"). When that client's
+    connection has closed, the kubelet drops it within milliseconds; A
+    registers again 0.2 s later (plus backoff) and is served."""
+    node = registered_through_options()
     assert registers(node.handle(ConnectionClosed(1, 20.0))) == [(A, 3)]
     assert registers(node.handle(RegistrationSucceeded(A, 3, 20.01))) == []
     assert node.next_deadline() == pytest.approx(20.21)
@@ -709,13 +716,7 @@ def test_a_third_reply_without_a_dial_in_a_row_waits_the_full_dial_wait() -> Non
     client's call, would look like one holding a client forever: after two
     short waits the full one comes back, in which its refused dial unlearns
     the rule."""
-    node, _ = started_node()
-    node.handle(ConnectionOpened(1, 0.1))
-    node.handle(OptionsRequested(1, 1, 0.1))
-    node.handle(RegistrationSucceeded(A, 1, 0.2))
-    node.handle(ConnectionOpened(2, 0.3))
-    node.handle(OptionsRequested(2, 2, 0.3))
-    node.handle(RegistrationSucceeded(B, 2, 0.4))
+    node = registered_through_options()
     ((resource, attempt),) = registers(node.handle(ConnectionClosed(1, 20.0)))
     now = 20.0
     for wait in (0.2, 0.2, 3.0):
