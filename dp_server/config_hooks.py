@@ -42,6 +42,7 @@ __all__ = [
     "config_converter",
     "kind_of",
     "path_segment",
+    "register_strict_scalars",
     "show",
 ]
 
@@ -328,11 +329,16 @@ def _merge_shared_device(key: object, raw: object, base: SharedDevice | None) ->
     raise ClassValidationError(f"While structuring sharedDevices[{key!r}]", errors, SharedDevice)
 
 
-def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=True)
+def register_strict_scalars(converter: cattrs.Converter) -> None:
+    """Take strings, integers and booleans only as written: no 3 for "3", no true for 1."""
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(int, _structure_int)
     converter.register_structure_hook(bool, _structure_bool)
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=True)
+    register_strict_scalars(converter)
     converter.register_structure_hook(PciId, _structure_pci_id)
     converter.register_structure_hook_factory(_is_homogeneous_tuple, _tuple_hook_factory)
     converter.register_unstructure_hook(PciId, lambda pci_id: str(pci_id).upper())

@@ -22,6 +22,8 @@ import cattrs
 
 from dp_core import Move, MovesRecalled, PciAddress
 
+from .config_hooks import register_strict_scalars
+
 __all__ = ["MOVES_FILE", "MovesFileError", "MovesStore", "read_moves", "write_moves"]
 
 MOVES_FILE = "moves.json"
@@ -30,26 +32,13 @@ _VERSION = 1
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
-def _strictly(kind: type[Any]) -> Any:
-    """A structure hook that takes only values already of `kind` (no 3 -> "3")."""
-
-    def structure(value: Any, _: Any) -> Any:
-        if type(value) is not kind:
-            raise TypeError(f"expected {kind.__name__}, got {value!r}")
-        return value
-
-    return structure
-
-
 def _address(value: Any, _: Any) -> PciAddress:
     if not isinstance(value, str):
         raise TypeError(f"expected a PCI address, got {value!r}")
     return PciAddress.parse(value)
 
 
-_converter.register_structure_hook(str, _strictly(str))
-_converter.register_structure_hook(int, _strictly(int))
-_converter.register_structure_hook(bool, _strictly(bool))
+register_strict_scalars(_converter)
 _converter.register_structure_hook(PciAddress, _address)
 _converter.register_unstructure_hook(PciAddress, str)
 
