@@ -628,13 +628,13 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def thread_label(index: int, name: str) -> str:
+def thread_label(index: int, name: str, process_name: str) -> str:
     if index == 0:
         return "main (event loop)"
     if name.startswith("notify-rs"):
         return f"{name} (watchfiles' Rust inotify thread)"
-    if name == "python":
-        return "python (dp-watch: watchfiles' blocking watcher)"
+    if name == process_name:
+        return f"{name} (dp-watch: watchfiles' blocking watcher)"
     return name
 
 
@@ -653,8 +653,9 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["thread_names"] = runs[-1]["proc_idle"]["thread_names"]
     by_label: dict[str, list[tuple[float, float]]] = {}
     for r in runs:
-        for index, t in enumerate(sorted(r["idle_threads"], key=lambda t: t["tid"])):
-            label = thread_label(index, t["name"])
+        threads = sorted(r["idle_threads"], key=lambda t: t["tid"])
+        for index, t in enumerate(threads):
+            label = thread_label(index, t["name"], threads[0]["name"])
             by_label.setdefault(label, []).append((t["cpu_pct"], t["switches_per_s"]))
     out["idle_threads"] = {
         label: {
@@ -674,14 +675,15 @@ def extra_threads(names: Sequence[str]) -> list[str]:
     """Threads beyond the loop and what watchfiles needs.
 
     watchfiles' `awatch` runs its Rust watcher through `anyio.to_thread`, so it
-    needs one worker thread (named like the process, "python") besides its
-    own notify-rs thread; anything else counts against the target.
+    needs one worker thread (named like the process: "python" in a venv,
+    "python3" from a system interpreter) besides its own notify-rs thread;
+    anything else counts against the target. `names[0]` is the main thread's.
     """
     rest = list(names[1:])
     notify = [n for n in rest if n.startswith("notify-rs")]
     others = [n for n in rest if not n.startswith("notify-rs")]
-    if notify and "python" in others:
-        others.remove("python")
+    if notify and names and names[0] in others:
+        others.remove(names[0])
     return others
 
 
