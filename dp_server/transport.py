@@ -29,7 +29,7 @@ from grpclib.utils import DeadlineWrapper, Wrapper
 from h2.events import RequestReceived
 from h2.utilities import SizeLimitDict
 
-from . import unary, wire
+from . import raw_calls, unary, wire
 
 CLOSED_STREAMS_KEPT = 256  # per connection
 
@@ -231,6 +231,34 @@ class _TrackedProtocol(_CoalescingProtocol):
             self._tracker.lost(self._dp_connection)
 
     def data_received(self, data: bytes) -> None:
+        replies: dict[int, unary.Reply] = {}
+        if self._dp_connection is not None and not self.connection.is_closing():
+            found = raw_calls.read(data, self.connection._connection, self._answers)
+            if found is not None:
+                replies = self._answer_raw(found)
+                if not replies:
+                    return
+                # A reply too large to go out whole: h2 takes the read (decoding
+                # the same indexed-only headers again) and the replies made.
+        self._receive(data, replies)
+
+    def _answer_raw(self, found: raw_calls.RawRead) -> dict[int, unary.Reply]:
+        """Answer the calls of a read that `raw_calls` took apart; if a reply does
+        not fit the peer's windows, return them all for h2's path to send."""
+        replies = [unary.reply_frames(call, self._dp_connection) for call in found.calls]  # type: ignore[arg-type]
+        h2_connection = self.connection._connection
+        blocks = [raw_calls.reply_block(headers, framed) for headers, framed in replies]
+        if not found.replies_fit(h2_connection, blocks):
+            return {call.stream_id: reply for call, reply in zip(found.calls, replies, strict=True)}
+        sent = found.apply(h2_connection, blocks)
+        for increment in found.connection_increments:
+            self.processor.process(raw_calls.window_updated(increment))
+        self.connection.flush()
+        self.coalescing.write(sent)
+        self.coalescing.flush()
+        return {}
+
+    def _receive(self, data: bytes, replies: dict[int, unary.Reply]) -> None:
         try:
             events = self.connection.feed(data)
         except h2.exceptions.ProtocolError:
@@ -248,28 +276,30 @@ class _TrackedProtocol(_CoalescingProtocol):
                 queued = queued or bool(stream_id)
                 self.processor.process(event)
             elif type(event) is RequestReceived:
+                reply = replies.get(call.stream_id)
                 if queued:
-                    asyncio.get_running_loop().call_soon(self._answer_now, call)
+                    asyncio.get_running_loop().call_soon(self._answer_now, call, reply)
                 else:
-                    self._answer(call)
+                    self._answer(call, reply)
                     answered = True
         self.connection.flush()
         if answered:
             # The replies are complete: send them now rather than a turn later.
             self.coalescing.flush()
 
-    def _answer_now(self, call: unary.WholeCall) -> None:
-        self._answer(call)
+    def _answer_now(self, call: unary.WholeCall, reply: unary.Reply | None) -> None:
+        self._answer(call, reply)
         self.coalescing.flush()
 
-    def _answer(self, call: unary.WholeCall) -> None:
+    def _answer(self, call: unary.WholeCall, reply: unary.Reply | None = None) -> None:
+        """Send the reply to `call`, asking for it unless `reply` is the one made already."""
         assert self._dp_connection is not None
         connection = self.connection
         if connection.is_closing():
             return
         h2_connection = connection._connection
         stream_id = call.stream_id
-        headers, framed = unary.reply_frames(call, self._dp_connection)
+        headers, framed = reply or unary.reply_frames(call, self._dp_connection)
         try:
             if call.flow_controlled:
                 h2_connection.acknowledge_received_data(call.flow_controlled, stream_id)

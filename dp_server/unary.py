@@ -30,10 +30,22 @@ from grpclib.metadata import Deadline, decode_timeout, encode_grpc_message
 from h2.connection import H2Connection
 from h2.events import DataReceived, Event, RequestReceived, StreamEnded, StreamReset
 
-__all__ = ["TRAILERS_OK", "Answer", "WholeCall", "fits", "reply_frames", "whole_calls"]
+__all__ = [
+    "CONTENT_TYPE",
+    "TRAILERS_OK",
+    "Answer",
+    "Reply",
+    "WholeCall",
+    "call_route",
+    "fits",
+    "reply_frames",
+    "whole_calls",
+]
 
 Answer = Callable[[int, bytes], bytes]
 """(connection, request message) -> reply message, or raises GRPCError."""
+Reply = tuple[list[tuple[str, str]], bytes | None]
+"""Response headers and the framed reply message, or trailers-only headers and None."""
 
 CONTENT_TYPE = "application/grpc+proto"
 TRAILERS_OK = [("grpc-status", "0")]
@@ -58,6 +70,7 @@ class WholeCall:
         "path",
         "request",
         "stream_id",
+        "window",
     )
 
     def __init__(
@@ -71,6 +84,7 @@ class WholeCall:
         self.flow_controlled = 0  # what to acknowledge to h2, padding included
         self.ended = False
         self.request: bytes | None = None  # `message()`, once the call is whole
+        self.window = 0  # WINDOW_UPDATE increments the peer gave this stream so far
 
     def message(self) -> bytes | None:
         """The request message, or None unless the body is one uncompressed message."""
@@ -80,6 +94,18 @@ class WholeCall:
         if int.from_bytes(body[1:_MESSAGE_PREFIX], "big") != len(body) - _MESSAGE_PREFIX:
             return None
         return body[_MESSAGE_PREFIX:]
+
+
+def call_route(
+    headers: Sequence[tuple[str, str]], answers: Mapping[str, Answer]
+) -> tuple[str, Answer, Deadline | None] | None:
+    """The path, answer and deadline of a request grpclib would accept and route to a
+    unary answer, else None."""
+    found = _path_of(headers, answers)
+    if found is None:
+        return None
+    path, timeout = found
+    return path, answers[path], None if timeout is None else Deadline.from_timeout(timeout)
 
 
 def _path_of(
@@ -119,11 +145,9 @@ def whole_calls(events: Sequence[Event], answers: Mapping[str, Answer]) -> dict[
         kind = type(event)
         if kind is RequestReceived:
             assert isinstance(event, RequestReceived) and event.stream_id is not None
-            found = _path_of(event.headers or (), answers)  # type: ignore[arg-type]
-            if found is not None:
-                path, timeout = found
-                deadline = None if timeout is None else Deadline.from_timeout(timeout)
-                calls[event.stream_id] = WholeCall(event.stream_id, path, answers[path], deadline)
+            route = call_route(event.headers or (), answers)  # type: ignore[arg-type]
+            if route is not None:
+                calls[event.stream_id] = WholeCall(event.stream_id, *route)
         elif kind is DataReceived:
             assert isinstance(event, DataReceived)
             call = calls.get(event.stream_id or 0)
@@ -145,7 +169,7 @@ def whole_calls(events: Sequence[Event], answers: Mapping[str, Answer]) -> dict[
     return whole
 
 
-def reply_frames(call: WholeCall, connection: int) -> tuple[list[tuple[str, str]], bytes | None]:
+def reply_frames(call: WholeCall, connection: int) -> Reply:
     """What to send for `call`: the response headers and the framed reply message,
     or trailers-only headers and None when the answer is an error status."""
     assert call.request is not None, "only whole calls are answered"

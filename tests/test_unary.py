@@ -15,7 +15,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from dp_core import AllocateRequested, OptionsRequested, SocketMode, WatchStarted
-from dp_server import transport, unary
+from dp_server import raw_calls, transport, unary
 from dp_server.emulator._rpc import dp
 
 from e2e_harness import GPU, Harness, RecordingTransport, live
@@ -181,6 +181,7 @@ async def answers(
     with monkeypatch.context() as patch:
         if not whole:
             patch.setattr(unary, "whole_calls", lambda events, answers: {})
+            patch.setattr(raw_calls, "read", lambda data, h2, answers: None)
         reply_frames = unary.reply_frames
 
         def spy(call: unary.WholeCall, connection: int) -> Any:
@@ -228,6 +229,126 @@ async def test_whole_calls_are_answered_exactly_as_grpclib_answers_them(
     assert ("grpc-status", "12") in whole["unknown method"]["headers"]
     assert ("grpc-status", "3") in whole["no message"]["headers"]
     assert ("grpc-status", "0") not in whole["deadline passed"]["trailers"]
+
+
+async def test_repeated_calls_read_from_their_frames_are_answered_as_grpclib_answers_them(
+    gpu_socket: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call's second sending repeats its headers as indexed fields only, which
+    # is what `raw_calls` reads; the first, with literals, goes through h2.
+    path, devices = gpu_socket
+    seconds: dict[bool, dict[str, dict[str, Any]]] = {}
+    read_raw: set[str] = set()
+    case = [""]
+    read = raw_calls.read
+
+    def spy(data: bytes, h2: Any, answers: Any) -> Any:
+        found = read(data, h2, answers)
+        if found is not None:
+            read_raw.add(case[0])
+        return found
+
+    for whole in (False, True):
+        with monkeypatch.context() as patch:
+            patch.setattr(raw_calls, "read", spy)
+            if not whole:
+                patch.setattr(unary, "whole_calls", lambda events, answers: {})
+                patch.setattr(raw_calls, "read", lambda data, h2, answers: None)
+            client = await RawClient.connect(path)
+            try:
+                # The first reply brings the server's SETTINGS, whose ACK the
+                # client sends with its next call: a read raw_calls leaves to h2.
+                stream_id = client.call(request_headers("GetDevicePluginOptions"), framed(b""))
+                await client.flush()
+                await client.reply(stream_id)
+                seconds[whole] = {}
+                for case[0], (headers, body) in cases(devices).items():
+                    name = case[0]
+                    for _ in range(2):
+                        stream_id = client.call(headers, body)
+                        await client.flush()
+                        seconds[whole][name] = await client.reply(stream_id)
+            finally:
+                await client.close()
+    assert seconds[True] == seconds[False]
+    assert read_raw == {
+        "options",
+        "allocate",
+        "allocate an unknown device",
+        "allocate, malformed",
+        "preferred",
+        "pre-start",
+        "proto content type",
+    }
+    ok = ("grpc-status", "0")
+    assert ok in seconds[True]["allocate"]["trailers"]
+    assert b"/dev/vfio/" in seconds[True]["allocate"]["data"]
+    assert ("grpc-status", "3") in seconds[True]["allocate an unknown device"]["headers"]
+
+
+async def test_a_repeated_call_too_large_for_the_window_is_answered_once_through_h2(
+    gpu_socket: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, devices = gpu_socket
+    asked: list[int] = []
+    reply_frames = unary.reply_frames
+
+    def counting(call: unary.WholeCall, connection: int) -> Any:
+        asked.append(call.stream_id)
+        return reply_frames(call, connection)
+
+    monkeypatch.setattr(unary, "reply_frames", counting)
+    wide = await RawClient.connect(path)
+    narrow = await RawClient.connect(path, window=40)
+    try:
+        headers, body = request_headers("Allocate"), framed(allocate_request(devices[0]))
+        stream_id = wide.call(headers, body)
+        await wide.flush()
+        expected = await wide.reply(stream_id)
+        asked.clear()
+        for _ in range(2):
+            stream_id = narrow.call(headers, body)
+            await narrow.flush()
+            reply = await narrow.reply(stream_id)
+            assert reply["frames"] > 2  # 40 bytes at a time
+            assert {k: v for k, v in reply.items() if k != "frames"} == {
+                k: v for k, v in expected.items() if k != "frames"
+            }
+        # The second was read raw, found not to fit, and went out through h2
+        # with the answer made: the core was asked once per call.
+        assert asked == [1, 3]
+    finally:
+        await wide.close()
+        await narrow.close()
+
+
+async def test_a_connection_window_update_read_raw_reaches_grpclib() -> None:
+    raw = RecordingTransport()
+    server = transport.TrackedServer(
+        [],
+        transport.ConnectionTracker(lambda transport, listener: 1, lambda connection: None),
+        None,
+        {BASE + "Allocate": lambda connection, message: b"re:" + message},
+    )
+    protocol = server._protocol_factory()
+    protocol.connection_made(raw)
+    processed: list[h2.events.Event] = []
+    process = protocol.processor.process
+    protocol.processor.process = lambda event: (processed.append(event), process(event))[1]
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    for stream_id in (1, 3):
+        client.send_headers(stream_id, request_headers("Allocate"))
+        client.send_data(stream_id, framed(b"ids"), end_stream=True)
+        if stream_id == 3:
+            client.increment_flow_control_window(777)
+        protocol.data_received(client.data_to_send())
+    events = client.receive_data(b"".join(raw.sent))
+    assert [e.stream_id for e in events if isinstance(e, h2.events.StreamEnded)] == [1, 3]
+    [update] = [e for e in processed if isinstance(e, h2.events.WindowUpdated)]
+    assert (update.stream_id, update.delta) == (0, 777)
+    # Stream 3 never reached grpclib's processor: it was read raw.
+    assert {getattr(e, "stream_id", 0) for e in processed} <= {0, 1}
 
 
 async def test_a_call_split_across_reads_is_answered_by_grpclib(

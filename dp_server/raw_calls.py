@@ -1,0 +1,227 @@
+"""Steady-state unary calls read from the HTTP/2 frames themselves.
+
+A kubelet's calls on a connection repeat their headers, so from its second
+call on, each one arrives as the same few frames: HEADERS whose block is only
+references into the HPACK tables, WINDOW_UPDATEs, and one DATA frame that ends
+the stream. `dp_server.unary` answers such a call in the turn it is read, but
+still through h2, whose state machines, frame objects and events cost more
+than everything else on the server's Allocate path (and, on a busy 2-vCPU
+host, where every wake-up meets cold caches, several times what a loop of
+them costs).
+
+`read` recognises a read made only of such calls (and WINDOW_UPDATEs on the
+connection), checking everything h2 would; `Reply` lays out the frames that
+answer them. Nothing is changed until the caller applies a read, so when
+anything else is in it (a PING, SETTINGS, a literal header, padding, a frame
+cut by the read, a window too small for a reply) the read goes to h2 as it is.
+
+What h2 would have recorded is kept in its connection, so that what comes
+after meets the same state: the highest stream id, flow-control windows both
+ways, and the stream's end (for late frames). The replies' header blocks use
+only the static HPACK table and literals that are never indexed, so h2's
+encoder and the peer's decoder stay in step without h2 seeing them. An
+indexed-only header block changes no table, so decoding it here and again in
+h2 (when the read goes there after all) decodes it the same both times.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+from h2.connection import ConnectionState, H2Connection
+from h2.events import WindowUpdated
+from h2.stream import StreamClosedBy
+from hpack import Encoder, HPACKError, NeverIndexedHeaderTuple
+
+from .unary import CONTENT_TYPE, Answer, WholeCall, call_route
+
+__all__ = ["RawRead", "encode_block", "read", "reply_block", "window_updated"]
+
+_DATA, _HEADERS, _WINDOW_UPDATE = 0x0, 0x1, 0x8
+_END_STREAM, _END_HEADERS = 0x1, 0x4
+_LAST_HEADERS = _END_HEADERS | _END_STREAM
+_FRAME_HEADER = struct.Struct(">BHBBL")  # length (24 bits), type, flags, stream id
+_FRAME_HEADER_SIZE = _FRAME_HEADER.size
+_LARGEST_WINDOW = 2**31 - 1
+
+
+def encode_block(headers: list[tuple[str, str]]) -> bytes:
+    """An HPACK block of `headers` that references only the static table.
+
+    A fresh encoder's dynamic table is empty and never-indexed literals are
+    not added to it, so the block means the same to any decoder, whatever its
+    dynamic table holds.
+    """
+    return Encoder().encode([NeverIndexedHeaderTuple(name, value) for name, value in headers])
+
+
+RESPONSE_HEADERS_BLOCK = encode_block([(":status", "200"), ("content-type", CONTENT_TYPE)])
+TRAILERS_OK_BLOCK = encode_block([("grpc-status", "0")])
+
+
+def reply_block(headers: list[tuple[str, str]], framed: bytes | None) -> tuple[bytes, bytes | None]:
+    """The header block and message of a reply from `unary.reply_frames`."""
+    if framed is not None:
+        return RESPONSE_HEADERS_BLOCK, framed  # its headers never change
+    return encode_block(headers), None
+
+
+def window_updated(increment: int) -> WindowUpdated:
+    """The event h2 gives for a WINDOW_UPDATE on the connection (grpclib wakes
+    the streams that wait for room on it)."""
+    return WindowUpdated(stream_id=0, delta=increment)
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    length = len(payload)
+    return _FRAME_HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream_id) + payload
+
+
+class RawRead:
+    """The whole unary calls of one read, and the connection window updates among them."""
+
+    __slots__ = ("calls", "connection_increments", "received")
+
+    def __init__(self) -> None:
+        self.calls: list[WholeCall] = []
+        self.connection_increments: list[int] = []
+        self.received = 0  # flow-controlled bytes, all calls
+
+    def replies_fit(self, h2: H2Connection, replies: list[tuple[bytes, bytes | None]]) -> bool:
+        """Whether every reply (header block, framed message) goes out whole now: each
+        block in one frame, each message in one DATA frame within the windows."""
+        window = h2.outbound_flow_control_window + sum(self.connection_increments)
+        frame_limit = h2.max_outbound_frame_size
+        for call, (block, message) in zip(self.calls, replies, strict=True):
+            if len(block) > frame_limit:
+                return False
+            if message is None:
+                continue
+            stream_window = h2.remote_settings.initial_window_size + call.window
+            if len(message) > min(window, stream_window, frame_limit):
+                return False
+            window -= len(message)
+        return True
+
+    def apply(self, h2: H2Connection, replies: list[tuple[bytes, bytes | None]]) -> bytes:
+        """Record in `h2` what receiving these frames and sending the replies does;
+        returns the bytes to send: window updates and replies, in order."""
+        for increment in self.connection_increments:
+            h2.outbound_flow_control_window += increment
+        inbound = h2._inbound_flow_control_window_manager
+        out = []
+        for call, (block, message) in zip(self.calls, replies, strict=True):
+            stream_id = call.stream_id
+            h2.highest_inbound_stream_id = stream_id
+            # Received, and acknowledged at once, as `unary` acknowledges a whole call.
+            inbound.window_consumed(call.flow_controlled)
+            acknowledged = inbound.process_bytes(call.flow_controlled)
+            if acknowledged:
+                out.append(_frame(_WINDOW_UPDATE, 0, 0, acknowledged.to_bytes(4, "big")))
+            if message is None:
+                out.append(_frame(_HEADERS, _LAST_HEADERS, stream_id, block))
+            else:
+                h2.outbound_flow_control_window -= len(message)
+                out.append(_frame(_HEADERS, _END_HEADERS, stream_id, block))
+                out.append(_frame(_DATA, 0, stream_id, message))
+                out.append(_frame(_HEADERS, _LAST_HEADERS, stream_id, TRAILERS_OK_BLOCK))
+            h2._closed_streams[stream_id] = StreamClosedBy.SEND_END_STREAM
+        return b"".join(out)
+
+
+def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRead | None:
+    """The calls `data` holds, if it holds nothing h2 must see: every frame whole
+    and one of HEADERS (indexed fields only), DATA (no padding) or WINDOW_UPDATE,
+    on a connection h2 has nothing pending for. None sends the read to h2."""
+    if h2.state_machine.state is not ConnectionState.SERVER_OPEN:
+        return None
+    pending = h2.incoming_buffer
+    if pending._data or pending._preamble_len or pending._headers_buffer:
+        return None
+    if h2.encoder.table_size_changes:
+        return None  # a table size update is owed at the start of the next block
+    if len(h2.streams) >= h2.local_settings.max_concurrent_streams:
+        return None  # h2 may refuse a new stream
+    found = RawRead()
+    call: WholeCall | None = None
+    highest = h2.highest_inbound_stream_id
+    frame_limit = h2.max_inbound_frame_size
+    stream_window = h2.local_settings.initial_window_size
+    end = len(data)
+    at = 0
+    while at < end:
+        if end - at < _FRAME_HEADER_SIZE:
+            return None
+        high, low, kind, flags, stream_id = _FRAME_HEADER.unpack_from(data, at)
+        length = high << 16 | low
+        stream_id &= 0x7FFFFFFF
+        start = at + _FRAME_HEADER_SIZE
+        at = start + length
+        if at > end or length > frame_limit:
+            return None
+        if kind == _HEADERS:
+            if call is not None or flags != _END_HEADERS:
+                return None  # a call still open, padding, priority, no body, CONTINUATION
+            if stream_id <= highest or not stream_id & 1:
+                return None
+            call = _open(data[start:at], stream_id, h2, answers)
+            if call is None:
+                return None
+            highest = stream_id
+        elif kind == _DATA:
+            if call is None or stream_id != call.stream_id or flags & ~_END_STREAM:
+                return None
+            call.chunks.append(data[start:at])
+            call.flow_controlled += length
+            if call.flow_controlled > stream_window:
+                return None
+            if flags & _END_STREAM:
+                call.request = call.message()
+                if call.request is None:
+                    return None
+                found.calls.append(call)
+                found.received += call.flow_controlled
+                call = None
+        elif kind == _WINDOW_UPDATE:
+            if length != 4:
+                return None
+            increment = int.from_bytes(data[start:at], "big") & 0x7FFFFFFF
+            if not increment:
+                return None
+            if stream_id == 0:
+                found.connection_increments.append(increment)
+            elif call is not None and stream_id == call.stream_id:
+                call.window += increment
+                if h2.remote_settings.initial_window_size + call.window > _LARGEST_WINDOW:
+                    return None
+            else:
+                return None
+        else:
+            return None
+    if call is not None or not found.calls:
+        return None
+    window = h2.outbound_flow_control_window + sum(found.connection_increments)
+    if window > _LARGEST_WINDOW:
+        return None
+    if found.received > h2._inbound_flow_control_window_manager.current_window_size:
+        return None
+    return found
+
+
+def _open(
+    block: bytes, stream_id: int, h2: H2Connection, answers: Mapping[str, Answer]
+) -> WholeCall | None:
+    """The call a header block opens, if it is made of indexed fields only and
+    names a unary answer (see `unary.call_route`)."""
+    if not block or min(block) < 0x80:
+        return None  # a literal (which may change a table), or an index past 126
+    try:
+        decoded = h2.decoder.decode(block, raw=True)
+        headers = [(name.decode("ascii"), value.decode("ascii")) for name, value in decoded]
+    except (HPACKError, UnicodeDecodeError):
+        return None  # h2 answers these itself
+    route = call_route(headers, answers)
+    if route is None:
+        return None
+    return WholeCall(stream_id, *route)
