@@ -38,8 +38,9 @@ from .unary import CONTENT_TYPE, Answer, WholeCall, call_route
 
 __all__ = ["RawRead", "encode_block", "read", "reply_block", "window_updated"]
 
-_DATA, _HEADERS, _WINDOW_UPDATE = 0x0, 0x1, 0x8
+_DATA, _HEADERS, _PING, _WINDOW_UPDATE = 0x0, 0x1, 0x6, 0x8
 _END_STREAM, _END_HEADERS = 0x1, 0x4
+_ACK = 0x1  # on PING
 _LAST_HEADERS = _END_HEADERS | _END_STREAM
 _FRAME_HEADER = struct.Struct(">BHBBL")  # length (24 bits), type, flags, stream id
 _FRAME_HEADER_SIZE = _FRAME_HEADER.size
@@ -79,13 +80,15 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
 
 
 class RawRead:
-    """The whole unary calls of one read, and the connection window updates among them."""
+    """The whole unary calls of one read, and the PINGs and connection window
+    updates among them."""
 
-    __slots__ = ("calls", "connection_increments", "received")
+    __slots__ = ("calls", "connection_increments", "pings", "received")
 
     def __init__(self) -> None:
         self.calls: list[WholeCall] = []
         self.connection_increments: list[int] = []
+        self.pings: list[bytes] = []  # their opaque data, to send back
         self.received = 0  # flow-controlled bytes, all calls
 
     def replies_fit(self, h2: H2Connection, replies: list[tuple[bytes, bytes | None]]) -> bool:
@@ -110,7 +113,8 @@ class RawRead:
         for increment in self.connection_increments:
             h2.outbound_flow_control_window += increment
         inbound = h2._inbound_flow_control_window_manager
-        out = []
+        # PINGs are acknowledged at once, as h2 does: first.
+        out = [_frame(_PING, _ACK, 0, opaque) for opaque in self.pings]
         for call, (block, message) in zip(self.calls, replies, strict=True):
             stream_id = call.stream_id
             h2.highest_inbound_stream_id = stream_id
@@ -132,8 +136,10 @@ class RawRead:
 
 def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRead | None:
     """The calls `data` holds, if it holds nothing h2 must see: every frame whole
-    and one of HEADERS (indexed fields only), DATA (no padding) or WINDOW_UPDATE,
-    on a connection h2 has nothing pending for. None sends the read to h2."""
+    and one of HEADERS (indexed fields only), DATA (no padding), PING or
+    WINDOW_UPDATE (for the connection, a call of the read, or a stream h2 has
+    closed), on a connection h2 has nothing pending for. None sends the read
+    to h2."""
     if h2.state_machine.state is not ConnectionState.SERVER_OPEN:
         return None
     pending = h2.incoming_buffer
@@ -144,7 +150,8 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
     if len(h2.streams) >= h2.local_settings.max_concurrent_streams:
         return None  # h2 may refuse a new stream
     found = RawRead()
-    call: WholeCall | None = None
+    calls: dict[int, WholeCall] = {}  # this read's, by stream
+    call: WholeCall | None = None  # the one whose body is still coming
     highest = h2.highest_inbound_stream_id
     frame_limit = h2.max_inbound_frame_size
     stream_window = h2.local_settings.initial_window_size
@@ -169,6 +176,7 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
             if call is None:
                 return None
             highest = stream_id
+            calls[stream_id] = call
         elif kind == _DATA:
             if call is None or stream_id != call.stream_id or flags & ~_END_STREAM:
                 return None
@@ -184,22 +192,15 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
                 found.received += call.flow_controlled
                 call = None
         elif kind == _WINDOW_UPDATE:
-            if length != 4:
+            if length != 4 or not _window_update(found, calls, stream_id, data[start:at], h2):
                 return None
-            increment = int.from_bytes(data[start:at], "big") & 0x7FFFFFFF
-            if not increment:
-                return None
-            if stream_id == 0:
-                found.connection_increments.append(increment)
-            elif call is not None and stream_id == call.stream_id:
-                call.window += increment
-                if h2.remote_settings.initial_window_size + call.window > _LARGEST_WINDOW:
-                    return None
-            else:
-                return None
+        elif kind == _PING:
+            if stream_id or length != 8 or flags:
+                return None  # a PING's ACK, or one h2 would refuse
+            found.pings.append(data[start:at])
         else:
             return None
-    if call is not None or not found.calls:
+    if call is not None:
         return None
     window = h2.outbound_flow_control_window + sum(found.connection_increments)
     if window > _LARGEST_WINDOW:
@@ -207,6 +208,29 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
     if found.received > h2._inbound_flow_control_window_manager.current_window_size:
         return None
     return found
+
+
+def _window_update(
+    found: RawRead, calls: dict[int, WholeCall], stream_id: int, payload: bytes, h2: H2Connection
+) -> bool:
+    """Take in a WINDOW_UPDATE: False when h2 must see it."""
+    increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+    if not increment:
+        return False
+    if stream_id == 0:
+        found.connection_increments.append(increment)
+        return True
+    call = calls.get(stream_id)
+    if call is not None:
+        call.window += increment
+        return h2.remote_settings.initial_window_size + call.window <= _LARGEST_WINDOW
+    # One for a stream h2 has closed and forgotten (a call answered before) it
+    # ignores; one for a stream it has open (ListAndWatch) changes that stream.
+    return (
+        stream_id & 1 == 1
+        and stream_id <= h2.highest_inbound_stream_id
+        and (stream_id not in h2.streams)
+    )
 
 
 def _open(

@@ -327,14 +327,22 @@ HEADERS_LENGTH = 9 + 7  # the indexed-only block of HEADERS: one byte per field
     [
         pytest.param(lambda p, d: d[:-1], id="a frame cut by the read"),
         pytest.param(lambda p, d: d[: 9 + HEADERS_LENGTH], id="headers without the body"),
-        pytest.param(lambda p, d: d + raw_calls._frame(0x6, 0, 0, bytes(8)), id="a PING"),
+        pytest.param(lambda p, d: d + raw_calls._frame(0x6, 0x1, 0, bytes(8)), id="a PING ACK"),
+        pytest.param(
+            lambda p, d: d + raw_calls._frame(0x6, 0, 1, bytes(8)), id="a PING on a stream"
+        ),
+        pytest.param(lambda p, d: d + raw_calls._frame(0x6, 0, 0, bytes(7)), id="a short PING"),
         pytest.param(lambda p, d: raw_calls._frame(0x4, 0x1, 0, b"") + d, id="a SETTINGS ack"),
         pytest.param(
             lambda p, d: d + raw_calls._frame(0x8, 0, 0, bytes(4)), id="a zero window increment"
         ),
         pytest.param(
-            lambda p, d: d + raw_calls._frame(0x8, 0, 1, (1).to_bytes(4, "big")),
-            id="a window update for another stream",
+            lambda p, d: d + raw_calls._frame(0x8, 0, 101, (1).to_bytes(4, "big")),
+            id="a window update for a stream never opened",
+        ),
+        pytest.param(
+            lambda p, d: d + raw_calls._frame(0x8, 0, 2, (1).to_bytes(4, "big")),
+            id="a window update for a server stream",
         ),
         pytest.param(
             lambda p, d: d + raw_calls._frame(0x8, 0, 0, (2**31 - 1).to_bytes(4, "big")),
@@ -387,6 +395,44 @@ def test_reads_with_anything_else_go_to_h2(change: Callable[[Pair, bytes], bytes
     assert raw_calls.read(data, pair.server, ANSWERS) is None
     assert pair.server.highest_inbound_stream_id == highest
     assert pair.server.outbound_flow_control_window == window
+
+
+def test_a_ping_is_acknowledged_with_its_data() -> None:
+    pair = Pair()
+    pair.warm()
+    ping = raw_calls._frame(0x6, 0, 0, b"12345678")
+    stream_id, data = pair.request()
+    found = raw_calls.read(ping + data + ping, pair.server, ANSWERS)
+    assert found is not None and found.pings == [b"12345678"] * 2
+    events = pair.answer_raw(ping + data + ping)
+    acks = [e for e in events if isinstance(e, h2.events.PingAckReceived)]
+    assert [a.ping_data for a in acks] == [b"12345678"] * 2
+    assert replies(events) == {stream_id: OK_REPLY}
+    # A read of PINGs alone is answered too.
+    assert [type(e) for e in pair.answer_raw(ping)] == [h2.events.PingAckReceived]
+
+
+def test_window_updates_for_closed_calls_are_ignored_and_for_open_streams_left_to_h2() -> None:
+    pair = Pair()
+    pair.warm()
+    stream_id, data = pair.request()
+    pair.answer_raw(data)
+    late = raw_calls._frame(0x8, 0, stream_id, (9).to_bytes(4, "big"))
+    found = raw_calls.read(late, pair.server, ANSWERS)
+    assert found is not None and found.calls == [] and found.connection_increments == []
+    # After the end of the stream, in the same read, it still counts for the reply.
+    stream_id, data = pair.request()
+    data += raw_calls._frame(0x8, 0, stream_id, (9).to_bytes(4, "big"))
+    found = raw_calls.read(data, pair.server, ANSWERS)
+    assert found is not None and found.calls[0].window == 9
+    # A stream h2 has open (a ListAndWatch, say) is h2's to update.
+    watch = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(watch, headers_for("ListAndWatch"))
+    pair.client.send_data(watch, framed(b""))
+    pair.server.receive_data(pair.client.data_to_send())
+    assert watch in pair.server.streams
+    update = raw_calls._frame(0x8, 0, watch, (9).to_bytes(4, "big"))
+    assert raw_calls.read(update, pair.server, ANSWERS) is None
 
 
 def test_a_literal_header_or_an_unknown_path_goes_to_h2() -> None:
