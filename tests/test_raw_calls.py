@@ -9,6 +9,7 @@ from collections.abc import Callable
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import pytest
 from grpclib.const import Status
@@ -311,6 +312,17 @@ def test_late_frames_on_a_raw_stream_are_what_h2_expects_of_a_closed_one() -> No
     assert pair.server.receive_data(window_update + reset) == []
     next_id, data = pair.request()
     assert replies(pair.answer_raw(data)) == {next_id: OK_REPLY}
+    # Raw streams are not added to h2's record of closed streams (it would
+    # grow to its bound on every connection)...
+    assert stream_id not in pair.server._closed_streams
+    # ...and late DATA on one is refused as on any closed stream: a stream reset.
+    pair.server.receive_data(raw_calls._frame(0x0, 0x1, stream_id, framed(b"late")))
+    sent = pair.server.data_to_send()
+    reset = raw_calls._frame(0x3, 0, stream_id, (5).to_bytes(4, "big"))  # STREAM_CLOSED
+    assert sent.endswith(reset)
+    # Late HEADERS end the connection (as after any stream that ended).
+    with pytest.raises(h2.exceptions.ProtocolError):
+        pair.server.receive_data(raw_calls._frame(0x1, 0x5, stream_id, bytes([0x83])))
 
 
 def _with(pair: Pair, change: Callable[[Pair, bytes], bytes]) -> bytes:
