@@ -52,6 +52,9 @@ _LAST_HEADERS = _END_HEADERS | _END_STREAM
 _FRAME_HEADER = struct.Struct(">BHBBL")  # length (24 bits), type, flags, stream id
 _FRAME_HEADER_SIZE = _FRAME_HEADER.size
 _LARGEST_WINDOW = 2**31 - 1
+# Headers h2 checks whatever grpclib's configuration says (a body that does not
+# match its content-length, a response status in a request ends the connection).
+_H2_CHECKS = frozenset({"content-length", ":status"})
 
 
 def encode_block(headers: list[tuple[str, str]]) -> bytes:
@@ -151,10 +154,8 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
     pending = h2.incoming_buffer
     if pending._data or pending._preamble_len or pending._headers_buffer:
         return None
-    if h2.encoder.table_size_changes:
-        return None  # a table size update is owed at the start of the next block
-    if len(h2.streams) >= h2.local_settings.max_concurrent_streams:
-        return None  # h2 may refuse a new stream
+    if h2.encoder.header_table.resized:
+        return None  # h2's encoder owes a table size update at the start of its next block
     found = RawRead()
     calls: dict[int, WholeCall] = {}  # this read's, by stream
     call: WholeCall | None = None  # the one whose body is still coming
@@ -177,6 +178,13 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
             if call is not None or flags != _END_HEADERS:
                 return None  # a call still open, padding, priority, no body, CONTINUATION
             if stream_id <= highest or not stream_id & 1:
+                return None
+            # h2 refuses a stream past the limit, counting those the read opened
+            # (each open until answered); its count culls closed streams first.
+            limit = h2.local_settings.max_concurrent_streams
+            if len(h2.streams) + len(calls) >= limit and (
+                h2.open_inbound_streams + len(calls) >= limit
+            ):
                 return None
             call = _open(data[start:at], stream_id, h2, answers)
             if call is None:
@@ -251,6 +259,8 @@ def _open(
         headers = [(name.decode("ascii"), value.decode("ascii")) for name, value in decoded]
     except (HPACKError, UnicodeDecodeError):
         return None  # h2 answers these itself
+    if any(name in _H2_CHECKS for name, _ in headers):
+        return None
     route = call_route(headers, answers)
     if route is None:
         return None

@@ -447,6 +447,47 @@ def test_window_updates_for_closed_calls_are_ignored_and_for_open_streams_left_t
     assert raw_calls.read(update, pair.server, ANSWERS) is None
 
 
+def twins(headers: list[tuple[str, str]] = HEADERS) -> tuple[Pair, Pair]:
+    """Two identical connections after one call through h2."""
+    pairs = Pair(), Pair()
+    for pair in pairs:
+        _, data = pair.request(framed(b"ids"), headers)
+        pair.served(pair.server.receive_data(data))
+        pair.pump()
+    return pairs
+
+
+def test_a_body_not_matching_its_content_length_is_left_to_h2() -> None:
+    # h2 checks content-length whatever grpclib configures, and ends the connection.
+    headers = [*HEADERS, ("content-length", "8")]  # len(framed(b"ids")) == 8
+    raw, twin = twins(headers)
+    _, data = raw.request(framed(b"idsx"), headers)  # 9 bytes, every header indexed
+    _, same = twin.request(framed(b"idsx"), headers)
+    assert data == same
+    with pytest.raises(h2.exceptions.InvalidBodyLengthError):
+        twin.server.receive_data(same)
+    assert raw_calls.read(data, raw.server, ANSWERS) is None
+
+
+def test_a_read_opening_more_streams_than_allowed_is_left_to_h2() -> None:
+    # h2 counts the streams the read opened before (open until answered).
+    raw, twin = twins()
+    _, one = raw.request()
+    block = one[9 : 9 + int.from_bytes(one[:3], "big")]
+    assert min(block) >= 0x80
+    limit = raw.server.local_settings.max_concurrent_streams
+    data = b"".join(
+        raw_calls._frame(0x1, 0x4, stream_id, block)
+        + raw_calls._frame(0x0, 0x1, stream_id, framed(b"ids"))
+        for stream_id in range(3, 3 + 2 * (limit + 1), 2)
+    )
+    with pytest.raises(h2.exceptions.TooManyStreamsError):
+        twin.server.receive_data(data)
+    assert raw_calls.read(data, raw.server, ANSWERS) is None
+    # One fewer is h2's to serve, and raw_calls'.
+    assert raw_calls.read(data[: len(data) // (limit + 1) * limit], raw.server, ANSWERS)
+
+
 def test_a_literal_header_or_an_unknown_path_goes_to_h2() -> None:
     pair = Pair()
     pair.warm()
@@ -467,6 +508,11 @@ def test_an_owed_table_size_update_sends_the_read_to_h2() -> None:
     _, data = pair.request()
     pair.server.encoder.header_table_size = 256  # as a peer's smaller SETTINGS would
     assert raw_calls.read(data, pair.server, ANSWERS) is None
+    # The same size again: hpack then owes nothing (it keeps the size in a list
+    # it never empties), and neither does the raw path.
+    pair.server.encoder.header_table_size = 256
+    assert pair.server.encoder.table_size_changes == [256]
+    assert raw_calls.read(data, pair.server, ANSWERS) is not None
 
 
 def test_reply_blocks_reference_only_the_static_table() -> None:

@@ -351,6 +351,49 @@ async def test_a_connection_window_update_read_raw_reaches_grpclib() -> None:
     assert {getattr(e, "stream_id", 0) for e in processed} <= {0, 1}
 
 
+async def test_a_read_h2_refuses_is_not_answered_by_the_core_first() -> None:
+    # A reply too large for the window sends the read back to h2 with the answer
+    # made; the read must be one h2 accepts, or the core answered a call that
+    # is never sent (here: a body longer than its content-length).
+    asked: list[bytes] = []
+
+    def allocate(connection: int, message: bytes) -> bytes:
+        asked.append(message)
+        return b"re:" + message * 100  # larger than the peer's stream window
+
+    server = transport.TrackedServer(
+        [],
+        transport.ConnectionTracker(lambda transport, listener: 1, lambda connection: None),
+        None,
+        {BASE + "Allocate": allocate},
+    )
+    protocol = server._protocol_factory()
+    sent = RecordingTransport()
+    protocol.connection_made(sent)
+    client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding="ascii")
+    )
+    client.initiate_connection()
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 64})
+    client.receive_data(b"".join(sent.sent))
+    headers = [*request_headers("Allocate"), ("content-length", "8")]
+    client.send_headers(1, headers)
+    client.send_data(1, framed(b"ids"), end_stream=True)  # as declared: served
+    protocol.data_received(client.data_to_send())
+    await asyncio.sleep(0.05)
+    client.receive_data(b"".join(sent.sent))
+    protocol.data_received(client.data_to_send())  # the SETTINGS ACK, alone
+    await asyncio.sleep(0.05)
+    assert asked == [b"ids"] and not sent.closed
+    client.send_headers(3, headers)  # indexed fields only now
+    client.send_data(3, framed(b"idsx"), end_stream=True)  # 9 bytes, not 8
+    protocol.data_received(client.data_to_send())
+    await asyncio.sleep(0.05)
+    assert sent.closed or sent.aborted  # h2 refused the read
+    assert asked == [b"ids"]  # and the core was not asked for the refused call
+    protocol.connection_lost(None)
+
+
 async def test_a_call_split_across_reads_is_answered_by_grpclib(
     gpu_socket: tuple[str, list[str]],
 ) -> None:
