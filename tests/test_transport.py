@@ -109,3 +109,34 @@ async def test_a_restarted_kubelet_finds_its_old_connections_already_freed(
         assert len(live(transport._Handler)) == len(ALL)
     finally:
         gc.enable()
+
+
+async def test_a_connections_settings_take_a_tenth_of_the_room_and_still_apply() -> None:
+    import sys
+
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    server = transport.TrackedServer(
+        [], transport.ConnectionTracker(lambda t, listener: 1, lambda c: None), None, {}
+    )
+    protocol = server._protocol_factory()
+    sent = RecordingTransport()
+    protocol.connection_made(sent)
+    connection = protocol.connection._connection
+    stores = [connection.local_settings._settings, connection.remote_settings._settings]
+    room = sum(sys.getsizeof(values) for store in stores for values in store.values())
+    assert room < 2_000  # h2's deques: 10,640 bytes
+    # Our SETTINGS await the client's ACK; the client's change applies on receipt.
+    window = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
+    assert list(connection.local_settings._settings[window]) == [65_535, 4_194_304]
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.update_settings({window: 40})
+    client.receive_data(b"".join(sent.sent))
+    protocol.data_received(client.data_to_send())
+    assert connection.remote_settings.initial_window_size == 40
+    assert list(connection.local_settings._settings[window]) == [4_194_304]
+    assert connection.local_settings.initial_window_size == 4_194_304
+    protocol.connection_lost(None)
