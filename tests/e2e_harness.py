@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from dp_core import Backoff, Config, PciId, SocketMode, Timing
+from dp_server import transport
 from dp_server.binder import Binder
 from dp_server.cli import load_settings
 from dp_server.config_file import parse_config
@@ -55,6 +56,21 @@ class RecordingTransport(asyncio.WriteTransport):
 
     def get_extra_info(self, name: str, default: object = None) -> object:
         return {"peername": "kubelet"}.get(name, default)
+
+
+def served_protocol(answers: dict[str, Any]) -> tuple[Any, RecordingTransport]:
+    """A plugin connection's protocol, as a TrackedServer makes it, on a recording
+    transport; every connection counts as connection 1."""
+    server = transport.TrackedServer(
+        [],
+        transport.ConnectionTracker(lambda made, listener: 1, lambda connection: None),
+        None,
+        answers,
+    )
+    protocol = server._protocol_factory()
+    sent = RecordingTransport()
+    protocol.connection_made(sent)
+    return protocol, sent
 
 
 def live(kind: type) -> list[Any]:

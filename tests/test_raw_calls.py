@@ -133,6 +133,13 @@ class Pair:
         self.served(self.server.receive_data(data))
         self.pump()
 
+    def raw_call(self) -> int:
+        """A call through h2, then one read raw: the raw one's stream."""
+        self.warm()
+        stream_id, data = self.request()
+        self.answer_raw(data)
+        return stream_id
+
     def answer_raw(self, data: bytes) -> list[h2.events.Event]:
         found = raw_calls.read(data, self.server, ANSWERS)
         assert found is not None
@@ -304,9 +311,7 @@ def test_connection_window_updates_are_applied() -> None:
 
 def test_late_frames_on_a_raw_stream_are_what_h2_expects_of_a_closed_one() -> None:
     pair = Pair()
-    pair.warm()
-    stream_id, data = pair.request()
-    pair.answer_raw(data)
+    stream_id = pair.raw_call()
     window_update = raw_calls._frame(0x8, 0, stream_id, (5).to_bytes(4, "big"))
     reset = raw_calls._frame(0x3, 0, stream_id, (8).to_bytes(4, "big"))  # CANCEL
     assert pair.server.receive_data(window_update + reset) == []
@@ -426,9 +431,7 @@ def test_a_ping_is_acknowledged_with_its_data() -> None:
 
 def test_window_updates_for_closed_calls_are_ignored_and_for_open_streams_left_to_h2() -> None:
     pair = Pair()
-    pair.warm()
-    stream_id, data = pair.request()
-    pair.answer_raw(data)
+    stream_id = pair.raw_call()
     late = raw_calls._frame(0x8, 0, stream_id, (9).to_bytes(4, "big"))
     found = raw_calls.read(late, pair.server, ANSWERS)
     assert found is not None and found.calls == [] and found.connection_increments == []

@@ -11,7 +11,7 @@ from dp_server import runtime, transport, unary
 from dp_server.emulator._rpc import dp
 from dp_server.transport import CoalescingTransport
 
-from e2e_harness import ALL, GPU, Harness, RecordingTransport, live
+from e2e_harness import ALL, GPU, Harness, RecordingTransport, live, served_protocol
 
 pytestmark = pytest.mark.asyncio
 
@@ -118,12 +118,7 @@ async def test_a_connections_settings_take_a_tenth_of_the_room_and_still_apply()
     import h2.connection
     import h2.settings
 
-    server = transport.TrackedServer(
-        [], transport.ConnectionTracker(lambda t, listener: 1, lambda c: None), None, {}
-    )
-    protocol = server._protocol_factory()
-    sent = RecordingTransport()
-    protocol.connection_made(sent)
+    protocol, sent = served_protocol({})
     connection = protocol.connection._connection
     stores = [connection.local_settings._settings, connection.remote_settings._settings]
     room = sum(sys.getsizeof(values) for store in stores for values in store.values())

@@ -18,7 +18,7 @@ from dp_core import AllocateRequested, OptionsRequested, SocketMode, WatchStarte
 from dp_server import raw_calls, transport, unary
 from dp_server.emulator._rpc import dp
 
-from e2e_harness import GPU, Harness, RecordingTransport, live
+from e2e_harness import GPU, Harness, live, served_protocol
 
 BASE = "/v1beta1.DevicePlugin/"
 
@@ -323,15 +323,7 @@ async def test_a_repeated_call_too_large_for_the_window_is_answered_once_through
 
 
 async def test_a_connection_window_update_read_raw_reaches_grpclib() -> None:
-    raw = RecordingTransport()
-    server = transport.TrackedServer(
-        [],
-        transport.ConnectionTracker(lambda transport, listener: 1, lambda connection: None),
-        None,
-        {BASE + "Allocate": lambda connection, message: b"re:" + message},
-    )
-    protocol = server._protocol_factory()
-    protocol.connection_made(raw)
+    protocol, raw = served_protocol({BASE + "Allocate": echo})
     processed: list[h2.events.Event] = []
     process = protocol.processor.process
     protocol.processor.process = lambda event: (processed.append(event), process(event))[1]
@@ -361,15 +353,7 @@ async def test_a_read_h2_refuses_is_not_answered_by_the_core_first() -> None:
         asked.append(message)
         return b"re:" + message * 100  # larger than the peer's stream window
 
-    server = transport.TrackedServer(
-        [],
-        transport.ConnectionTracker(lambda transport, listener: 1, lambda connection: None),
-        None,
-        {BASE + "Allocate": allocate},
-    )
-    protocol = server._protocol_factory()
-    sent = RecordingTransport()
-    protocol.connection_made(sent)
+    protocol, sent = served_protocol({BASE + "Allocate": allocate})
     client = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=True, header_encoding="ascii")
     )
@@ -568,6 +552,10 @@ def answer(connection: int, message: bytes) -> bytes:
     return message
 
 
+def echo(connection: int, message: bytes) -> bytes:
+    return b"re:" + message
+
+
 ANSWERS = {BASE + "Allocate": answer}
 
 
@@ -650,15 +638,7 @@ def test_a_failing_answer_is_logged_and_answered_unknown(caplog: pytest.LogCaptu
 
 
 async def test_a_whole_call_is_answered_and_sent_in_the_turn_that_reads_it() -> None:
-    raw = RecordingTransport()
-    server = transport.TrackedServer(
-        [],
-        transport.ConnectionTracker(lambda transport, listener: 1, lambda connection: None),
-        None,
-        {BASE + "Allocate": lambda connection, message: b"re:" + message},
-    )
-    protocol = server._protocol_factory()
-    protocol.connection_made(raw)
+    protocol, raw = served_protocol({BASE + "Allocate": echo})
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
     client.send_headers(1, request_headers("Allocate"))
