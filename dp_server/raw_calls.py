@@ -93,13 +93,12 @@ class RawRead:
     """The whole unary calls of one read, and the PINGs and connection window
     updates among them."""
 
-    __slots__ = ("calls", "connection_increments", "pings", "received")
+    __slots__ = ("calls", "connection_increments", "pings")
 
     def __init__(self) -> None:
         self.calls: list[WholeCall] = []
         self.connection_increments: list[int] = []
         self.pings: list[bytes] = []  # their opaque data, to send back
-        self.received = 0  # flow-controlled bytes, all calls
 
     def replies_fit(self, h2: H2Connection, replies: list[tuple[bytes, bytes | None]]) -> bool:
         """Whether every reply (header block, framed message) goes out whole now: each
@@ -203,7 +202,6 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
                 if call.request is None:
                     return None
                 found.calls.append(call)
-                found.received += call.flow_controlled
                 call = None
         elif kind == _WINDOW_UPDATE:
             if length != 4 or not _window_update(found, calls, stream_id, data[start:at], h2):
@@ -219,7 +217,8 @@ def read(data: bytes, h2: H2Connection, answers: Mapping[str, Answer]) -> RawRea
     window = h2.outbound_flow_control_window + sum(found.connection_increments)
     if window > _LARGEST_WINDOW:
         return None
-    if found.received > h2._inbound_flow_control_window_manager.current_window_size:
+    received = sum(call.flow_controlled for call in found.calls)
+    if received > h2._inbound_flow_control_window_manager.current_window_size:
         return None
     return found
 

@@ -173,6 +173,19 @@ def cases(devices: list[str]) -> dict[str, tuple[list[tuple[str, str]], bytes]]:
     }
 
 
+# The cases of `cases` that are answered without grpclib: whole in one read
+# (`unary`) or, sent again, read from their frames (`raw_calls`).
+ANSWERED_WHOLE = {
+    "options",
+    "allocate",
+    "allocate an unknown device",
+    "allocate, malformed",
+    "preferred",
+    "pre-start",
+    "proto content type",
+}
+
+
 async def answers(
     path: str, devices: list[str], monkeypatch: pytest.MonkeyPatch, *, whole: bool
 ) -> tuple[dict[str, dict[str, Any]], set[str]]:
@@ -209,15 +222,7 @@ async def test_whole_calls_are_answered_exactly_as_grpclib_answers_them(
     whole, answered_whole = await answers(path, devices, monkeypatch, whole=True)
     assert whole == by_grpclib
     assert none == set()
-    assert answered_whole == {
-        "options",
-        "allocate",
-        "allocate an unknown device",
-        "allocate, malformed",
-        "preferred",
-        "pre-start",
-        "proto content type",
-    }
+    assert answered_whole == ANSWERED_WHOLE
     # The cases say what they mean to:
     ok = ("grpc-status", "0")
     assert ok in whole["allocate"]["trailers"] and b"/dev/vfio/" in whole["allocate"]["data"]
@@ -263,23 +268,14 @@ async def test_repeated_calls_read_from_their_frames_are_answered_as_grpclib_ans
                 await client.reply(stream_id)
                 seconds[whole] = {}
                 for case[0], (headers, body) in cases(devices).items():
-                    name = case[0]
                     for _ in range(2):
                         stream_id = client.call(headers, body)
                         await client.flush()
-                        seconds[whole][name] = await client.reply(stream_id)
+                        seconds[whole][case[0]] = await client.reply(stream_id)
             finally:
                 await client.close()
     assert seconds[True] == seconds[False]
-    assert read_raw == {
-        "options",
-        "allocate",
-        "allocate an unknown device",
-        "allocate, malformed",
-        "preferred",
-        "pre-start",
-        "proto content type",
-    }
+    assert read_raw == ANSWERED_WHOLE
     ok = ("grpc-status", "0")
     assert ok in seconds[True]["allocate"]["trailers"]
     assert b"/dev/vfio/" in seconds[True]["allocate"]["data"]
