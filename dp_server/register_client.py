@@ -6,8 +6,9 @@ Each call's outcome goes to the core as `RegistrationSucceeded` or
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -17,7 +18,7 @@ from dp_core import Input, Register, RegistrationFailed, RegistrationSucceeded
 from . import wire
 from .pod_resources import describe_error
 from .sockets import PluginSockets
-from .transport import KubeletChannel
+from .transport import KubeletChannel, SentUnary
 
 __all__ = ["REGISTER_PATH", "RegisterClient"]
 
@@ -51,20 +52,45 @@ class RegisterClient:
         if channel is not None and not self._users.get(channel):
             channel.close()
 
-    async def call(self, effect: Register) -> None:
-        channel: KubeletChannel | None = None
-        try:
-            await self._sockets.ensure(
-                effect.endpoint, effect.resource if effect.own_socket else None
-            )
-            if self._channel is None:
-                self._channel = KubeletChannel(
-                    path=str(self.kubelet_socket), codec=wire.PreEncodedCodec()
-                )
-            channel = self._channel
-            self._users[channel] = self._users.get(channel, 0) + 1
+    def call(self, effect: Register) -> Coroutine[Any, Any, None]:
+        """Start `effect`'s Register; the coroutine returned takes its outcome to the core.
+
+        When its socket is listening and the channel is connected, as for
+        every registration after the first, the request is sent before this
+        returns: the core asks for a Register while it handles the previous
+        registration's GetDevicePluginOptions, and the kubelet gets the
+        request before that call's reply.
+        """
+        sent = None
+        channel = self._channel
+        if channel is not None and self._sockets.is_listening(effect.endpoint):
             request = wire.register_request(effect.endpoint, effect.resource, effect.options)
-            await channel.unary(REGISTER_PATH, request, self.timeout)
+            sent = channel.send_unary(REGISTER_PATH, request)
+            if sent is not None:
+                self._use(channel)
+        return self._complete(effect, channel if sent is not None else None, sent)
+
+    def _use(self, channel: KubeletChannel) -> None:
+        self._users[channel] = self._users.get(channel, 0) + 1
+
+    async def _complete(
+        self, effect: Register, channel: KubeletChannel | None, sent: SentUnary | None
+    ) -> None:
+        try:
+            if sent is not None:
+                await sent.reply(self.timeout)
+            else:
+                await self._sockets.ensure(
+                    effect.endpoint, effect.resource if effect.own_socket else None
+                )
+                if self._channel is None:
+                    self._channel = KubeletChannel(
+                        path=str(self.kubelet_socket), codec=wire.PreEncodedCodec()
+                    )
+                channel = self._channel
+                self._use(channel)
+                request = wire.register_request(effect.endpoint, effect.resource, effect.options)
+                await channel.unary(REGISTER_PATH, request, self.timeout)
         except Exception as error:  # noqa: BLE001 - every failure must reach the core
             if not isinstance(error, GRPCError) and channel is self._channel:
                 self.retire()

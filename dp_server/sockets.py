@@ -88,6 +88,15 @@ class PluginSockets:
         self._retired = [server for server in self._retired if server.connected]
         return self._retired
 
+    def is_listening(self, endpoint: str) -> bool:
+        """Whether our socket is at `endpoint`, with no listening under way."""
+        listener = self._listeners.get(endpoint)
+        return (
+            listener is not None
+            and not self._lock.locked()
+            and socket_identity(listener.path) == listener.identity
+        )
+
     async def ensure(self, endpoint: str, resource: str | None) -> None:
         """Listen on `endpoint` unless our socket is already there."""
         async with self._lock:

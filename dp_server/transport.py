@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import Any
 
 import grpclib.client
@@ -21,6 +23,7 @@ import grpclib.protocol
 import h2.exceptions
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
+from grpclib.encoding.base import GRPC_CONTENT_TYPE
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.metadata import Deadline
 from grpclib.protocol import H2Protocol
@@ -36,7 +39,13 @@ CLOSED_STREAMS_KEPT = 256  # per connection
 
 _log = logging.getLogger("dp.transport")
 
-__all__ = ["CoalescingTransport", "ConnectionTracker", "KubeletChannel", "TrackedServer"]
+__all__ = [
+    "CoalescingTransport",
+    "ConnectionTracker",
+    "KubeletChannel",
+    "SentUnary",
+    "TrackedServer",
+]
 
 
 class ConnectionTracker:
@@ -209,6 +218,10 @@ class KubeletChannel(Channel):
         the last one's dial, so a turn's worth of other work (the previous
         resource's ListAndWatch) would add to every registration.
         """
+        sent = self.send_unary(path, request)
+        if sent is not None:
+            return await sent.reply(timeout)
+        # Not connected yet, or the request has to wait for flow control.
         # The deadline is kept here, not sent: grpclib sends grpc-timeout in
         # whole seconds rounded down above 10 s, and grpc-go resets the call
         # at that deadline, before ours, so a stalled kubelet's non-answer
@@ -223,6 +236,99 @@ class KubeletChannel(Channel):
                 self._protocol.coalescing.flush()
             reply: Any = await stream.recv_message()
         return bytes(reply or b"")
+
+    def send_unary(self, path: str, request: bytes) -> SentUnary | None:
+        """Send a unary call's request now, within the caller's callback; None
+        when it cannot go out whole at once (not connected, or flow control).
+
+        grpclib sends only from a task, which starts a turn of the loop later,
+        after whatever else is ready. A Register sent while the core handles
+        the previous registration's GetDevicePluginOptions reaches the kubelet
+        before that call's reply does, and the kubelet works on both at once.
+        The request is what grpclib's `send_message` would send; the reply is
+        read by grpclib as for any call.
+        """
+        protocol = self._protocol
+        if not self._connected or not isinstance(protocol, _CoalescingProtocol):
+            return None
+        connection = protocol.processor.connection
+        h2_connection = connection._connection
+        message = wire.grpc_message(request)
+        settings = h2_connection.remote_settings
+        room = min(
+            h2_connection.outbound_flow_control_window,
+            settings.initial_window_size,
+            h2_connection.max_outbound_frame_size,
+        )
+        if (
+            not connection.write_ready.is_set()
+            or h2_connection.open_outbound_streams >= settings.max_concurrent_streams
+            or len(message) > room
+        ):
+            return None
+        stream_id = h2_connection.get_next_available_stream_id()
+        try:
+            h2_connection.send_headers(stream_id, self._request_headers(path))
+        except h2.exceptions.ProtocolError:  # the peer is going away: grpclib's path says so
+            return None
+        # What `Stream.__aenter__`, `send_request` and `send_message` do, without
+        # a deadline (see `unary`) and without their waits, ruled out above.
+        stream = self.request(path, Cardinality.UNARY_UNARY, wire.Raw, wire.Raw)
+        stream._wrapper = Wrapper()
+        self._calls_started += 1
+        self._last_call_started = time.monotonic()
+        h2_stream = connection.create_stream(wrapper=stream._wrapper)
+        h2_stream.init_stream(stream_id, connection)
+        stream._release_stream = protocol.processor.register(h2_stream)
+        h2_connection.send_data(stream_id, message, end_stream=True)
+        protocol.coalescing.write(h2_connection.data_to_send())
+        protocol.coalescing.flush()
+        connection.headers_send_process()
+        connection.data_send_process()
+        stream._stream = h2_stream
+        stream.peer = connection.get_peer()
+        stream._send_request_done = stream._send_message_done = stream._end_done = True
+        stream._messages_sent = 1
+        connection.messages_sent += 1
+        connection.last_message_sent = time.monotonic()
+        return SentUnary(stream)
+
+    def _request_headers(self, path: str) -> list[tuple[str, str]]:
+        """grpclib's request headers for a call with no deadline and no metadata."""
+        return [
+            (":method", "POST"),
+            (":scheme", self._scheme),
+            (":path", path),
+            (":authority", self._authority),
+            ("te", "trailers"),
+            ("content-type", GRPC_CONTENT_TYPE),
+            ("user-agent", grpclib.client.USER_AGENT),
+        ]
+
+
+class SentUnary:
+    """A unary call whose request `KubeletChannel.send_unary` has sent."""
+
+    def __init__(self, stream: grpclib.client.Stream[Any, Any]) -> None:
+        self._stream = stream
+
+    async def reply(self, timeout: float) -> bytes:
+        """The reply's bytes, or the call's error, as from `KubeletChannel.unary`."""
+        async with asyncio.timeout(timeout), self:
+            reply: Any = await self._stream.recv_message()
+        return bytes(reply or b"")
+
+    async def __aenter__(self) -> SentUnary:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        # The end of grpclib's `async with stream`: trailers, status, release.
+        await self._stream.__aexit__(exc_type, exc, traceback)
 
 
 class _TrackedProtocol(_CoalescingProtocol):

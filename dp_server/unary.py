@@ -30,6 +30,8 @@ from grpclib.metadata import Deadline, decode_timeout, encode_grpc_message
 from h2.connection import H2Connection
 from h2.events import DataReceived, Event, RequestReceived, StreamEnded, StreamReset
 
+from . import wire
+
 __all__ = [
     "CONTENT_TYPE",
     "TRAILERS_OK",
@@ -182,8 +184,7 @@ def reply_frames(call: WholeCall, connection: int) -> Reply:
         # say so, and serve on.
         _log.exception("call-failed", extra={"dp_fields": {"rpc": call.path}})
         return _trailers_only(Status.UNKNOWN, "Internal Server Error"), None
-    framed = b"\x00" + len(reply).to_bytes(4, "big") + reply
-    return [(":status", "200"), ("content-type", CONTENT_TYPE)], framed
+    return [(":status", "200"), ("content-type", CONTENT_TYPE)], wire.grpc_message(reply)
 
 
 def _trailers_only(status: Status, message: str | None) -> list[tuple[str, str]]:

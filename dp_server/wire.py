@@ -27,6 +27,7 @@ __all__ = [
     "allocate_request",
     "allocate_response",
     "encoded_device_list",
+    "grpc_message",
     "held_devices",
     "options_message",
     "preferences",
@@ -63,6 +64,11 @@ class PreEncodedCodec(ProtoCodec):
         if message_type is Raw:
             return data
         return super().decode(data, message_type)
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """`payload` as one gRPC length-prefixed message, uncompressed."""
+    return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
 def encoded_device_list(devices: Iterable[AdvertisedDevice]) -> bytes:
