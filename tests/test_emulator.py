@@ -730,3 +730,38 @@ async def test_pod_resources_rate_limit(make_kubelet: Any, sock_dir: Path) -> No
 )
 def test_extended_resource_names(name: str, ok: bool) -> None:
     assert is_extended_resource_name(name) is ok
+
+
+def test_a_waiter_with_an_interval_looks_at_that_pace_not_at_every_change(
+    tmp_path: Path,
+) -> None:
+    kubelet = KubeletEmulator(tmp_path)  # not started: only its state is used
+    state = kubelet._state
+    stop = threading.Event()
+
+    def churn() -> None:  # thousands of changes while the waiters wait
+        while not stop.is_set():
+            state.event("churn", RESOURCE, "")
+
+    looks = {"woken": 0, "interval": 0}
+
+    def never(key: str) -> Callable[[KubeletEmulator], bool]:
+        def predicate(_: KubeletEmulator) -> bool:
+            looks[key] += 1
+            return False
+
+        return predicate
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        assert not kubelet.wait_for(never("interval"), 0.3, interval=0.05)
+        assert not kubelet.wait_for(never("woken"), 0.3)
+    finally:
+        stop.set()
+        worker.join()
+    assert looks["interval"] <= 0.3 / 0.05 + 2
+    assert looks["woken"] > 3 * looks["interval"]
+    # It sees a change all the same, within its interval.
+    threading.Timer(0.1, lambda: state.event("late", RESOURCE, "")).start()
+    assert kubelet.wait_for(lambda k: bool(k.events_of("late")), 5.0, interval=0.01)
