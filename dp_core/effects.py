@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from .config import driver_name_error
@@ -206,7 +208,9 @@ class MovesChanged:
 class Log:
     level: str
     event: str
-    fields: tuple[tuple[str, object], ...] = ()
+    # Pairs, in order; a sequence that renders them when read may stand in
+    # for the tuple (see `allocation._AllocationFields`).
+    fields: Sequence[tuple[str, object]] = ()
 
     @classmethod
     def info(cls, event: str, **fields: object) -> Log:

@@ -577,3 +577,26 @@ def test_a_group_found_split_is_reported_once_while_it_lasts() -> None:
     assert QAT_1 in str(dict(splits[0][0].fields)["detail"])
     assert splits[1] == []  # once, not at every poll
     assert len(node.allocations) == 1  # the split is not papered over
+
+
+def test_an_allocation_log_renders_its_fields_when_read_and_compares_as_pairs() -> None:
+    from dp_core.allocation import Allocation, allocation_log
+
+    allocation = Allocation(7, QAT_RESOURCE, (QAT_0, QAT_1), (40, 41), 1.0)
+    log = allocation_log("released", allocation)
+    pairs = (("resource", QAT_RESOURCE), ("devices", f"{QAT_0},{QAT_1}"), ("groups", "40,41"))
+    assert (log.level, log.event) == ("info", "released")
+    assert tuple(log.fields) == pairs and dict(log.fields) == dict(pairs)
+    assert len(log.fields) == 3 and log.fields[1] == pairs[1] and log.fields[1:] == pairs[1:]
+    # The same line as one built from the rendered pairs, wherever effects are compared.
+    rendered = Log("info", "released", pairs)
+    assert log == rendered and rendered == log and hash(log) == hash(rendered)
+    assert log != Log("info", "released", pairs[:2])
+    assert allocation_log("released", attrs.evolve(allocation, groups=(40,))) != log
+    # What it keeps until then is the allocation, not the rendered text.
+    assert not any(isinstance(value, str) for value in _held_by(log.fields))
+
+
+def _held_by(fields: object) -> list[object]:
+    slots = getattr(type(fields), "__slots__", ())
+    return [getattr(fields, name) for name in slots]
