@@ -139,12 +139,19 @@ async def test_a_request_sent_at_once_is_the_one_grpclib_sends(
     assert service.requests == expected
 
 
-async def test_a_request_that_does_not_fit_the_window_waits_for_grpclibs_path(
-    kubelet: tuple[Kubelet, Path], channel_to: Any
-) -> None:
+@pytest.fixture
+async def connected(kubelet: tuple[Kubelet, Path], channel_to: Any) -> tuple[Kubelet, Any]:
+    """A channel that has made one call, so is connected."""
     service, path = kubelet
     channel = channel_to(path)
     await channel.unary(REGISTER_PATH, register_request("example.com/a"), 5.0)
+    return service, channel
+
+
+async def test_a_request_that_does_not_fit_the_window_waits_for_grpclibs_path(
+    connected: tuple[Kubelet, Any],
+) -> None:
+    service, channel = connected
     h2_connection = channel._protocol.processor.connection._connection
     opened = h2_connection.highest_outbound_stream_id
     window = h2_connection.outbound_flow_control_window
@@ -157,11 +164,9 @@ async def test_a_request_that_does_not_fit_the_window_waits_for_grpclibs_path(
 
 
 async def test_a_channel_whose_kubelet_has_gone_sends_nothing_at_once(
-    kubelet: tuple[Kubelet, Path], channel_to: Any
+    connected: tuple[Kubelet, Any],
 ) -> None:
-    service, path = kubelet
-    channel = channel_to(path)
-    await channel.unary(REGISTER_PATH, register_request("example.com/a"), 5.0)
+    _, channel = connected
     channel._protocol.processor.connection._connection.close_connection()  # a GOAWAY sent
     assert channel.send_unary(REGISTER_PATH, register_request("example.com/b")) is None
 

@@ -4,6 +4,8 @@ grpclib's own answers: a raw HTTP/2 client sends exactly the bytes each case nee
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import h2.config
@@ -282,6 +284,42 @@ async def test_repeated_calls_read_from_their_frames_are_answered_as_grpclib_ans
     assert ("grpc-status", "3") in seconds[True]["allocate an unknown device"]["headers"]
 
 
+class NarrowAfterWide:
+    """An Allocate answered on a connection with room, to compare with the same
+    call on one whose peer lets 40 bytes through at a time."""
+
+    def __init__(
+        self, narrow: RawClient, call: tuple[Any, bytes], expected: dict[str, Any]
+    ) -> None:
+        self.narrow = narrow
+        self.call = call
+        self.expected = expected
+
+    async def narrow_allocate(self) -> None:
+        """The call on the narrow connection: the same reply, in more frames."""
+        stream_id = self.narrow.call(*self.call)
+        await self.narrow.flush()
+        reply = await self.narrow.reply(stream_id)
+        assert reply["frames"] > 2  # 40 bytes at a time
+        assert {k: v for k, v in reply.items() if k != "frames"} == {
+            k: v for k, v in self.expected.items() if k != "frames"
+        }
+
+
+@contextlib.asynccontextmanager
+async def narrow_after_wide(path: str, device: str) -> AsyncIterator[NarrowAfterWide]:
+    wide = await RawClient.connect(path)
+    narrow = await RawClient.connect(path, window=40)
+    try:
+        call = request_headers("Allocate"), framed(allocate_request(device))
+        stream_id = wide.call(*call)
+        await wide.flush()
+        yield NarrowAfterWide(narrow, call, await wide.reply(stream_id))
+    finally:
+        await wide.close()
+        await narrow.close()
+
+
 async def test_a_repeated_call_too_large_for_the_window_is_answered_once_through_h2(
     gpu_socket: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,28 +332,13 @@ async def test_a_repeated_call_too_large_for_the_window_is_answered_once_through
         return reply_frames(call, connection)
 
     monkeypatch.setattr(unary, "reply_frames", counting)
-    wide = await RawClient.connect(path)
-    narrow = await RawClient.connect(path, window=40)
-    try:
-        headers, body = request_headers("Allocate"), framed(allocate_request(devices[0]))
-        stream_id = wide.call(headers, body)
-        await wide.flush()
-        expected = await wide.reply(stream_id)
+    async with narrow_after_wide(path, devices[0]) as pair:
         asked.clear()
         for _ in range(2):
-            stream_id = narrow.call(headers, body)
-            await narrow.flush()
-            reply = await narrow.reply(stream_id)
-            assert reply["frames"] > 2  # 40 bytes at a time
-            assert {k: v for k, v in reply.items() if k != "frames"} == {
-                k: v for k, v in expected.items() if k != "frames"
-            }
+            await pair.narrow_allocate()
         # The second was read raw, found not to fit, and went out through h2
         # with the answer made: the core was asked once per call.
         assert asked == [1, 3]
-    finally:
-        await wide.close()
-        await narrow.close()
 
 
 async def test_a_connection_window_update_read_raw_reaches_grpclib() -> None:
@@ -399,28 +422,14 @@ async def test_a_reply_larger_than_the_peer_lets_through_goes_out_as_windows_ope
     gpu_socket: tuple[str, list[str]],
 ) -> None:
     path, devices = gpu_socket
-    wide = await RawClient.connect(path)
-    narrow = await RawClient.connect(path, window=40)
-    try:
-        headers, body = request_headers("Allocate"), framed(allocate_request(devices[0]))
-        stream_id = wide.call(headers, body)
-        await wide.flush()
-        expected = await wide.reply(stream_id)
-        assert len(expected["data"]) > 2 * 40, expected
-        stream_id = narrow.call(headers, body)
-        await narrow.flush()
-        reply = await narrow.reply(stream_id)
-        assert reply["frames"] > 2  # 40 bytes at a time
-        assert {k: v for k, v in reply.items() if k != "frames"} == {
-            k: v for k, v in expected.items() if k != "frames"
-        }
+    async with narrow_after_wide(path, devices[0]) as pair:
+        assert len(pair.expected["data"]) > 2 * 40, pair.expected
+        await pair.narrow_allocate()
         # The connection serves on afterwards.
+        narrow = pair.narrow
         stream_id = narrow.call(request_headers("GetDevicePluginOptions"), framed(b""))
         await narrow.flush()
         assert ("grpc-status", "0") in (await narrow.reply(stream_id))["trailers"]
-    finally:
-        await wide.close()
-        await narrow.close()
 
 
 async def test_a_reply_the_peer_never_lets_through_ends_at_the_call_deadline(
