@@ -52,6 +52,20 @@ class RegisterClient:
         if channel is not None and not self._users.get(channel):
             channel.close()
 
+    def close(self) -> None:
+        """Close every channel, whether a call uses it or not: dp is stopping.
+
+        A call whose request went out at once, but whose task was cancelled
+        before it started, never gives its channel back.
+        """
+        channels = set(self._users)
+        if self._channel is not None:
+            channels.add(self._channel)
+        self._channel = None
+        self._users.clear()
+        for channel in channels:
+            channel.close()
+
     def call(self, effect: Register) -> Coroutine[Any, Any, None]:
         """Start `effect`'s Register; the coroutine returned takes its outcome to the core.
 

@@ -551,6 +551,7 @@ class Runtime:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._registers.close()
         if self._watcher is not None:
             self._watcher.stop()
         if self._status is not None:

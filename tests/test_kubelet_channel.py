@@ -7,6 +7,7 @@ it a loop turn later; the reply and its status are read by grpclib.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -208,3 +209,21 @@ async def test_a_register_goes_out_at_once_only_while_its_socket_is_listening(
     assert emulator.events_of("register", "example.com/later")
     assert runtime._sockets.is_listening(endpoint)
     assert (harness.plugin_dir / endpoint).is_socket()
+
+
+async def test_a_register_sent_at_once_whose_task_never_ran_leaves_no_channel_at_shutdown(
+    harness: Harness,
+) -> None:
+    runtime = await harness.serve()
+    registers = runtime._registers
+    channel = registers._channel
+    assert channel is not None
+    completion = registers.call(register_of(runtime, "example.com/cut", 10_000))
+    task = asyncio.get_running_loop().create_task(completion)
+    task.cancel()  # before its first step: its `finally` never runs
+    await asyncio.gather(task, return_exceptions=True)
+    assert registers._users == {channel: 1}
+    runtime.stop()
+    await asyncio.wait_for(harness._serving, 10)  # type: ignore[arg-type]
+    assert channel._protocol is None or channel._protocol.handler.connection_lost
+    assert not registers._users and registers._channel is None
