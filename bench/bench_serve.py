@@ -457,6 +457,7 @@ def run_once(
         command = serve_command(host, config, plugin_dir, pod_socket, mode, args.log_level)
         if not args.cold:
             warm_page_cache(host)
+        interval = args.watch_interval or None  # 0: woken on every kubelet event
         # 1. start -> all registered with a list
         with collected_before():
             t_spawn = time.monotonic()
@@ -465,7 +466,7 @@ def run_once(
             )
             pid = server.pid
             registered = emulator.wait_registered(
-                names, args.timeout, listed=True, interval=args.watch_interval or None
+                names, args.timeout, listed=True, interval=interval
             )
         if not registered:
             got = sum(1 for r in emulator.resources().values() if r.registered)
@@ -538,9 +539,7 @@ def run_once(
         # 3. kubelet restart -> all registered again, each with a list
         with collected_before():
             server_ns0, bench_cpu0 = proc_cpu_ns(pid), time.process_time()
-            t_restart, before = restart_kubelet(
-                emulator, names, args.timeout, args.watch_interval or None
-            )
+            t_restart, before = restart_kubelet(emulator, names, args.timeout, interval)
         # CPU spent by each side from the start of restart() (which also tears
         # down 64 grpcio clients) to all re-registered: who is the bottleneck.
         result["restart_server_cpu_s"] = (proc_cpu_ns(pid) - server_ns0) / 1e9

@@ -75,20 +75,24 @@ class RegisterClient:
         registration's GetDevicePluginOptions, and the kubelet gets the
         request before that call's reply.
         """
+        request = wire.register_request(effect.endpoint, effect.resource, effect.options)
         sent = None
         channel = self._channel
         if channel is not None and self._sockets.is_listening(effect.endpoint):
-            request = wire.register_request(effect.endpoint, effect.resource, effect.options)
             sent = channel.send_unary(REGISTER_PATH, request)
             if sent is not None:
                 self._use(channel)
-        return self._complete(effect, channel if sent is not None else None, sent)
+        return self._complete(effect, request, channel if sent is not None else None, sent)
 
     def _use(self, channel: KubeletChannel) -> None:
         self._users[channel] = self._users.get(channel, 0) + 1
 
     async def _complete(
-        self, effect: Register, channel: KubeletChannel | None, sent: SentUnary | None
+        self,
+        effect: Register,
+        request: bytes,
+        channel: KubeletChannel | None,
+        sent: SentUnary | None,
     ) -> None:
         try:
             if sent is not None:
@@ -103,7 +107,6 @@ class RegisterClient:
                     )
                 channel = self._channel
                 self._use(channel)
-                request = wire.register_request(effect.endpoint, effect.resource, effect.options)
                 await channel.unary(REGISTER_PATH, request, self.timeout)
         except Exception as error:  # noqa: BLE001 - every failure must reach the core
             if not isinstance(error, GRPCError) and channel is self._channel:
