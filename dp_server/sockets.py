@@ -116,7 +116,7 @@ class PluginSockets:
                 path.unlink()
             server = TrackedServer([self._service], self._tracker, resource, self._answers)
             try:
-                await server.start(path=str(path))
+                await server.start_unix(str(path))
             except OSError as error:
                 reason = error.strerror or str(error)
                 raise OSError(error.errno, f"cannot listen on {path}: {reason}") from None

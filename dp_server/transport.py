@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ from h2.events import RequestReceived
 from h2.utilities import SizeLimitDict
 
 from . import raw_calls, unary, wire
+from .accepting import accept_at_once
 
 CLOSED_STREAMS_KEPT = 256  # per connection
 
@@ -501,6 +503,20 @@ class TrackedServer(Server):
         self._dp_tracker = tracker
         self._dp_listener = listener
         self._dp_answers = answers
+
+    async def start_unix(self, path: str, backlog: int = 128) -> None:
+        """Listen on the Unix socket `path`, starting each connection as it is accepted
+        (see `dp_server.accepting`)."""
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listening.bind(path)
+            listening.listen(backlog)
+            await self.start(sock=listening, backlog=backlog)
+        except BaseException:
+            listening.close()
+            raise
+        assert self._server is not None
+        accept_at_once(self._server, listening, self._protocol_factory)
 
     def stop_listening(self) -> None:
         """Accept no more connections; those made keep being served until `close()`."""
