@@ -35,7 +35,10 @@ from bench_serve import (  # noqa: E402
     BenchError,
     bench_config,
     bench_topology,
+    cpu_split,
+    describe_cpus,
     percentile,
+    pin,
     serve_command,
     server_env,
     warm_page_cache,
@@ -59,12 +62,16 @@ def run_once(
         restarts=args.restarts,
         timeout=args.timeout,
     )
+    if args.cpu_split is not None:
+        pin(kubelet.pid, args.cpu_split[0])
     warm_page_cache(host)
     time.sleep(0.2)  # let kubelet.sock appear: start is timed from the server's spawn
     command = serve_command(host, config, plugin_dir, workdir / "pr.sock", mode, "info")
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - closed below
     spawned = time.time()
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_env(host))
+    if args.cpu_split is not None:
+        pin(server.pid, args.cpu_split[1])
     try:
         report = go_kubelet.report(kubelet, timeout=args.timeout * (3 + args.restarts))
     finally:
@@ -89,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=64)
     parser.add_argument("--modes", default="single,per-resource")
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--share-cpus",
+        action="store_true",
+        help="let the server and gokubelet share every CPU, as bench_serve.py --share-cpus",
+    )
     args = parser.parse_args(argv)
+    args.cpu_split = cpu_split(args.share_cpus)
     why = go_kubelet.missing()
     if why is not None:
         parser.error(why)
@@ -118,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         f"gokubelet (grpc-go) against dp-server serve, {args.resources} resources x "
         f"{args.devices} devices, {args.runs} runs per mode"
     )
+    print(f"CPUs: {describe_cpus(args.cpu_split, 'gokubelet')}")
     print(f"{'':34} " + " ".join(f"{mode:>14}" for mode in modes))
 
     def row(label: str, values: list[str]) -> None:

@@ -25,6 +25,11 @@ repetition it measures:
    the bench's allocations;
 6. SIGTERM -> exit: time, exit code, socket files left behind.
 
+The server and the emulator run on CPUs of their own (the last CPU for the
+server, the others for this process) unless `--share-cpus` is given: on a
+2-vCPU machine the grpcio emulator is busy for most of a restart, and the
+figures would otherwise measure which of the two the scheduler runs.
+
 bench/README.md describes the setup and every measurement in detail.
 
 Usage: python bench/bench_serve.py [--runs 5] [--allocs 2000] [--idle-seconds 20]
@@ -71,6 +76,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # between the kubelet's steps and takes the GIL and the state lock from its
 # threads, about 50 ms of a 64-resource re-registration.
 WATCH_INTERVAL = 0.002
+
+# The server's CPU and the emulator's, unless --share-cpus: see `cpu_split`.
+CpuSplit = tuple[list[int], list[int]]
 
 TARGETS = {
     "register_s": 1.0,
@@ -212,6 +220,47 @@ def warm_page_cache(host: Path) -> None:
 def proc_cpu_ns(pid: int) -> int:
     """On-CPU time of every live thread, in ns (schedstat: finer than ticks)."""
     return sum(ns for _, ns, _ in proc_tasks(pid).values())
+
+
+def cpu_split(share: bool) -> CpuSplit | None:
+    """The CPUs for this process (the emulator) and for the server, or None to share.
+
+    The emulator is a Python program standing in for a Go kubelet, and during
+    a restart it is busy for most of the time: with both on 2 vCPUs the
+    server's thread is preempted some 600 times per restart (its involuntary
+    context switches), each time its emulator peer wakes. Each on its own CPU,
+    the figures are the server's, not the scheduler's. A kubelet and a
+    device plugin pod are rarely confined to the same two CPUs.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if share or len(cpus) < 2:
+        return None
+    return cpus[:-1], cpus[-1:]
+
+
+def describe_cpus(
+    split: CpuSplit | None, kubelet: str = "kubelet emulator (the bench process)"
+) -> str:
+    if split is None:
+        return f"shared by the server and the {kubelet} (--share-cpus, or one CPU)"
+    others, server = (",".join(map(str, cpus)) for cpus in split)
+    return f"server on {server}, {kubelet} on {others}"
+
+
+def pin(pid: int, cpus: list[int]) -> None:
+    """Confine every thread of `pid` to `cpus`; threads started later inherit it."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+def allowed_cpus(pid: int) -> list[str]:
+    """Each thread's Cpus_allowed_list, as the kernel reports it."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found.add(proc_status_path(str(task / "status"))["Cpus_allowed_list"])
+    return sorted(found)
 
 
 def proc_tasks(pid: int) -> dict[str, tuple[str, int, int]]:
@@ -465,6 +514,8 @@ def run_once(
                 command, stdout=log_file, stderr=subprocess.STDOUT, env=server_env(host)
             )
             pid = server.pid
+            if args.cpu_split is not None:
+                pin(pid, args.cpu_split[1])  # before it starts any thread of its own
             registered = emulator.wait_registered(
                 names, args.timeout, listed=True, interval=interval
             )
@@ -482,6 +533,8 @@ def run_once(
         result["stime_s_at_registered"] = times["stime_s"]
         result["majflt_at_registered"] = times["majflt"]
         result["proc_registered"] = proc_snapshot(pid)
+        result["server_cpus"] = allowed_cpus(pid)
+        result["bench_cpus"] = allowed_cpus(os.getpid())
         resources = emulator.resources()
         if sorted(resources) != sorted(names):
             extra = sorted(set(resources) - name_set)
@@ -699,6 +752,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["exit_codes"] = sorted({r["exit_code"] for r in runs}, key=str)
     out["sockets_left"] = sorted({s for r in runs for s in r["sockets_left"]})
     out["restart_dial_failures"] = sum(r["restart_dial_failures"] for r in runs)
+    out["server_cpus"] = sorted({c for r in runs for c in r["server_cpus"]})
+    out["bench_cpus"] = sorted({c for r in runs for c in r["bench_cpus"]})
     return out
 
 
@@ -931,8 +986,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds between looks at the emulator while waiting for registrations "
         f"(default {WATCH_INTERVAL}); 0 wakes the bench on every kubelet event",
     )
+    parser.add_argument(
+        "--share-cpus",
+        action="store_true",
+        help="let the server and the emulator share every CPU, rather than run the server "
+        "on the last CPU and the emulator on the others",
+    )
     parser.add_argument("--json", metavar="PATH", help="write raw results here")
     args = parser.parse_args(argv)
+    args.cpu_split = cpu_split(args.share_cpus)
+    if args.cpu_split is not None:
+        pin(os.getpid(), args.cpu_split[0])  # the emulator's threads, started later, inherit it
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not 1 <= args.devices <= 256:
         parser.error("--devices must be 1..256 (one bus of functions per ID)")
@@ -987,6 +1051,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "source": version,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
+        "cpus": describe_cpus(args.cpu_split),
     }
     print(
         f"dp-server serve benchmark: {args.resources} resources x {args.devices} devices, "
@@ -998,6 +1063,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{load_before[0]:.2f}/{load_after[0]:.2f}"
     )
     print(f"source: {version}")
+    print(f"CPUs: {machine['cpus']}")
+    for mode in results:
+        summary_ = results[mode]["summary"]
+        print(
+            f"  {mode}: server threads allowed on {' / '.join(summary_['server_cpus'])}, "
+            f"bench threads on {' / '.join(summary_['bench_cpus'])}"
+        )
     print()
     print(report(results, args))
     if args.json:
