@@ -35,6 +35,7 @@ h2 (when the read goes there after all) decodes it the same both times.
 from __future__ import annotations
 
 import struct
+import weakref
 from collections.abc import Mapping
 
 from h2.connection import ConnectionState, H2Connection
@@ -246,6 +247,54 @@ def _window_update(
     )
 
 
+class _DecodedBlocks:
+    """The header blocks of indexed fields one connection's decoder has decoded,
+    while its dynamic table stays as it was.
+
+    A kubelet's calls repeat the same few blocks, and decoding one costs more
+    than the rest of reading its call. Such a block changes no table, so it
+    decodes the same until the table changes. Any entry the decoder adds is a
+    new tuple at its head, and a resize evicts entries: (head, count) tells.
+    The head is held here, so its identity cannot pass to another object.
+    """
+
+    __slots__ = ("count", "head", "headers")
+
+    def __init__(self) -> None:
+        self.head: object = None
+        self.count = -1
+        self.headers: dict[bytes, tuple[tuple[str, str], ...] | None] = {}
+
+
+_BLOCKS_KEPT = 32  # per connection; a kubelet sends four or five
+_decoded_blocks: weakref.WeakKeyDictionary[H2Connection, _DecodedBlocks] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _decoded(block: bytes, h2: H2Connection) -> tuple[tuple[str, str], ...] | None:
+    """The headers of an indexed-only `block`, or None when h2 must decode it."""
+    entries = h2.decoder.header_table.dynamic_entries
+    head = entries[0] if entries else None
+    known = _decoded_blocks.get(h2)
+    if known is None:
+        known = _decoded_blocks[h2] = _DecodedBlocks()
+    if known.head is not head or known.count != len(entries):
+        known.head, known.count = head, len(entries)
+        known.headers.clear()
+    elif block in known.headers:
+        return known.headers[block]
+    try:
+        decoded = h2.decoder.decode(block, raw=True)
+        headers = tuple((name.decode("ascii"), value.decode("ascii")) for name, value in decoded)
+    except (HPACKError, UnicodeDecodeError):
+        headers = None  # h2 answers these itself
+    if len(known.headers) >= _BLOCKS_KEPT:
+        known.headers.clear()
+    known.headers[block] = headers
+    return headers
+
+
 def _open(
     block: bytes, stream_id: int, h2: H2Connection, answers: Mapping[str, Answer]
 ) -> WholeCall | None:
@@ -253,12 +302,8 @@ def _open(
     names a unary answer (see `unary.call_route`)."""
     if not block or min(block) < 0x80:
         return None  # a literal (which may change a table), or an index past 126
-    try:
-        decoded = h2.decoder.decode(block, raw=True)
-        headers = [(name.decode("ascii"), value.decode("ascii")) for name, value in decoded]
-    except (HPACKError, UnicodeDecodeError):
-        return None  # h2 answers these itself
-    if any(name in _H2_CHECKS for name, _ in headers):
+    headers = _decoded(block, h2)
+    if headers is None or any(name in _H2_CHECKS for name, _ in headers):
         return None
     route = call_route(headers, answers)
     if route is None:

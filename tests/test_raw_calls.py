@@ -531,3 +531,64 @@ def test_reply_blocks_reference_only_the_static_table() -> None:
     assert raw_calls.RESPONSE_HEADERS_BLOCK == raw_calls.encode_block(
         [(":status", "200"), ("content-type", "application/grpc+proto")]
     )
+
+
+def headers_frame(stream_id: int, block: bytes) -> bytes:
+    return raw_calls._frame(0x1, 0x4, stream_id, block)
+
+
+def test_a_repeated_header_block_is_decoded_once() -> None:
+    pair = Pair()
+    pair.warm()
+    decoder = pair.server.decoder
+    decode = decoder.decode
+    blocks: list[bytes] = []
+
+    def counted(data: bytes, raw: bool = False) -> object:
+        blocks.append(bytes(data))
+        return decode(data, raw=raw)
+
+    decoder.decode = counted  # type: ignore[method-assign]
+    for _ in range(5):
+        stream_id, data = pair.request()
+        assert replies(pair.answer_raw(data)) == {stream_id: OK_REPLY}
+    assert len(blocks) == 1
+    # Another call's :path, a literal the first time, goes through h2 and into
+    # the table; then the blocks of both calls are decoded once each.
+    _, data = pair.request(headers=headers_for("GetPreferredAllocation"))
+    pair.served(pair.server.receive_data(data))
+    pair.pump()
+    blocks.clear()
+    for method in ("Allocate", "GetPreferredAllocation") * 3:
+        stream_id, data = pair.request(headers=headers_for(method))
+        assert set(replies(pair.answer_raw(data))) == {stream_id}
+    assert len(blocks) == 2
+
+
+def test_a_header_block_is_decoded_anew_once_the_table_has_changed() -> None:
+    """The same indexed fields mean other headers once the peer added to the
+    table: the block is read as the table says now, as h2 would read it."""
+    pair = Pair()
+    pair.warm()
+    stream_id, data = pair.request()
+    block = data[9 : 9 + int.from_bytes(data[:3], "big")]
+    assert min(block) >= 0x80  # indexed fields only
+    assert replies(pair.answer_raw(data)) == {stream_id: OK_REPLY}
+    # A call with a new header: h2 takes it, and both tables gain an entry,
+    # which moves every dynamic index by one.
+    _, data = pair.request(headers=[*headers_for("GetPreferredAllocation"), ("x-new", "1")])
+    pair.served(pair.server.receive_data(data))
+    pair.pump()
+    now = [
+        (name.decode(), value.decode())
+        for name, value in pair.server.decoder.decode(block, raw=True)
+    ]
+    assert now != HEADERS  # the same bytes, other headers
+    stream_id = pair.client.get_next_available_stream_id()
+    replayed = headers_frame(stream_id, block) + raw_calls._frame(0x0, 0x1, stream_id, framed(b"x"))
+    found = raw_calls.read(replayed, pair.server, ANSWERS)
+    route = unary.call_route(now, ANSWERS)
+    if route is None:
+        assert found is None
+    else:
+        assert found is not None and found.calls[0].path == route[0] != BASE + "Allocate"
