@@ -42,7 +42,7 @@ from h2.connection import ConnectionState, H2Connection
 from h2.events import WindowUpdated
 from hpack import Encoder, HPACKError, NeverIndexedHeaderTuple
 
-from .unary import CONTENT_TYPE, Answer, WholeCall, call_route
+from .unary import CONTENT_TYPE, Answer, WholeCall, call_path, routed
 
 __all__ = ["RawRead", "encode_block", "read", "reply_block", "window_updated"]
 
@@ -247,52 +247,57 @@ def _window_update(
     )
 
 
-class _DecodedBlocks:
-    """The header blocks of indexed fields one connection's decoder has decoded,
-    while its dynamic table stays as it was.
+class _KnownBlocks:
+    """What the header blocks of indexed fields one connection's decoder has
+    decoded asked for, while its dynamic table stays as it was.
 
     A kubelet's calls repeat the same few blocks, and decoding one costs more
     than the rest of reading its call. Such a block changes no table, so it
-    decodes the same until the table changes. Any entry the decoder adds is a
+    means the same until the table changes. Any entry the decoder adds is a
     new tuple at its head, and a resize evicts entries: (head, count) tells.
     The head is held here, so its identity cannot pass to another object.
+    Only the call's path and timeout are kept, not its headers: a few dozen
+    bytes per block rather than a kilobyte, on each of 64 connections.
     """
 
-    __slots__ = ("count", "head", "headers")
+    __slots__ = ("count", "head", "paths")
 
     def __init__(self) -> None:
         self.head: object = None
         self.count = -1
-        self.headers: dict[bytes, tuple[tuple[str, str], ...] | None] = {}
+        self.paths: dict[bytes, tuple[str, float | None] | None] = {}
 
 
 _BLOCKS_KEPT = 32  # per connection; a kubelet sends four or five
-_decoded_blocks: weakref.WeakKeyDictionary[H2Connection, _DecodedBlocks] = (
-    weakref.WeakKeyDictionary()
-)
+_known_blocks: weakref.WeakKeyDictionary[H2Connection, _KnownBlocks] = weakref.WeakKeyDictionary()
 
 
-def _decoded(block: bytes, h2: H2Connection) -> tuple[tuple[str, str], ...] | None:
-    """The headers of an indexed-only `block`, or None when h2 must decode it."""
+def _call_path(
+    block: bytes, h2: H2Connection, answers: Mapping[str, Answer]
+) -> tuple[str, float | None] | None:
+    """`unary.call_path` of an indexed-only `block`; None when h2 must take it."""
     entries = h2.decoder.header_table.dynamic_entries
     head = entries[0] if entries else None
-    known = _decoded_blocks.get(h2)
+    known = _known_blocks.get(h2)
     if known is None:
-        known = _decoded_blocks[h2] = _DecodedBlocks()
+        known = _known_blocks[h2] = _KnownBlocks()
     if known.head is not head or known.count != len(entries):
         known.head, known.count = head, len(entries)
-        known.headers.clear()
-    elif block in known.headers:
-        return known.headers[block]
+        known.paths.clear()
+    elif block in known.paths:
+        return known.paths[block]
     try:
         decoded = h2.decoder.decode(block, raw=True)
-        headers = tuple((name.decode("ascii"), value.decode("ascii")) for name, value in decoded)
+        headers = [(name.decode("ascii"), value.decode("ascii")) for name, value in decoded]
     except (HPACKError, UnicodeDecodeError):
-        headers = None  # h2 answers these itself
-    if len(known.headers) >= _BLOCKS_KEPT:
-        known.headers.clear()
-    known.headers[block] = headers
-    return headers
+        found = None  # h2 answers these itself
+    else:
+        checked = any(name in _H2_CHECKS for name, _ in headers)
+        found = None if checked else call_path(headers, answers)
+    if len(known.paths) >= _BLOCKS_KEPT:
+        known.paths.clear()
+    known.paths[block] = found
+    return found
 
 
 def _open(
@@ -302,10 +307,7 @@ def _open(
     names a unary answer (see `unary.call_route`)."""
     if not block or min(block) < 0x80:
         return None  # a literal (which may change a table), or an index past 126
-    headers = _decoded(block, h2)
-    if headers is None or any(name in _H2_CHECKS for name, _ in headers):
-        return None
-    route = call_route(headers, answers)
+    route = routed(_call_path(block, h2, answers), answers)
     if route is None:
         return None
     return WholeCall(stream_id, *route)

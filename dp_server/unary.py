@@ -38,9 +38,11 @@ __all__ = [
     "Answer",
     "Reply",
     "WholeCall",
+    "call_path",
     "call_route",
     "fits",
     "reply_frames",
+    "routed",
     "whole_calls",
 ]
 
@@ -103,14 +105,20 @@ def call_route(
 ) -> tuple[str, Answer, Deadline | None] | None:
     """The path, answer and deadline of a request grpclib would accept and route to a
     unary answer, else None."""
-    found = _path_of(headers, answers)
+    return routed(call_path(headers, answers), answers)
+
+
+def routed(
+    found: tuple[str, float | None] | None, answers: Mapping[str, Answer]
+) -> tuple[str, Answer, Deadline | None] | None:
+    """`call_route` of a request whose `call_path` was `found`; its deadline starts now."""
     if found is None:
         return None
     path, timeout = found
     return path, answers[path], None if timeout is None else Deadline.from_timeout(timeout)
 
 
-def _path_of(
+def call_path(
     headers: Sequence[tuple[str, str]], answers: Mapping[str, Answer]
 ) -> tuple[str, float | None] | None:
     """The path and grpc-timeout of a request grpclib would accept and route to a unary
