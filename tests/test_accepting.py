@@ -68,12 +68,16 @@ def short_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 async def serve(
-    path: Path, factory: Callable[[], asyncio.BaseProtocol], listening: Any = None
+    path: Path,
+    factory: Callable[[], asyncio.BaseProtocol],
+    accepting_on: Callable[[socket.socket], Any] = lambda sock: sock,
 ) -> asyncio.AbstractServer:
+    """An asyncio server on `path` whose connections `accept_at_once` starts,
+    accepting through what `accepting_on` makes of the listening socket."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     server = await asyncio.get_running_loop().create_unix_server(factory, sock=sock)
-    assert accepting.accept_at_once(server, listening or sock, factory)
+    assert accepting.accept_at_once(server, accepting_on(sock), factory)
     return server
 
 
@@ -149,14 +153,15 @@ async def test_out_of_descriptors_pauses_accepting_then_resumes(
     monkeypatch.setattr(accepting, "RETRY_AFTER_EXHAUSTION", 0.05)
     caplog.set_level(logging.WARNING, logger="dp.transport")
     path = short_dir / "p.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    flaky = RunsOutOfDescriptors(sock)
     started: list[Any] = []
-    loop = asyncio.get_running_loop()
-    factory = lambda: Recorded(started, b"late")  # noqa: E731
-    server = await loop.create_unix_server(factory, sock=sock)
-    assert accepting.accept_at_once(server, flaky, factory)
+    listeners: list[RunsOutOfDescriptors] = []
+
+    def flaky_listener(sock: socket.socket) -> RunsOutOfDescriptors:
+        listeners.append(RunsOutOfDescriptors(sock))
+        return listeners[0]
+
+    server = await serve(path, lambda: Recorded(started, b"late"), flaky_listener)
+    [flaky] = listeners
     try:
         client = dial(path)
         await asyncio.sleep(0.01)
