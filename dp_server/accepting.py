@@ -52,6 +52,7 @@ def accept_at_once(
     if not callable(getattr(loop, "_make_socket_transport", None)):
         return False
     fd = listening.fileno()
+    where = str(listening.getsockname())  # for the warnings
 
     def readable() -> None:
         # One connection per callback: the socket is level-triggered, so one
@@ -64,7 +65,7 @@ def accept_at_once(
         except OSError as error:
             _log.warning(
                 "accept-failed",
-                extra={"dp_fields": {"socket": str(listening.getsockname()), "error": str(error)}},
+                extra={"dp_fields": {"socket": where, "error": str(error)}},
             )
             if error.errno in _EXHAUSTED:
                 loop.remove_reader(fd)
@@ -85,7 +86,7 @@ def accept_at_once(
         except Exception as error:  # one connection must not stop the others
             _log.warning(
                 "connection-start-failed",
-                extra={"dp_fields": {"socket": str(listening.getsockname()), "error": repr(error)}},
+                extra={"dp_fields": {"socket": where, "error": repr(error)}},
             )
             if transport is not None:
                 # Whatever the protocol got to, it hears nothing more.

@@ -510,8 +510,7 @@ class TrackedServer(Server):
         listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listening.bind(path)
-            listening.listen(backlog)
-            await self.start(sock=listening, backlog=backlog)
+            await self.start(sock=listening, backlog=backlog)  # asyncio calls listen()
         except BaseException:
             listening.close()
             raise
