@@ -68,8 +68,6 @@ VENDOR = 0x1DED  # not a real vendor: the names come from the config, not pci.id
 CLASS_CODE = 0x120000  # processing accelerator
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# The targets from the issue, and the Go reference plugin (KubeVirt's handler
-# with one gRPC server per resource) measured on the same 64 x 64 host.
 # How often the bench looks at the emulator while it waits for registrations.
 # The figures come from the emulator's event times, not from when the bench
 # notices; a waiter woken by every event instead (`--watch-interval 0`) runs
@@ -80,6 +78,8 @@ WATCH_INTERVAL = 0.002
 # The server's CPU and the emulator's, unless --share-cpus: see `cpu_split`.
 CpuSplit = tuple[list[int], list[int]]
 
+# The targets from the issue, and the Go reference plugin (KubeVirt's handler
+# with one gRPC server per resource) measured on the same 64 x 64 host.
 TARGETS = {
     "register_s": 1.0,
     "allocate_p99_ms": 1.0,
