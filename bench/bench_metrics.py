@@ -6,7 +6,9 @@ order alternating between runs), and
 measures in each: RSS and threads after registration and a settle, the
 Allocate round trip p50 / p99 and the server's CPU per Allocate (the Tally
 counts every call). With metrics on it also scrapes /metrics `--scrapes`
-times and reports the scrape's p50 / p99, the body size and the series count.
+times and reports the scrape's p50 / p99, the body size and the series count
+(dp's families and prometheus-client's process_* and python_info, all rendered
+by prometheus-client on the server's own loop).
 
     python bench/bench_metrics.py [--runs 4] [--calls 3000] [--scrapes 200]
 """
@@ -38,8 +40,8 @@ from bench_serve import (  # noqa: E402
     warm_page_cache,
 )
 
-from dp_server.emulator import KubeletEmulator  # noqa: E402
-from dp_server.topology import write_sysfs  # noqa: E402
+from dp_testing.emulator import KubeletEmulator  # noqa: E402
+from dp_testing.topology import write_sysfs  # noqa: E402
 
 
 def free_port() -> int:

