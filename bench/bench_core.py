@@ -33,9 +33,9 @@ from dp_core import (
     SocketMode,
     WatchStarted,
 )
-from dp_server import wire
-from dp_server.config_file import parse_config
-from dp_server.topology import to_snapshot
+from dp_server.config.loader import parse_config
+from dp_server.deviceplugin import wire
+from dp_testing.topology import to_snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import bench_config, bench_topology, resource_names  # noqa: E402

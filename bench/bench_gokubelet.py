@@ -44,7 +44,7 @@ from bench_serve import (  # noqa: E402
     warm_page_cache,
 )
 
-from dp_server.topology import write_sysfs  # noqa: E402
+from dp_testing.topology import write_sysfs  # noqa: E402
 
 import go_kubelet  # noqa: E402
 

@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dp_server.generator import generate_topology
-from dp_server.scanner import scan_host
-from dp_server.topology import SHARED_DEV_PATHS, to_snapshot, write_sysfs
+from dp_server.host.scanner import scan_host
+from dp_testing.generator import generate_topology
+from dp_testing.topology import SHARED_DEV_PATHS, to_snapshot, write_sysfs
 
 
 def _percentile(samples: list[float], fraction: float) -> float:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark `dp-server serve` against the grpcio kubelet emulator.
 
-The server runs as its own process (`python -m dp_server.cli serve`), so the
+The server runs as its own process (`python -m dp_server.cli.main serve`), so the
 RSS, threads, fds and CPU measured from /proc/<pid> are its own; the kubelet
 emulator runs in this process. The host is a generated sysfs tree with
 `--resources` distinct vendor:device IDs x `--devices` functions each (default
@@ -58,10 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from dp_core import VFIO_DRIVER, PciAddress
-from dp_server.emulator import KubeletEmulator
-from dp_server.emulator.pb.deviceplugin.v1beta1.api_pb2 import Empty
-from dp_server.scanner import scan_host
-from dp_server.topology import SHARED_DEV_PATHS, FakePci, Topology, write_sysfs
+from dp_server.host.scanner import scan_host
+from dp_testing.emulator import KubeletEmulator
+from dp_testing.emulator.pb.deviceplugin.v1beta1.api_pb2 import Empty
+from dp_testing.topology import SHARED_DEV_PATHS, FakePci, Topology, write_sysfs
 
 DOMAIN = "bench.example.com"
 VENDOR = 0x1DED  # not a real vendor: the names come from the config, not pci.ids
@@ -78,22 +78,25 @@ WATCH_INTERVAL = 0.002
 # The server's CPU and the emulator's, unless --share-cpus: see `cpu_split`.
 CpuSplit = tuple[list[int], list[int]]
 
-# The targets from the issue, and the Go reference plugin (KubeVirt's handler
-# with one gRPC server per resource) measured on the same 64 x 64 host.
+# The targets of the thin-shell issue (#18), and the Go design it quotes: a
+# plugin on KubeVirt's device-plugin-manager with one gRPC server and socket
+# per resource, measured by the issue on the same 64 x 64 host and machine
+# kind (the upper ends of its ranges).
 TARGETS = {
-    "register_s": 1.0,
-    "allocate_p99_ms": 1.0,
-    "restart_s": 0.25,
-    "rss_mb": 35.0,
+    "register_s": 1.5,
+    "allocate_p99_ms": 5.0,
+    "restart_s": 0.5,
+    "rss_mb": 45.0,
     "idle_cpu_pct": 0.5,
+    "threads": 3,
 }
 GO_REFERENCE = {
-    "register_s": 10.3,
-    "restart_s": 10.2,
-    "allocate_p50_ms": 0.40,
-    "allocate_p99_ms": 0.74,
-    "rss_mb": 22.0,
-    "threads": 8,
+    "register_s": 0.32,
+    "restart_s": 0.25,
+    "allocate_p50_ms": 0.45,
+    "allocate_p99_ms": 0.99,
+    "rss_mb": 26.4,
+    "threads": 11,
     "fds": 139,
     "idle_cpu_pct": 0.1,
 }
@@ -210,7 +213,11 @@ def warm_page_cache(host: Path) -> None:
     """
     scan_host(str(host / "sys"), str(host / "dev"), dev_paths=[])
     subprocess.run(
-        [sys.executable, "-c", "import dp_server.cli, dp_server.runtime, dp_server.service"],
+        [
+            sys.executable,
+            "-c",
+            "import dp_server.cli.main, dp_server.runtime.runtime, dp_server.deviceplugin.service",
+        ],
         check=True,
         timeout=60,
         env=server_env(host),
@@ -911,21 +918,21 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         extra = extra_threads(sm["thread_names"])
         checks = [
             (
-                "all registered <= 1 s after start",
+                f"all registered <= {t['register_s']:g} s after start",
                 sm["register_s"]["max"] <= t["register_s"],
                 f"worst {sm['register_s']['max']:.3f} s",
             ),
             (
-                "Allocate p99 < 1 ms",
+                f"Allocate p99 < {t['allocate_p99_ms']:g} ms",
                 sm["allocate_pooled"]["p99"] < t["allocate_p99_ms"],
                 f"{sm['allocate_pooled']['p99']:.3f} ms",
             ),
             (
-                "re-registered <= 250 ms after restart",
+                f"re-registered <= {t['restart_s'] * 1000:.0f} ms after restart",
                 sm["restart_s"]["max"] <= t["restart_s"],
                 f"worst {sm['restart_s']['max'] * 1000:.0f} ms",
             ),
-            ("RSS < 35 MB", rss < t["rss_mb"], f"worst {rss:.1f} MB"),
+            (f"RSS < {t['rss_mb']:g} MB", rss < t["rss_mb"], f"worst {rss:.1f} MB"),
             (
                 "idle CPU < 0.5 % of a core",
                 sm["idle_cpu_pct"]["max"] < t["idle_cpu_pct"],

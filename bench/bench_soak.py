@@ -39,8 +39,8 @@ from bench_serve import (  # noqa: E402
     warm_page_cache,
 )
 
-from dp_server.emulator import KubeletEmulator  # noqa: E402
-from dp_server.topology import write_sysfs  # noqa: E402
+from dp_testing.emulator import KubeletEmulator  # noqa: E402
+from dp_testing.topology import write_sysfs  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

@@ -1,7 +1,7 @@
 """What the operator asked for: which devices to serve, under which names.
 
 These classes validate themselves at construction; reading YAML into them is
-the shell's job (dp_server.config_file), so a plugin author can build a
+the shell's job (dp_server.config.loader), so a plugin author can build a
 `Config` in code just as well.
 """
 

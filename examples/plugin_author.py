@@ -61,7 +61,7 @@ def show(step: str, effects: list[Effect]) -> None:
 
 def main() -> None:
     # 1. What the host looks like. A real shell reads this from sysfs and /dev
-    #    (dp_server.scanner.scan_host does); here it is written out.
+    #    (dp_server.host.scanner.scan_host does); here it is written out.
     gpu = PciDevice(
         address=PciAddress.parse("0000:3b:00.0"),
         vendor=T4.vendor,

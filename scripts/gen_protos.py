@@ -5,7 +5,7 @@ Two generated trees are committed, one per gRPC stack:
 
 * `dp_server/proto/`: betterproto2 messages and grpclib stubs/bases, used by the
   server itself.
-* `dp_server/emulator/pb/`: protobuf runtime messages (`api_pb2`) used by the
+* `dp_testing/emulator/pb/`: protobuf runtime messages (`api_pb2`) used by the
   kubelet emulator, which deliberately runs on the other stack (grpcio + protobuf)
   so that the server is tested against an independent implementation.
 
@@ -41,7 +41,7 @@ PROTO_DIR = ROOT / "protos"
 PROTOS = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
 
 BETTERPROTO_OUT = Path("dp_server/proto")
-PB_OUT = Path("dp_server/emulator/pb")
+PB_OUT = Path("dp_testing/emulator/pb")
 BETTERPROTO_OPTS = "client_generation=async,server_generation=async"
 
 # What the compiler's ruff passes see. Line length 88 is ruff's default, which is
@@ -77,7 +77,7 @@ def _fix_pb_imports(pb_root: Path) -> None:
             (path / "__init__.py").write_text(_PB_INIT)
         elif path.suffix in (".py", ".pyi"):
             text = path.read_text()
-            fixed = _ABSOLUTE_IMPORT.sub(r"from dp_server.emulator.pb.\1 import \2", text)
+            fixed = _ABSOLUTE_IMPORT.sub(r"from dp_testing.emulator.pb.\1 import \2", text)
             if fixed != text:
                 path.write_text(fixed)
     (pb_root / "__init__.py").write_text(_PB_INIT)

@@ -13,14 +13,13 @@ from typing import Any
 import attrs
 
 from dp_core import Backoff, Config, PciId, SocketMode, Timing
-from dp_server import transport
-from dp_server.binder import Binder
-from dp_server.cli import load_settings
-from dp_server.config_file import parse_config
-from dp_server.demo import DEMO_CONFIG
-from dp_server.emulator import KubeletEmulator
-from dp_server.runtime import Runtime, Settings
-from dp_server.topology import fixture_topology, write_sysfs
+from dp_server.binding.binder import Binder
+from dp_server.cli.demo import DEMO_CONFIG
+from dp_server.cli.main import load_settings
+from dp_server.config.loader import parse_config
+from dp_server.runtime.runtime import Runtime, Settings
+from dp_testing.emulator import KubeletEmulator
+from dp_testing.topology import fixture_topology, write_sysfs
 
 GPU = "nvidia.com/TU104GL_Tesla_T4"
 QAT = "intel.com/qat_vf"
@@ -32,45 +31,6 @@ VHOST = "devices.kubevirt.io/vhost-net"
 ALL = (KVM, NVME, TUN, VHOST, QAT, VGPU, GPU)
 
 FAST = Timing(dial_wait=1.0, backoff=Backoff(first=0.05, cap=0.5), release_grace=0.2)
-
-
-class RecordingTransport(asyncio.WriteTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[bytes] = []
-        self.closed = False
-        self.aborted = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert not self.closed, "write after close"
-        self.sent.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closed or self.aborted
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"peername": "kubelet"}.get(name, default)
-
-
-def served_protocol(answers: dict[str, Any]) -> tuple[Any, RecordingTransport]:
-    """A plugin connection's protocol, as a TrackedServer makes it, on a recording
-    transport; every connection counts as connection 1."""
-    server = transport.TrackedServer(
-        [],
-        transport.ConnectionTracker(lambda made, listener: 1, lambda connection: None),
-        None,
-        answers,
-    )
-    protocol = server._protocol_factory()
-    sent = RecordingTransport()
-    protocol.connection_made(sent)
-    return protocol, sent
 
 
 def live(kind: type) -> list[Any]:
@@ -143,12 +103,10 @@ class Harness:
     async def config_read(self, runtime: Runtime, timeout: float = 5) -> None:
         """Wait until a change to the served config file has been noticed and,
         once settled, read (or rejected)."""
-        version = runtime._config_version
-        assert version is not None
         async with asyncio.timeout(timeout):
-            while version.due_at is None:  # the watcher's batch has not come yet
+            while runtime.config_change_due is None:  # the watcher's batch has not come yet
                 await asyncio.sleep(0.02)
-            while version.due_at is not None:
+            while runtime.config_change_due is not None:
                 await asyncio.sleep(0.02)
 
     async def serve(self, kubelet: dict[str, Any] | None = None, **server: Any) -> Runtime:

@@ -1,6 +1,6 @@
 """A fake kernel for the rebinding files of a fixture sysfs tree (DESIGN.md §8).
 
-`FakeKernel.write` stands in for `dp_server.binder.write_attribute`: it applies
+`FakeKernel.write` stands in for `dp_server.binding.binder.write_attribute`: it applies
 what the kernel does for a write to a function's `driver_override`, a driver's
 `unbind` and `bind`, and `bus/pci/drivers_probe`, on a tree from `write_sysfs`, including
 the `/dev/vfio/<group>` node that appears and goes with vfio-pci. A write to

@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 from dp_core import BindDevice, BindingFinished, Input, PciAddress
-from dp_server.bind_queue import BindQueue
+from dp_server.binding.queue import BindQueue
 
 
 class SlowBinder:

@@ -12,11 +12,11 @@ import attrs
 import pytest
 
 from dp_core import VFIO_DRIVER, BindDevice, ConfigApplied, Move, PciAddress
-from dp_server import bind_queue
-from dp_server.binder import Binder
-from dp_server.config_file import parse_config
-from dp_server.moves_file import MOVES_FILE, read_moves, write_moves
-from dp_server.topology import fixture_topology, write_sysfs
+from dp_server.binding import queue as bind_queue
+from dp_server.binding.binder import Binder
+from dp_server.binding.moves_file import MOVES_FILE, read_moves, write_moves
+from dp_server.config.loader import parse_config
+from dp_testing.topology import fixture_topology, write_sysfs
 
 from e2e_harness import Harness
 from fake_kernel import FakeKernel
@@ -472,7 +472,15 @@ async def test_a_bind_of_a_function_already_on_vfio_pci_writes_nothing(harness: 
         await asyncio.sleep(0.02)
     kernel.writes.clear()
     on_vfio = PciAddress.parse("0000:3b:00.0")
-    result = runtime._binds.carry_out(BindDevice(on_vfio, "nouveau"))
+    queue = bind_queue.BindQueue(
+        Binder(str(harness.sysfs), kernel.write),
+        runtime.node,
+        runtime.feed,
+        runtime.now,
+        runtime.stopping,
+        lambda: None,
+    )
+    result = queue.carry_out(BindDevice(on_vfio, "nouveau"))
     assert result == (None, True, False)
     assert kernel.writes == []
     direct = Binder(str(harness.sysfs), kernel.write).bind(on_vfio, "nouveau")

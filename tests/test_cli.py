@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_server.cli import main
-from dp_server.demo import DEMO_CONFIG
-from dp_server.emulator import KubeletEmulator
-from dp_server.topology import fixture_topology, write_sysfs
+from dp_server.cli.demo import DEMO_CONFIG
+from dp_server.cli.main import main
+from dp_testing.emulator import KubeletEmulator
+from dp_testing.topology import fixture_topology, write_sysfs
 
 from e2e_harness import ALL
 
@@ -255,71 +255,3 @@ def test_serve_exits_on_signal_while_a_sysfs_write_hangs(
             server.kill()
             server.wait()
         emulator.stop()
-
-
-def test_the_command_leaves_ssl_metadata_multiprocessing_and_zlib_unloaded() -> None:
-    import importlib.metadata
-
-    # The probe reports only modules that dp's imports brought in: a site hook
-    # of the machine (a .pth file importing certifi, say) may load zlib or ssl
-    # before any dp code runs, and that is not the command's doing.
-    probe = (
-        "import sys\n"
-        "before = set(sys.modules)\n"
-        "def added(*names):\n"
-        "    return sorted(m for m in names if sys.modules.get(m) and m not in before)\n"
-        "from dp_server.__main__ import lean_imports\n"
-        "lean_imports()\n"
-        "import dp_server.cli, dp_server.runtime, dp_server.proto.v1beta1, betterproto2\n"
-        "print(added('ssl', '_ssl', 'importlib.metadata', '_hashlib'), betterproto2.__version__)\n"
-        "import dp_server.watcher, watchfiles\n"
-        "print(added('multiprocessing', 'pickle', 'zlib'))\n"
-        "print(callable(watchfiles.watch))\n"
-        "try:\n"
-        "    watchfiles.run_process('x')\n"
-        "except RuntimeError as error:\n"
-        "    print('not-loaded' if 'not loaded' in str(error) else error)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.split()
-    # betterproto2 still checked its version against the compiler's, with the
-    # real number; and OpenSSL did not come in, through asyncio or hashlib.
-    assert out[:2] == ["[]", importlib.metadata.version("betterproto2")]
-    # Nor multiprocessing and pickle through watchfiles' process runner, nor zlib;
-    # watch works, and the runner says why it does not.
-    assert out[2:] == ["[]", "True", "not-loaded"]
-
-
-def test_the_command_keeps_an_installed_pydantic_out_and_importable(tmp_path: Path) -> None:
-    # betterproto2 imports pydantic (and its 5 MB core library) whenever it is
-    # installed; with it a serving dp held 41-44 MB instead of 34. A stand-in
-    # package on the path shows whether anything imported it, here where the
-    # real one may or may not be installed.
-    stand_in = tmp_path / "pydantic"
-    stand_in.mkdir()
-    (stand_in / "__init__.py").write_text("import sys\nsys.stderr.write('pydantic-imported\\n')\n")
-    probe = (
-        "import sys\n"
-        f"sys.path.insert(0, {str(tmp_path)!r})\n"
-        "from dp_server.__main__ import lean_imports\n"
-        "lean_imports()\n"
-        "import dp_server.cli, dp_server.runtime, dp_server.proto.v1beta1, betterproto2\n"
-        "print(betterproto2.pydantic, 'pydantic' in sys.modules, flush=True)\n"
-        "import pydantic\n"  # hidden from betterproto2 only, not from whoever asks later
-        "print(pydantic.__file__.startswith(sys.path[0]))\n"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert run.stdout.split() == ["None", "False", "True"]
-    assert run.stderr.splitlines() == ["pydantic-imported"]
-
-
-def test_installed_version_reads_dist_info_names() -> None:
-    import importlib.metadata
-
-    from dp_server.__main__ import _installed_version
-
-    assert _installed_version("betterproto2") == importlib.metadata.version("betterproto2")
-    assert _installed_version("no-such-distribution-here") is None

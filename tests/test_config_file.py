@@ -1,4 +1,4 @@
-"""dp_server.config_file: YAML -> dp_core.Config, and the errors an operator sees."""
+"""dp_server.config.loader: YAML -> dp_core.Config, and the errors an operator sees."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dp_core import (
     PermittedHostDevices,
     SharedDevice,
 )
-from dp_server.config_file import (
+from dp_server.config.loader import (
     ConfigFileError,
     config_converter,
     dump_config,

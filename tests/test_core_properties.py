@@ -329,13 +329,13 @@ def test_random_kubelet_reaches_the_interesting_states(mode: SocketMode) -> None
 # The same properties over dp_server's generated topologies, when present
 
 try:
-    from dp_server.strategies import snapshots as server_snapshots
-    from dp_server.topology import fixture_topology, to_snapshot
+    from dp_testing.strategies import snapshots as server_snapshots
+    from dp_testing.topology import fixture_topology, to_snapshot
 except ImportError:  # pragma: no cover - the strategies module is optional here
     server_snapshots = None
 
 needs_server_strategies = pytest.mark.skipif(
-    server_snapshots is None, reason="dp_server.strategies is not available"
+    server_snapshots is None, reason="dp_testing.strategies is not available"
 )
 
 

@@ -28,17 +28,17 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler, Status
 
-from dp_server.emulator import (
+from dp_server.proto import v1beta1 as bp
+from dp_testing.emulator import (
     CHECKPOINT_FILE,
     AdmissionError,
     KubeletEmulator,
     KubeletError,
     PluginOptions,
 )
-from dp_server.emulator._rpc import is_extended_resource_name
-from dp_server.emulator.pb.deviceplugin.v1beta1 import api_pb2 as dp_pb2
-from dp_server.emulator.pb.podresources.v1 import api_pb2 as pr_pb2
-from dp_server.proto import v1beta1 as bp
+from dp_testing.emulator._rpc import is_extended_resource_name
+from dp_testing.emulator.pb.deviceplugin.v1beta1 import api_pb2 as dp_pb2
+from dp_testing.emulator.pb.podresources.v1 import api_pb2 as pr_pb2
 
 RESOURCE = "example.com/widget"
 WAIT = 10.0

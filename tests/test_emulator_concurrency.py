@@ -19,8 +19,8 @@ import grpclib.server
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler
 
-from dp_server.emulator import KubeletEmulator
 from dp_server.proto import v1beta1 as bp
+from dp_testing.emulator import KubeletEmulator
 
 WAIT = 10.0
 FIRST, SECOND = "example.com/first", "example.com/second"

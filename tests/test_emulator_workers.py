@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from dp_server.emulator._workers import Workers
+from dp_testing.emulator._workers import Workers
 
 WAIT = 5.0
 

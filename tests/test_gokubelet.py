@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from dp_server.demo import DEMO_CONFIG
-from dp_server.topology import fixture_topology, write_sysfs
+from dp_server.cli.demo import DEMO_CONFIG
+from dp_testing.topology import fixture_topology, write_sysfs
 
 import go_kubelet
 

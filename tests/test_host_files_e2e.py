@@ -10,15 +10,23 @@ served, and changes keep reaching the kubelet.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import socket as socket_module
+import subprocess
+import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dp_server.demo import DEMO_CONFIG
+from dp_core import KubeletStarted
+from dp_server.cli.demo import DEMO_CONFIG
+from dp_server.runtime.kubelet import KubeletFollower
+from dp_server.runtime.memory import CollectionPolicy
 
 from e2e_harness import ALL, GPU, KVM, NVME, QAT, Harness
 
@@ -78,7 +86,7 @@ async def test_our_socket_file_changing_keeps_the_kubelets_streams(
     await _changes_still_reach_the_kubelet(harness)
     # The kubelet did not restart: nothing registers again.
     assert {name: emulator.registration_count(name) for name in ALL} == registrations
-    assert len(runtime._streams) == len(ALL)
+    assert runtime.open_streams == len(ALL)
 
 
 async def test_a_chmod_of_kubelet_sock_is_not_a_kubelet_restart(harness: Harness) -> None:
@@ -89,7 +97,7 @@ async def test_a_chmod_of_kubelet_sock_is_not_a_kubelet_restart(harness: Harness
     os.chmod(harness.plugin_dir / "kubelet.sock", 0o600)
     await asyncio.sleep(0.5)
     assert {name: emulator.registration_count(name) for name in ALL} == registrations
-    assert len(runtime._streams) == len(ALL)
+    assert runtime.open_streams == len(ALL)
     await _changes_still_reach_the_kubelet(harness)
 
 
@@ -120,25 +128,30 @@ async def test_while_the_device_plugin_directory_is_gone_open_connections_are_se
     assert harness.runtime is not None and harness.runtime.failure is None
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
     assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == "0000:5e:01.0"
-    assert len(runtime._streams) == len(ALL)
+    assert runtime.open_streams == len(ALL)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem needs root (CI runs as root)")
 async def test_a_device_plugin_directory_on_another_filesystem_stops_the_server(
     harness: Harness,
 ) -> None:
     """What a container sees when the host directory its hostPath volume
     mounted is removed: the path is the container's own empty directory, on
     another filesystem. Nothing made there reaches the kubelet; the server
-    stops with a reason, and its restart mounts the kubelet's directory again."""
-    runtime = await harness.serve()
-    # Stands for the other filesystem: st_dev cannot be changed from a test.
-    runtime._sockets._filesystem = os.stat(harness.plugin_dir).st_dev + 1
-    (harness.plugin_dir / "something").touch()
-    assert harness._serving is not None
-    await asyncio.wait_for(harness._serving, 5)
-    assert runtime.failure is not None
-    assert str(harness.plugin_dir) in runtime.failure and "another filesystem" in runtime.failure
-    assert not [name for name in harness.sockets() if name != "kubelet.sock"]
+    stops with a reason, and its restart mounts the kubelet's directory again.
+    A tmpfs mounted over the directory gives the path another filesystem."""
+    runtime = await harness.serve(rescan_interval=0.2)  # the periodic look finds it
+    subprocess.run(["mount", "-t", "tmpfs", "dp-test", str(harness.plugin_dir)], check=True)
+    try:
+        assert harness._serving is not None
+        await asyncio.wait_for(harness._serving, 5)
+        assert runtime.failure is not None
+        assert str(harness.plugin_dir) in runtime.failure
+        assert "another filesystem" in runtime.failure
+        # Nothing was made on the other filesystem.
+        assert not [name for name in harness.sockets() if name != "kubelet.sock"]
+    finally:
+        subprocess.run(["umount", str(harness.plugin_dir)], check=True)
 
 
 async def test_dev_vfio_removed_and_made_again_is_seen_without_a_rescan(harness: Harness) -> None:
@@ -204,25 +217,73 @@ async def test_an_emptied_config_keeps_the_previous_one(
     assert [r.dp_fields["error"] for r in rejected] == [f"{path} is empty"]  # type: ignore[attr-defined]
 
 
-async def test_a_kubelet_the_watcher_missed_is_found_by_looking(harness: Harness) -> None:
+class _Follower:
+    """A KubeletFollower with no file watcher beside it, on its own kubelet.sock."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "kubelet.sock"
+        self.inputs: list[object] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.follower = KubeletFollower(
+            self.path,
+            retire=lambda: None,
+            ids=itertools.count(1),
+            feed=self.inputs.append,
+            now=time.monotonic,
+            spawn=self.spawn,
+            memory=CollectionPolicy(),
+            stopping=lambda: False,
+        )
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.append(task)
+        return task
+
+    def make_kubelet_sock(self) -> socket_module.socket:
+        listening = socket_module.socket(socket_module.AF_UNIX)
+        listening.bind(str(self.path))
+        return listening
+
+    async def started_within(self, seconds: float) -> bool:
+        async with asyncio.timeout(seconds):
+            while not any(isinstance(i, KubeletStarted) for i in self.inputs):
+                await asyncio.sleep(0.002)
+        return True
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def test_a_kubelet_the_watcher_missed_is_found_by_looking(tmp_path: Path) -> None:
     """While there is no kubelet.sock the server also looks for it once a
     second: a socket made before the file watch was in place (the watcher
     starts in its own thread) gives no event."""
-    runtime = await harness.start_server()
-    assert runtime._watcher is not None
-    runtime._watcher.stop()  # no events from here on
-    await asyncio.sleep(0.2)
-    harness.start_kubelet()
-    assert await harness.registered(timeout=5)
+    follower = _Follower(tmp_path)
+    follower.follower.follow(fast=False)  # what the runtime does without a kubelet
+    await asyncio.sleep(0.05)
+    kubelet = follower.make_kubelet_sock()
+    try:
+        assert await follower.started_within(2.5)
+    finally:
+        kubelet.close()
+        await follower.close()
 
 
-async def test_a_kubelet_restart_cuts_a_slow_look_short(harness: Harness) -> None:
+async def test_a_kubelet_restart_cuts_a_slow_look_short(tmp_path: Path) -> None:
     """Looking once a second while there is no kubelet.sock must not delay the
     quick looks a lost kubelet connection starts: the slow one is replaced."""
-    runtime = await harness.start_server()  # no kubelet: looking once a second
-    slow = runtime._follower
-    assert slow is not None and not slow.done()
-    runtime._follow_kubelet()  # what a lost kubelet connection does
-    await asyncio.sleep(0)
-    assert slow.cancelled() and runtime._follower is not slow
-    assert runtime._follower is not None and not runtime._follower.done()
+    follower = _Follower(tmp_path)
+    follower.follower.follow(fast=False)  # no kubelet: looking once a second
+    await asyncio.sleep(0.05)  # the slow look is asleep
+    follower.follower.follow()  # what a lost kubelet connection does
+    kubelet = follower.make_kubelet_sock()
+    started = time.monotonic()
+    try:
+        assert await follower.started_within(2.5)
+        assert time.monotonic() - started < 0.5  # not at the slow look's next step
+    finally:
+        kubelet.close()
+        await follower.close()

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from dp_server.logs import JsonFormatter, TextFormatter
+from dp_server.monitoring.logs import JsonFormatter, TextFormatter
 
 
 def record(event: str, **fields: object) -> logging.LogRecord:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dp_core import Move, PciAddress
-from dp_server import moves_file
-from dp_server.moves_file import MovesFileError, MovesStore, read_moves, write_moves
+from dp_server.binding import moves_file
+from dp_server.binding.moves_file import MovesFileError, MovesStore, read_moves, write_moves
 
 GPU = Move(PciAddress.parse("0000:3b:00.0"), "nouveau", 59)
 PINNED = Move(PciAddress.parse("0000:af:00.0"), "pci-stub", 135, pinned=True)

@@ -20,9 +20,9 @@ from dp_core.names import (
     pci_ids_resource_name,
     resource_name_error,
 )
-from dp_server.config_file import ConfigFileError
-from dp_server.emulator._rpc import is_extended_resource_name
-from dp_server.pci_ids import PCI_IDS_SEARCH_PATHS, find_pci_ids, load_pci_names
+from dp_server.config.loader import ConfigFileError
+from dp_server.config.pci_ids import PCI_IDS_SEARCH_PATHS, find_pci_ids, load_pci_names
+from dp_testing.emulator._rpc import is_extended_resource_name
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "pci.ids"
 
@@ -257,7 +257,7 @@ def test_parse_pci_ids_ignores_garbage() -> None:
     assert parse_pci_ids(text) == {PciId(0x10DE, 0x1EB8): "Tesla T4"}
 
 
-# --- dp_server.pci_ids: finding and reading the file ----------------------------------------
+# --- dp_server.config.pci_ids: finding and reading the file ---
 
 
 def test_search_paths() -> None:

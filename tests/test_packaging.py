@@ -856,7 +856,7 @@ def test_configmap_holds_a_config_of_the_documented_shape(configmap: dict[str, A
 
 
 def test_configmap_config_loads_with_dp_server(configmap: dict[str, Any]) -> None:
-    config_file = pytest.importorskip("dp_server.config_file")
+    config_file = pytest.importorskip("dp_server.config.loader")
     config = config_file.parse_config(configmap["data"]["config.yaml"], "deploy/configmap.yaml")
     assert config.permitted_host_devices is not None
     assert [e.resource_name for e in config.permitted_host_devices.pci_host_devices] == [
@@ -974,11 +974,11 @@ def test_daemonset_volumes(daemonset: dict[str, Any], configmap: dict[str, Any])
 
 
 def test_daemonset_args_are_accepted_by_the_cli() -> None:
-    """Once dp_server.cli exists, the DaemonSet's flags must be among its options."""
-    if importlib.util.find_spec("dp_server.cli") is None:
-        pytest.skip("dp_server.cli is not written yet")
+    """Once dp_server.cli.main exists, the DaemonSet's flags must be among its options."""
+    if importlib.util.find_spec("dp_server.cli.main") is None:
+        pytest.skip("dp_server.cli.main is not written yet")
     result = subprocess.run(
-        [sys.executable, "-c", "from dp_server.cli import main; main()", "serve", "--help"],
+        [sys.executable, "-c", "from dp_server.cli.main import main; main()", "serve", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -26,8 +26,8 @@ def test_generated_code_is_fresh() -> None:
 
 def test_emulator_messages_import_side_by_side() -> None:
     """Both api.proto files register in one descriptor pool without clashing."""
-    from dp_server.emulator.pb.deviceplugin.v1beta1 import api_pb2 as dp_pb2
-    from dp_server.emulator.pb.podresources.v1 import api_pb2 as pr_pb2
+    from dp_testing.emulator.pb.deviceplugin.v1beta1 import api_pb2 as dp_pb2
+    from dp_testing.emulator.pb.podresources.v1 import api_pb2 as pr_pb2
 
     assert dp_pb2.DESCRIPTOR.package == "v1beta1"
     assert pr_pb2.DESCRIPTOR.package == "v1"

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 
 from dp_core import HostSnapshot, PciAddress
-from dp_server import scanner
-from dp_server.generator import generate_topology
-from dp_server.scanner import UNKNOWN_CLASS, UNKNOWN_DRIVER, scan_host
-from dp_server.strategies import topologies
-from dp_server.topology import (
+from dp_server.host import scanner
+from dp_server.host.scanner import UNKNOWN_CLASS, UNKNOWN_DRIVER, scan_host
+from dp_testing.generator import generate_topology
+from dp_testing.strategies import topologies
+from dp_testing.topology import (
     SHARED_DEV_PATHS,
     Topology,
     fixture_topology,

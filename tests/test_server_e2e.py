@@ -20,12 +20,12 @@ import pytest
 from grpclib.metadata import decode_timeout
 
 from dp_core import Backoff, Config, PciId, SocketMode
-from dp_server import wire
-from dp_server.cli import load_settings
-from dp_server.config_file import parse_config
-from dp_server.demo import DEMO_CONFIG
-from dp_server.emulator._rpc import dp
-from dp_server.runtime import Runtime
+from dp_server.cli.demo import DEMO_CONFIG
+from dp_server.cli.main import load_settings
+from dp_server.config.loader import parse_config
+from dp_server.deviceplugin import wire
+from dp_server.runtime.runtime import Runtime
+from dp_testing.emulator._rpc import dp
 
 from e2e_harness import ALL, FAST, GPU, KVM, NVME, QAT, TUN, VGPU, Harness
 
@@ -311,7 +311,7 @@ async def test_kubelet_restart_reregisters_everything(harness: Harness) -> None:
     assert {n: emulator.registration_count(n) - before[n] for n in ALL} == dict.fromkeys(ALL, 1)
     # The old kubelet's connections are gone: one connection per registration.
     assert harness.runtime is not None
-    assert len(harness.runtime._connections) == len(ALL)
+    assert harness.runtime.kubelet.connections == len(ALL)
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
     assert len(ours) == 1  # the deleted socket was created again
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])

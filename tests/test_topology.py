@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 
 from dp_core import VFIO_DRIVER, HostSnapshot, PciAddress
-from dp_server.generator import (
+from dp_testing.generator import (
     Bridged,
     Function,
     MdevParent,
@@ -21,8 +21,8 @@ from dp_server.generator import (
     build_topology,
     generate_topology,
 )
-from dp_server.strategies import snapshots, topologies
-from dp_server.topology import (
+from dp_testing.strategies import snapshots, topologies
+from dp_testing.topology import (
     SHARED_DEV_PATHS,
     FakeMdev,
     FakeMdevType,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dp_server.watcher import DirectoryWatcher, FileVersion
+from dp_server.host.watcher import DirectoryWatcher, FileVersion
 
 
 def configmap(root: Path) -> Path:

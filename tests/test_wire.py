@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_core import AdvertisedDevice, AllocateAnswer, ContainerAllocation, DeviceSpec, PluginOptions
-from dp_server import wire
-from dp_server.emulator._rpc import dp
+from dp_core import AdvertisedDevice, AllocateAnswer, ContainerAllocation, DeviceSpec
+from dp_server.deviceplugin import wire
 from dp_server.proto import v1beta1 as pb
+from dp_testing.emulator._rpc import dp
 
 
 def betterproto2_device_list(devices: list[AdvertisedDevice]) -> bytes:
@@ -141,21 +141,6 @@ def test_allocate_request_reads_google_protobuf(containers: list[list[str]], jun
 def test_malformed_allocate_request_names_the_problem(data: bytes, problem: str) -> None:
     with pytest.raises(wire.WireError, match=problem):
         wire.allocate_request(data)
-
-
-@given(text, text, st.booleans(), st.booleans())
-def test_google_protobuf_reads_our_register_request(
-    endpoint: str, resource: str, pre_start: bool, preferred: bool
-) -> None:
-    data = wire.register_request(endpoint, resource, PluginOptions(pre_start, preferred))
-    decoded = dp.RegisterRequest.FromString(data)
-    assert (decoded.version, decoded.endpoint, decoded.resource_name) == (
-        "v1beta1",
-        endpoint,
-        resource,
-    )
-    assert decoded.options.pre_start_required is pre_start
-    assert decoded.options.get_preferred_allocation_available is preferred
 
 
 def _pod_resources_answer(*pods: list[list[tuple[str, list[str]]]]) -> bytes:

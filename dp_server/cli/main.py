@@ -1,0 +1,225 @@
+"""`dp-server`: scan, serve and demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
+from dp_server.config.loader import ConfigFileError, load_config
+from dp_server.host.scanner import scan_host
+from dp_server.monitoring.logs import configure_logging
+
+__all__ = ["main"]
+
+EXIT_CONFIG = 2
+EXIT_FAILED = 1  # the server stopped itself: a restart is what it needs
+_log = logging.getLogger("dp.cli")
+
+
+def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
+    """The config and, in pci-ids naming mode, the PCI ID database names."""
+    config = load_config(path)
+    names: dict[PciId, str] = {}
+    if config.naming.source == "pci-ids":
+        # Imported here, as is what only `scan` uses: `serve` is measured in
+        # resident megabytes, and most configs never need these modules.
+        from dp_server.config.pci_ids import find_pci_ids, load_pci_names
+
+        found = find_pci_ids(config.naming.pci_ids_path)
+        if found is None:
+            _log.warning(
+                "pci-ids-missing",
+                extra={"dp_fields": {"fallback": "vendor_device names"}},
+            )
+        else:
+            names = load_pci_names(found)
+    return config, names
+
+
+def _host_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sysfs", default="/sys", help="sysfs root (default: /sys)")
+    parser.add_argument("--dev", default="/dev", help="dev root (default: /dev)")
+    parser.add_argument("--config", default=None, help="YAML config file")
+
+
+def _log_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dp-server",
+        description="One-socket Kubernetes device plugin for VFIO, mdev and shared devices.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    scan = commands.add_parser("scan", help="show what would be advertised; changes nothing")
+    _host_arguments(scan)
+    scan.add_argument("--format", choices=("table", "json"), default="table")
+
+    serve = commands.add_parser("serve", help="serve the kubelet")
+    _host_arguments(serve)
+    serve.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
+    serve.add_argument(
+        "--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    serve.add_argument(
+        "--socket-mode",
+        choices=[mode.value for mode in SocketMode],
+        default=SocketMode.SINGLE.value,
+        help="one socket for every resource (default) or one per resource",
+    )
+    serve.add_argument(
+        "--rescan-interval", type=float, default=30.0, help="seconds between host rescans"
+    )
+    serve.add_argument(
+        "--state-dir",
+        default="/run/dp",
+        help="where to keep what dp moved to vfio-pci, so a restarted dp can give it back: "
+        "a host directory that outlives the pod but not a reboot, which undoes the moves "
+        "(default /run/dp; '' keeps nothing)",
+    )
+    serve.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz over HTTP here: :9475 (every address), "
+        "127.0.0.1:9475, [::1]:9475 (default: off)",
+    )
+    _log_arguments(serve)
+
+    demo = commands.add_parser(
+        "demo", help="serve the built-in fixture node to a built-in kubelet emulator"
+    )
+    demo.add_argument("--config", default=None, help="YAML config (default: the demo's own)")
+    demo.add_argument(
+        "--socket-mode", choices=[mode.value for mode in SocketMode], default="single"
+    )
+    _log_arguments(demo)
+    # The demo prints its own report; only real trouble belongs on stderr.
+    demo.set_defaults(log_level="error")
+    return parser
+
+
+def parse_address(text: str) -> tuple[str | None, int]:
+    """`host:port`, `:port` (every address, IPv4 and IPv6) or `[v6]:port`, as (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (for example :9475 or 127.0.0.1:9475)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 host in brackets, as [{host}]:{port_text}")
+    return host or None, int(port_text)
+
+
+def _scan(args: argparse.Namespace) -> int:
+    import json
+
+    from dp_server.cli.report import inventory_document, inventory_table
+
+    config, names = load_settings(args.config)
+    shared_paths = [device.path for device in config.enabled_shared_devices]
+    snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
+    # What `serve` would bind, shown and never done: scan writes nothing.
+    plan = plan_bindings(snapshot, config)
+    inventory = build_inventory(snapshot, config, names, plan)
+    if args.format == "json":
+        print(json.dumps(inventory_document(inventory, snapshot, plan), indent=2))
+    else:
+        print(inventory_table(inventory, snapshot, plan))
+    return 0
+
+
+async def _serve_until_signalled(args: argparse.Namespace) -> int:
+    from dp_server.runtime.runtime import Runtime, Settings, SettingsError
+
+    config, names = load_settings(args.config)
+    metrics_address = None
+    if args.metrics_address is not None:
+        try:
+            metrics_address = parse_address(args.metrics_address)
+        except ValueError as error:
+            print(f"dp-server: --metrics-address: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+    settings = Settings(
+        sysfs=args.sysfs,
+        dev=args.dev,
+        device_plugin_dir=args.device_plugin_dir,
+        pod_resources_socket=args.pod_resources_socket,
+        socket_mode=SocketMode(args.socket_mode),
+        rescan_interval=args.rescan_interval,
+        config_path=args.config,
+        metrics_address=metrics_address,
+        state_dir=args.state_dir or None,
+    )
+    try:
+        runtime = Runtime(
+            settings, config, pci_names=names, reload=lambda: load_settings(args.config)
+        )
+    except SettingsError as error:
+        print(f"dp-server: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, runtime.stop)
+    try:
+        await runtime.run()
+    except SettingsError as error:
+        print(f"dp-server: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if runtime.failure is not None:
+        print(f"dp-server: {runtime.failure}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _exit_now_if_a_write_hangs(code: int) -> None:
+    """Leave at once if a sysfs write the stop gave up on is still running.
+
+    Its daemon thread may be stuck in the kernel for good; the interpreter's
+    shutdown would not wait for it, but a thread that wakes to log during
+    that shutdown can abort the process over stderr's lock. Everything dp
+    owes is done by now (sockets removed, moves file written): flush the logs
+    and go.
+    """
+    from dp_server.binding.queue import writes_running
+
+    if writes_running():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "warning"))
+    try:
+        if args.command == "scan":
+            return _scan(args)
+        if args.command == "serve":
+            code = asyncio.run(_serve_until_signalled(args))
+            _exit_now_if_a_write_hangs(code)
+            return code
+        if args.command == "demo":
+            from dp_server.cli.demo import run_demo
+
+            return run_demo(args)
+    except ConfigFileError as error:
+        print(f"dp-server: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

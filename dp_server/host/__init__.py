@@ -1,0 +1,1 @@
+"""The host: sysfs and /dev read into a `dp_core.HostSnapshot`, and watched."""

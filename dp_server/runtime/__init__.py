@@ -1,0 +1,1 @@
+"""One event loop that feeds a `dp_core.Node` and carries out its effects."""

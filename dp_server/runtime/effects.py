@@ -1,0 +1,112 @@
+"""Carrying out the core's effects: one handler per kind of effect.
+
+The node decides; each handler here only does what its effect says, through
+the sub-system that owns it (streams, Register calls, PodResources polls,
+sysfs moves, the moves file, logs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import attrs
+
+from dp_core import (
+    BindConnection,
+    BindDevice,
+    Effect,
+    EndStream,
+    Log,
+    MovesChanged,
+    Publish,
+    RefreshAllocations,
+    Register,
+    Reject,
+    Reply,
+    ReportUnhealthy,
+    UnbindDevice,
+)
+from dp_server.binding.moves_file import MovesStore
+from dp_server.binding.queue import BindQueue
+from dp_server.deviceplugin.pod_resources import PodResourcesPoller
+from dp_server.deviceplugin.register_client import RegisterClient
+from dp_server.deviceplugin.streams import Streams
+from dp_server.monitoring.logs import emit
+
+__all__ = ["EffectRunner"]
+
+_log = logging.getLogger("dp.runtime")
+
+
+class EffectRunner:
+    def __init__(
+        self,
+        *,
+        streams: Streams,
+        registers: RegisterClient,
+        pods: PodResourcesPoller,
+        binds: BindQueue,
+        moves: MovesStore,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+        now: Callable[[], float],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._streams = streams
+        self._registers = registers
+        self._pods = pods
+        self._binds = binds
+        self._moves = moves
+        self._spawn = spawn
+        self._now = now
+        self._stopping = stopping
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            Publish: self._publish,
+            EndStream: self._end_stream,
+            Register: self._register,
+            Log: emit,
+            RefreshAllocations: self._refresh_allocations,
+            BindDevice: self._move,
+            UnbindDevice: self._move,
+            MovesChanged: self._keep_moves,
+            BindConnection: self._log_attribution,
+            # Answered by whoever fed the call (Runtime.call).
+            Reply: _nothing,
+            Reject: _nothing,
+            # Logged through the Log effect that comes with it.
+            ReportUnhealthy: _nothing,
+        }
+
+    def handles(self, kind: type[Any]) -> bool:
+        return kind in self._handlers
+
+    def run(self, effect: Effect) -> None:
+        self._handlers[type(effect)](effect)
+
+    def _publish(self, effect: Publish) -> None:
+        self._streams.publish(effect.stream, effect.resource, effect.devices)
+
+    def _end_stream(self, effect: EndStream) -> None:
+        self._streams.end(effect.stream, effect.reason)
+
+    def _register(self, effect: Register) -> None:
+        if not self._stopping():
+            self._spawn(self._registers.call(effect))
+
+    def _refresh_allocations(self, effect: RefreshAllocations) -> None:
+        self._pods.request(self._now())
+
+    def _move(self, effect: BindDevice | UnbindDevice) -> None:
+        if not self._stopping():
+            self._spawn(self._binds.submit(effect))
+
+    def _keep_moves(self, effect: MovesChanged) -> None:
+        self._moves.keep(effect.moves)
+
+    def _log_attribution(self, effect: BindConnection) -> None:
+        _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
+
+
+def _nothing(effect: object) -> None:
+    pass

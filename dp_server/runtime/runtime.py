@@ -1,0 +1,421 @@
+"""The asyncio shell: one event loop serving every resource.
+
+`Runtime` puts the sub-systems together around one `dp_core.Node`: every
+input goes through `feed`, and every effect the node returns is carried out
+by the `EffectRunner`. The jobs are kept apart:
+
+- `KubeletFollower` (kubelet.py) follows the kubelet and its connections;
+- `TimerLoop` (timers.py) wakes the server at its deadlines;
+- `EffectRunner` (effects.py) carries out effects;
+- `CollectionPolicy` (memory.py) decides when to run the garbage collector.
+
+Watching (watchfiles on the device-plugin directory, /dev/vfio and the
+config's directory), rescans and PodResources polls run as tasks on the one
+loop; nothing here decides policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from dp_core import (
+    AllocationsObserved,
+    Config,
+    ConfigApplied,
+    Effect,
+    HostObserved,
+    Input,
+    MovesRecalled,
+    Node,
+    PciId,
+    Register,
+    Reject,
+    Reply,
+    SocketMode,
+    Tick,
+    WatchEnded,
+    WatchStarted,
+    endpoint_name,
+)
+from dp_server.binding.binder import Binder
+from dp_server.binding.moves_file import MovesStore
+from dp_server.binding.queue import BindQueue
+from dp_server.deviceplugin.pod_resources import PodResourcesPoller
+from dp_server.deviceplugin.register_client import RegisterClient
+from dp_server.deviceplugin.service import DevicePluginService
+from dp_server.deviceplugin.sockets import PluginDirectoryLost, PluginSockets
+from dp_server.deviceplugin.streams import Streams
+from dp_server.host.scanner import scan_host
+from dp_server.host.watcher import DirectoryWatcher, FileVersion
+from dp_server.monitoring.status import StatusEndpoint, start_status
+from dp_server.runtime.effects import EffectRunner
+from dp_server.runtime.kubelet import KubeletFollower
+from dp_server.runtime.memory import CollectionPolicy
+from dp_server.runtime.settings import Settings, SettingsError, socket_name_room
+from dp_server.runtime.tasks import Tasks
+from dp_server.runtime.timers import CallbackTimer, TimerLoop
+
+__all__ = ["KUBELET_SOCKET", "Runtime"]
+
+KUBELET_SOCKET = "kubelet.sock"
+
+_log = logging.getLogger("dp.runtime")
+_CONFIG_SETTLE = 1.0  # a changed config file is read once it stayed the same this long
+_SHUTTING_DOWN = "the device plugin is shutting down"
+
+
+class Runtime:
+    """Runs a Node against the real world. Create, `await run()`, `stop()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: Config,
+        *,
+        pci_names: dict[PciId, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reload: Callable[[], tuple[Config, dict[PciId, str]]] | None = None,
+        binder: Binder | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self._reload = reload
+        self._clock = clock
+        prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
+        self.node = Node(
+            config,
+            socket_mode=settings.socket_mode,
+            endpoint_prefix=prefix,
+            endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
+            timing=settings.timing,
+            pci_names=pci_names,
+        )
+        self.plugin_dir = Path(settings.device_plugin_dir)
+        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self.ready = asyncio.Event()
+        self.failure: str | None = None  # why the server stopped itself, if it did
+        self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
+        self.rescan_failures = 0
+        self._stopping = False
+        self._stop = asyncio.Event()
+        self._ids = itertools.count(1)  # connections, calls and streams
+        self._next_rescan = 0.0
+        self._watcher: DirectoryWatcher | None = None
+        self._status: StatusEndpoint | None = None  # serving /metrics, with --metrics-address
+        watched = settings.config_path if reload is not None else None
+        self._config_version = (
+            FileVersion(Path(watched).absolute(), settle=_CONFIG_SETTLE) if watched else None
+        )
+
+        self._tasks = Tasks()
+        self._memory = CollectionPolicy()
+        self._streams = Streams()
+        self._pods = PodResourcesPoller(
+            settings.pod_resources_socket,
+            settings.pod_resources_interval,
+            settings.pod_resources_min_gap,
+        )
+        self._moves = MovesStore(settings.state_dir)
+        self._binds = BindQueue(
+            binder or Binder(settings.sysfs),
+            self.node,
+            self.feed,
+            self.now,
+            self.stopping,
+            self.try_rescan,
+        )
+        self.kubelet = KubeletFollower(
+            self.kubelet_socket,
+            # Another channel to kubelet.sock for the Registers that follow.
+            retire=lambda: self._registers.retire(),
+            ids=self._ids,
+            feed=self.feed,
+            now=self.now,
+            spawn=self._tasks.spawn,
+            memory=self._memory,
+            stopping=self.stopping,
+        )
+        self._sockets = PluginSockets(self.plugin_dir, DevicePluginService(self), self.kubelet)
+        self._registers = RegisterClient(
+            self.kubelet_socket, settings.register_timeout, self._sockets, self.feed, self.now
+        )
+        self._effects = EffectRunner(
+            streams=self._streams,
+            registers=self._registers,
+            pods=self._pods,
+            binds=self._binds,
+            moves=self._moves,
+            spawn=self._tasks.spawn,
+            now=self.now,
+            stopping=self.stopping,
+        )
+        self._timers = TimerLoop(
+            [
+                CallbackTimer(lambda now: self.node.next_deadline(), self._tick),
+                CallbackTimer(lambda now: self._next_rescan, self._rescan_due),
+                CallbackTimer(
+                    lambda now: self._pods.due_at(self.node.allocations, now), self._poll_due
+                ),
+                CallbackTimer(self._config_due_at, self._config_settled),
+            ],
+            self.now,
+        )
+
+    # -- feeding the core ------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def feed(self, event: Input) -> list[Effect]:
+        effects = self.node.handle(event)
+        registered = False
+        for effect in effects:
+            self._effects.run(effect)
+            registered = registered or isinstance(effect, Register)
+        self._memory.after_input(registered, self.node.registrar.settled())
+        self._timers.poke()
+        return effects
+
+    def call(
+        self, connection: int, make: Callable[[int, int, float], Input]
+    ) -> Reply | Reject | None:
+        """Feed one unary RPC on `connection` to the core; return its answer to it."""
+        call = next(self._ids)
+        for effect in self.feed(make(connection, call, self.now())):
+            if isinstance(effect, Reply | Reject) and effect.call == call:
+                return effect
+        return None
+
+    @contextlib.asynccontextmanager
+    async def watch(self, connection: int) -> AsyncIterator[AsyncIterator[bytes]]:
+        """A ListAndWatch stream on `connection`, for as long as the caller keeps it."""
+        stream = next(self._ids)
+        slot = self._streams.open(stream)
+        if self._stopping:
+            slot.end(_SHUTTING_DOWN)
+        try:
+            self.feed(WatchStarted(connection, stream, self.now()))
+            yield slot.updates()
+        finally:
+            self._streams.close(stream)
+            self.feed(WatchEnded(stream))
+
+    # -- sockets -----------------------------------------------------------------------
+
+    async def _check_sockets(self) -> None:
+        """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
+        try:
+            await self._sockets.restore()
+        except PluginDirectoryLost as error:
+            self.fail(str(error))
+            return
+        self.kubelet.probe()
+
+    # -- the host ----------------------------------------------------------------------
+
+    def rescan(self) -> None:
+        started = time.perf_counter()
+        shared_paths = [device.path for device in self.config.enabled_shared_devices]
+        snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
+        scanned_in = time.perf_counter() - started
+        self.feed(HostObserved(snapshot, self.now()))
+        self._next_rescan = self.now() + self.settings.rescan_interval
+        self.last_rescan = (self.now(), scanned_in)
+        self._memory.after_rescan()
+
+    def try_rescan(self) -> bool:
+        """Rescan; a failure is logged and counted in `rescan_failures`, not raised.
+
+        One bad rescan must not stop the server: the next one is tried after
+        the rescan interval, and the health probe reports the failures.
+        """
+        try:
+            self.rescan()
+        except Exception:  # noqa: BLE001
+            self.rescan_failures += 1
+            _log.exception("rescan-failed")
+            self._next_rescan = self.now() + self.settings.rescan_interval
+            return False
+        return True
+
+    # -- timers ------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        self.feed(Tick(now))
+
+    def _rescan_due(self, now: float) -> None:
+        self.try_rescan()
+        # Should a file event ever be missed, the periodic look catches it.
+        self._tasks.spawn(self._check_sockets())
+        self._notice_config()
+
+    def _poll_due(self, now: float) -> None:
+        if self._pods.may_poll(now):
+            self._tasks.spawn(self._poll_pod_resources())
+
+    async def _poll_pod_resources(self) -> None:
+        held = await self._pods.poll(self.now())
+        if held is not None:
+            self.feed(AllocationsObserved(held, self.now()))
+
+    def _config_due_at(self, now: float) -> float | None:
+        return self._config_version.due_at if self._config_version is not None else None
+
+    def _config_settled(self, now: float) -> None:
+        if self._config_version is not None and self._config_version.settled(now):
+            self.reload_config()
+
+    # -- the config file ---------------------------------------------------------------
+
+    def _notice_config(self) -> None:
+        if self._config_version is not None:
+            self._config_version.noticed(self.now())
+            self._timers.wake()  # it is read once it has settled
+
+    def reload_config(self) -> None:
+        """Apply the config file again; a broken one is logged and the old one kept."""
+        if self._reload is None:
+            return
+        try:
+            if self._config_version is not None and self._config_version.empty():
+                # Defaults at start; in a running server, a write caught half-way.
+                raise ValueError(f"{self._config_version.path} is empty")
+            config, names = self._reload()
+        except Exception as error:  # noqa: BLE001 - every failure keeps the old config
+            _log.error(
+                "config-rejected",
+                extra={"dp_fields": {"error": str(error), "kept": "the previous config"}},
+            )
+            return
+        if config == self.config:
+            return
+        self.config = config
+        self.feed(ConfigApplied(config, self.now(), names))
+        _log.info("config-applied", extra={"dp_fields": {"path": self.settings.config_path}})
+        self.rescan()
+
+    # -- watched directories -----------------------------------------------------------
+
+    async def _watch_files(self) -> None:
+        # watchfiles reports absolute paths, whatever the flags said.
+        plugin_dir, vfio = self.plugin_dir.absolute(), Path(self.settings.dev).absolute() / "vfio"
+        config = self._config_version.path.parent if self._config_version else None
+        directories = list(dict.fromkeys(d for d in (plugin_dir, vfio, config) if d is not None))
+        self._watcher = DirectoryWatcher(directories)
+        async for changed in self._watcher.changes():
+            # An entry changed, or the directory itself (removed, made again);
+            # nothing: the watch is in place now, and kubelet.sock or the config
+            # may have changed before it was.
+            touched: set[Path | None] = {*changed, *(path.parent for path in changed)}
+            if not changed:
+                touched = {plugin_dir, config}
+            try:
+                if plugin_dir in touched:
+                    await self._check_sockets()
+                if vfio in touched:
+                    self.try_rescan()
+                if config in touched:
+                    self._notice_config()
+            except Exception:  # noqa: BLE001 - the next change must still be seen
+                _log.exception("watch-event-failed")
+
+    @property
+    def watching(self) -> bool:
+        """Whether the file watcher's thread is running."""
+        return self._watcher is not None and self._watcher.running
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until `stop()`; then end streams, close and remove sockets."""
+        if self.settings.metrics_address is not None:
+            host, port = self.settings.metrics_address
+            try:
+                self._status = await start_status(self, (host, port))
+            except OSError as error:
+                reason = error.strerror or error
+                message = f"--metrics-address {host or ''}:{port}: cannot listen: {reason}"
+                raise SettingsError(message) from error
+        try:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            self._sockets.remove_stale()
+            recalled = self._moves.recall()
+            if recalled:
+                self.feed(MovesRecalled(recalled))
+            self.rescan()
+            if self.settings.socket_mode is SocketMode.SINGLE:
+                await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
+            self._tasks.spawn(self._watch_files())
+            self._tasks.spawn(self._timers.run())
+            await self._check_sockets()
+            if not self.kubelet.present:
+                self.kubelet.follow(fast=False)
+        except BaseException:
+            if self._status is not None:
+                await self._status.close()
+            raise
+        self.ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown()
+
+    def fail(self, reason: str) -> None:
+        """Stop, for a reason only a restart of the process can fix."""
+        _log.error("stopping", extra={"dp_fields": {"reason": reason}})
+        self.failure = reason
+        self.stop()
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop(timeout=0)  # let its thread wind down meanwhile
+        self._stopping = True
+        self._stop.set()
+        self._timers.stop()
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        self._streams.end_all(_SHUTTING_DOWN)
+        self._registers.retire()
+        await self._sockets.close(timeout=2.0)
+        await self._tasks.cancel_all()
+        self._registers.close()
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._status is not None:
+            await self._status.close()
+        _log.info("stopped")
+
+    def timer_stopped(self) -> bool:
+        """Whether the loop that drives rescans, ticks and polls has ended."""
+        return self._timers.stopped
+
+    @property
+    def open_streams(self) -> int:
+        """How many ListAndWatch streams are being served."""
+        return len(self._streams)
+
+    @property
+    def config_change_due(self) -> float | None:
+        """When a change to the config file that was noticed will be read
+        (once it has stayed the same for a second); None: none is waiting."""
+        return self._config_version.due_at if self._config_version is not None else None
+
+    @property
+    def status_address(self) -> tuple[str, int] | None:
+        """Where /metrics is served, once `run()` has started it (port 0 resolved)."""
+        return self._status.address if self._status is not None else None
+
+    @property
+    def socket_paths(self) -> list[Path]:
+        return self._sockets.paths
