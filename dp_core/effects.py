@@ -14,7 +14,7 @@ from .pci import PciAddress
 __all__ = [
     "AllocateAnswer",
     "Answer",
-    "BindConnection",
+    "AttributeConnection",
     "BindDevice",
     "ContainerAllocation",
     "DeviceSpec",
@@ -29,7 +29,7 @@ __all__ = [
     "Register",
     "Reject",
     "Reply",
-    "ReportUnhealthy",
+    "HealthChanged",
     "UnbindDevice",
 ]
 
@@ -89,7 +89,9 @@ class Register:
 
 
 @attrs.frozen
-class BindConnection:
+class AttributeConnection:
+    """Connection `connection` is attributed to `resource` (DESIGN.md §4)."""
+
     connection: int
     resource: str
 
@@ -123,8 +125,8 @@ class Reject:
 
 
 @attrs.frozen
-class ReportUnhealthy:
-    """A device turned unhealthy (or healthy again, with `healthy` True)."""
+class HealthChanged:
+    """A device's health changed: it turned unhealthy, or healthy again (`healthy`)."""
 
     resource: str
     device_id: str
@@ -227,12 +229,12 @@ class Log:
 
 Effect = (
     Register
-    | BindConnection
+    | AttributeConnection
     | Publish
     | EndStream
     | Reply
     | Reject
-    | ReportUnhealthy
+    | HealthChanged
     | RefreshAllocations
     | BindDevice
     | UnbindDevice

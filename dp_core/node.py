@@ -28,7 +28,7 @@ from .config import Config
 from .effects import (
     AllocateAnswer,
     Answer,
-    BindConnection,
+    AttributeConnection,
     ContainerAllocation,
     Effect,
     EndStream,
@@ -394,7 +394,7 @@ class Node(BindingSteps):
         self.registrar.opened(event.connection, event.listener, event.now)
         if event.listener is None:
             return []
-        return [BindConnection(event.connection, event.listener)]
+        return [AttributeConnection(event.connection, event.listener)]
 
     def _connection_closed(self, event: ConnectionClosed) -> list[Effect]:
         for stream, (connection, _) in list(self._streams.items()):
@@ -418,7 +418,7 @@ class Node(BindingSteps):
         known = registrar.owner(connection) is not None
         resource = registrar.attribute(connection, self._now, rpc=rpc)
         if resource is not None:
-            bind: list[Effect] = [] if known else [BindConnection(connection, resource)]
+            bind: list[Effect] = [] if known else [AttributeConnection(connection, resource)]
             return resource, bind
         why = registrar.why_unattributed(connection, rpc)
         requeued = registrar.orphan_seen(self._now)

@@ -26,7 +26,7 @@ from grpclib.exceptions import GRPCError
 
 from dp_core import (
     AllocationsObserved,
-    BindConnection,
+    AttributeConnection,
     BindDevice,
     Config,
     ConfigApplied,
@@ -48,7 +48,7 @@ from dp_core import (
     Register,
     Reject,
     Reply,
-    ReportUnhealthy,
+    HealthChanged,
     SocketMode,
     Tick,
     UnbindDevice,
@@ -214,9 +214,9 @@ class Runtime:
                 self._spawn(self._binds.submit(effect))
         elif isinstance(effect, MovesChanged):
             self._moves.keep(effect.moves)
-        elif isinstance(effect, BindConnection):
+        elif isinstance(effect, AttributeConnection):
             _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
-        elif isinstance(effect, (Reply, Reject, ReportUnhealthy)):
+        elif isinstance(effect, (Reply, Reject, HealthChanged)):
             pass  # answered by the caller of feed(); health is logged by a Log effect
 
     def _device_list(self, resource: str, devices: tuple[Any, ...]) -> bytes:
