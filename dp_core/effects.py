@@ -6,24 +6,18 @@ from collections.abc import Sequence
 
 import attrs
 
-from .config import driver_name_error
+from .advertised import AdvertisedDevice
+from .answers import Answer, PluginOptions
 from .errors import StatusCode
-from .inventory import AdvertisedDevice
+from .moves import Move
 from .pci import PciAddress
 
 __all__ = [
-    "AllocateAnswer",
-    "Answer",
     "AttributeConnection",
     "BindDevice",
-    "ContainerAllocation",
-    "DeviceSpec",
     "Effect",
     "EndStream",
     "Log",
-    "PluginOptions",
-    "PreStartAnswer",
-    "PreferredAnswer",
     "Publish",
     "RefreshAllocations",
     "Register",
@@ -32,45 +26,6 @@ __all__ = [
     "HealthChanged",
     "UnbindDevice",
 ]
-
-
-@attrs.frozen
-class PluginOptions:
-    pre_start_required: bool = False
-    get_preferred_allocation_available: bool = False
-
-
-@attrs.frozen
-class DeviceSpec:
-    container_path: str
-    host_path: str
-    permissions: str
-
-
-@attrs.frozen
-class ContainerAllocation:
-    envs: tuple[tuple[str, str], ...] = ()
-    devices: tuple[DeviceSpec, ...] = ()
-    mounts: tuple[tuple[str, str, bool], ...] = ()
-    annotations: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
-class AllocateAnswer:
-    containers: tuple[ContainerAllocation, ...]
-
-
-@attrs.frozen
-class PreferredAnswer:
-    containers: tuple[tuple[str, ...], ...]
-
-
-@attrs.frozen
-class PreStartAnswer:
-    pass
-
-
-Answer = PluginOptions | AllocateAnswer | PreferredAnswer | PreStartAnswer
 
 
 @attrs.frozen
@@ -173,25 +128,6 @@ class UnbindDevice:
     reason: str
     # Its driver_override named `driver` before dp moved it: write that back.
     pinned: bool = attrs.field(default=False, kw_only=True)
-
-
-@attrs.frozen
-class Move:
-    """A function dp moved to vfio-pci itself: the driver it took it from
-    (None: it had none) and its IOMMU group, which give-backs need; `pinned`
-    when its driver_override named that driver (`BindingFinished.pinned`)."""
-
-    address: PciAddress
-    # It reaches a sysfs path (drivers/<driver>/bind) when given back.
-    driver: str | None = attrs.field()
-    iommu_group: int | None
-    pinned: bool = attrs.field(default=False, kw_only=True)
-
-    @driver.validator
-    def _check_driver(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
-        error = None if value is None else driver_name_error(value)
-        if error is not None:
-            raise ValueError(error)
 
 
 @attrs.frozen

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .advertised import AdvertisedDevice
 from .effects import HealthChanged, Log
-from .inventory import AdvertisedDevice
 
 __all__ = ["health_changes"]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from .advertised import AdvertisedDevice
 from .allocation import (
     Allocation,
     AllocationBook,
@@ -23,20 +24,23 @@ from .allocation import (
     container_allocation,
     preferred_devices,
 )
-from .binding import BindDecision, BindingBook
-from .config import Config
-from .effects import (
+from .answers import (
     AllocateAnswer,
     Answer,
-    AttributeConnection,
     ContainerAllocation,
+    PluginOptions,
+    PreferredAnswer,
+    PreStartAnswer,
+)
+from .bind_plan import BindDecision
+from .binding import BindingBook
+from .config import Config
+from .effects import (
+    AttributeConnection,
     Effect,
     EndStream,
     Log,
     MovesChanged,
-    PluginOptions,
-    PreferredAnswer,
-    PreStartAnswer,
     Publish,
     RefreshAllocations,
     Register,
@@ -69,7 +73,6 @@ from .inputs import (
     WatchStarted,
 )
 from .inventory import (
-    AdvertisedDevice,
     DeviceKind,
     Inventory,
     Resource,

@@ -8,7 +8,8 @@ about it, kept apart from the rest of the node's inputs.
 from __future__ import annotations
 
 from .allocation import AllocationBook
-from .binding import BindDecision, BindingBook, plan_bindings
+from .bind_plan import BindDecision, plan_bindings
+from .binding import BindingBook
 from .config import Config
 from .effects import Effect, Log, UnbindDevice
 from .errors import UsageError
