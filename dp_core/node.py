@@ -80,7 +80,7 @@ from .inventory import (
     shared_groups,
 )
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
-from .node_binding import BindingSteps
+from .node_binding import Binder
 from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
 from .tally import Tally
@@ -121,7 +121,7 @@ class _Rejection(Exception):
         self.message = message
 
 
-class Node(BindingSteps):
+class Node:
     """One node's device-plugin server state. Not thread-safe; one caller at a time."""
 
     def __init__(
@@ -143,12 +143,10 @@ class Node(BindingSteps):
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
-        self.bind_book = BindingBook()
         # Binds wait for the first PodResources answer: until then a group a
         # running VM uses (dp restarted under it) would look free.
         self._holders_known = self._waiting_logged = self._scanned = False
         self._splits: set[str] = set()  # IOMMU groups found split, as last logged
-        self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
             socket_mode,
             dial_wait=self.timing.dial_wait,
@@ -157,6 +155,7 @@ class Node(BindingSteps):
             backoff=self.timing.backoff,
         )
         self.allocations = AllocationBook(self.timing.release_grace)
+        self.binder = Binder(self.allocations)
         self.tally = Tally()
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
@@ -223,6 +222,23 @@ class Node(BindingSteps):
     def streams(self, resource: str) -> list[int]:
         return [stream for stream, (_, name) in self._streams.items() if name == resource]
 
+    @property
+    def bind_book(self) -> BindingBook:
+        return self.binder.book
+
+    @property
+    def bindings(self) -> dict[PciAddress, BindDecision]:
+        """The binding plan, by function."""
+        return self.binder.plan
+
+    def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
+        """Whether a queued `BindDevice` should still be carried out (`Binder.bind_planned`)."""
+        return self.binder.bind_planned(address, driver)
+
+    def give_back_planned(self, address: PciAddress) -> bool:
+        """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
+        return self.binder.give_back_planned(address)
+
     # -- host and config -------------------------------------------------------
 
     def _host_observed(self, event: HostObserved) -> list[Effect]:
@@ -244,8 +260,8 @@ class Node(BindingSteps):
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:
-        effects = self._plan_bindings()
-        effects += self.bind_book.give_back_stranded(self.allocations.reserved_groups())
+        effects = self.binder.replan(self.snapshot, self.config, start=self._holders_known)
+        effects += self.binder.give_back_stranded()
         effects += self._rebuild_inventory()
         return effects
 
@@ -585,6 +601,16 @@ class Node(BindingSteps):
             # off while an allocation held the group, can go now.
             effects += self._rebuild()
         return effects
+
+    def _binding_finished(self, event: BindingFinished) -> list[Effect]:
+        effects, rebuild = self.binder.finished(event, self.snapshot, self.config)
+        return effects + self._rebuild_inventory() if rebuild else effects
+
+    def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
+        return self.binder.unbound(event) + self._rebuild_inventory()
+
+    def _moves_recalled(self, event: MovesRecalled) -> list[Effect]:
+        return self.binder.recalled(event, scanned=self._scanned)
 
     def _tick(self, event: Tick) -> list[Effect]:
         return []
