@@ -3,11 +3,21 @@
 `bind_plan.plan_bindings` decides what binding would move; `BindingBook`
 remembers what is in flight, what failed and what dp moved, and gives back
 what dp moved of a group that cannot become usable.
+
+Each function's move goes through the states of `MoveState`, and every
+change of state goes through `TRANSITIONS`; nothing else assigns one. A
+state says whether a bind is in flight, whether dp counts the function as
+moved (keeps its `Move`) and whether a give-back is in flight, since these
+overlap when a scan is stale: a bind can be asked again of a function
+already moved (from a scan taken before the move), and a give-back can be
+asked of it meanwhile. What failed (`failed`) is the plan's memory, not a
+state: it lasts until the config changes or the function leaves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Iterable
+import enum
+from collections.abc import Collection, Container, Iterable, Mapping
 
 from .bind_plan import BindDecision, plan_bindings, selected_for_binding
 from .config import Config
@@ -18,7 +28,119 @@ from .inputs import BindingFinished, UnbindingFinished
 from .moves import Move
 from .pci import PciAddress
 
-__all__ = ["BindingBook"]
+__all__ = ["TRANSITIONS", "BindingBook", "MoveEvent", "MoveState", "Outcome"]
+
+
+class MoveState(enum.Enum):
+    IDLE = "idle"  # nothing in flight, not moved by dp (a bind may be planned or refused)
+    BINDING = "binding"  # BindDevice asked, no answer yet
+    MOVED = "moved"  # on vfio-pci because dp put it there
+    RECALLED = "recalled"  # an earlier run moved it; the first scan has not judged it yet
+    REBINDING = "rebinding"  # moved, and a bind asked again from a scan taken before the move
+    GIVING_BACK = "giving-back"  # moved; UnbindDevice asked, no answer yet
+    GIVING_BACK_REBINDING = "giving-back-rebinding"  # both of the above
+    # Being given back, but no longer counted as moved: the config stopped
+    # selecting it, or it left the host, while the give-back was in flight.
+    GIVING_BACK_DISOWNED = "giving-back-disowned"
+    GIVING_BACK_DISOWNED_REBINDING = "giving-back-disowned-rebinding"
+
+
+class MoveEvent(enum.Enum):
+    BIND_ASKED = "bind-asked"  # the plan moves it and no bind or give-back is in flight
+    BIND_DONE = "bind-done"  # BindingFinished without error, the device still there
+    BIND_FAILED = "bind-failed"  # BindingFinished with an error, the device still there
+    BIND_OUTLIVED = "bind-outlived"  # BindingFinished for a device a scan saw gone meanwhile
+    BIND_WITHDRAWN = "bind-withdrawn"  # BindingFinished, withdrawn unwritten
+    GIVE_BACK_ASKED = "give-back-asked"  # its IOMMU group cannot become usable
+    GIVE_BACK_ENDED = "give-back-ended"  # UnbindingFinished, done or failed
+    GIVE_BACK_WITHDRAWN = "give-back-withdrawn"  # UnbindingFinished, withdrawn unwritten
+    DISOWNED = "disowned"  # the config stopped selecting it, or it left the host
+    RECALLED = "recalled"  # MovesRecalled names it
+    RECALL_CONFIRMED = "recall-confirmed"  # the first scan shows it on vfio-pci, in its group
+    RECALL_REFUTED = "recall-refuted"  # the first scan shows it elsewhere, or not at all
+
+
+class Outcome(enum.Enum):
+    """What a change of state asks of the book, besides the new state."""
+
+    NOTHING = "nothing"
+    BIND_DEVICE = "bind-device"  # emit BindDevice
+    UNBIND_DEVICE = "unbind-device"  # emit UnbindDevice
+    MOVE_RECORDED = "move-recorded"  # keep its Move (MovesChanged follows)
+    MOVE_FORGOTTEN = "move-forgotten"  # drop its Move (MovesChanged follows)
+    MOVE_RECALLED = "move-recalled"  # keep the Move an earlier run reported (already kept)
+
+
+_S, _E, _O = MoveState, MoveEvent, Outcome
+
+TRANSITIONS: Mapping[tuple[MoveState, MoveEvent], tuple[MoveState, Outcome]] = {
+    # Binding.
+    (_S.IDLE, _E.BIND_ASKED): (_S.BINDING, _O.BIND_DEVICE),
+    (_S.BINDING, _E.BIND_DONE): (_S.MOVED, _O.MOVE_RECORDED),
+    (_S.BINDING, _E.BIND_FAILED): (_S.IDLE, _O.NOTHING),
+    (_S.BINDING, _E.BIND_OUTLIVED): (_S.IDLE, _O.NOTHING),
+    (_S.BINDING, _E.BIND_WITHDRAWN): (_S.IDLE, _O.NOTHING),
+    # A moved function the last scan still shows on its old driver.
+    (_S.MOVED, _E.BIND_ASKED): (_S.REBINDING, _O.BIND_DEVICE),
+    (_S.REBINDING, _E.BIND_DONE): (_S.MOVED, _O.MOVE_RECORDED),
+    (_S.REBINDING, _E.BIND_FAILED): (_S.MOVED, _O.NOTHING),
+    (_S.REBINDING, _E.BIND_OUTLIVED): (_S.MOVED, _O.NOTHING),
+    (_S.REBINDING, _E.BIND_WITHDRAWN): (_S.MOVED, _O.NOTHING),
+    # Giving back.
+    (_S.MOVED, _E.GIVE_BACK_ASKED): (_S.GIVING_BACK, _O.UNBIND_DEVICE),
+    (_S.GIVING_BACK, _E.GIVE_BACK_ENDED): (_S.IDLE, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK, _E.GIVE_BACK_WITHDRAWN): (_S.MOVED, _O.NOTHING),
+    (_S.REBINDING, _E.GIVE_BACK_ASKED): (_S.GIVING_BACK_REBINDING, _O.UNBIND_DEVICE),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_DONE): (_S.GIVING_BACK, _O.MOVE_RECORDED),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_FAILED): (_S.GIVING_BACK, _O.NOTHING),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_OUTLIVED): (_S.GIVING_BACK, _O.NOTHING),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_WITHDRAWN): (_S.GIVING_BACK, _O.NOTHING),
+    (_S.GIVING_BACK_REBINDING, _E.GIVE_BACK_ENDED): (_S.BINDING, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK_REBINDING, _E.GIVE_BACK_WITHDRAWN): (_S.REBINDING, _O.NOTHING),
+    # Disowned: dp forgets having moved it, and never gives it back again.
+    (_S.MOVED, _E.DISOWNED): (_S.IDLE, _O.MOVE_FORGOTTEN),
+    (_S.REBINDING, _E.DISOWNED): (_S.BINDING, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK, _E.DISOWNED): (_S.GIVING_BACK_DISOWNED, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK_REBINDING, _E.DISOWNED): (
+        _S.GIVING_BACK_DISOWNED_REBINDING,
+        _O.MOVE_FORGOTTEN,
+    ),
+    (_S.GIVING_BACK_DISOWNED, _E.GIVE_BACK_ENDED): (_S.IDLE, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED, _E.GIVE_BACK_WITHDRAWN): (_S.IDLE, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_DONE): (_S.GIVING_BACK, _O.MOVE_RECORDED),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_FAILED): (_S.GIVING_BACK_DISOWNED, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_OUTLIVED): (
+        _S.GIVING_BACK_DISOWNED,
+        _O.NOTHING,
+    ),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_WITHDRAWN): (
+        _S.GIVING_BACK_DISOWNED,
+        _O.NOTHING,
+    ),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.GIVE_BACK_ENDED): (_S.BINDING, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.GIVE_BACK_WITHDRAWN): (_S.BINDING, _O.NOTHING),
+    # Moves an earlier run made, until the first scan judges them.
+    (_S.IDLE, _E.RECALLED): (_S.RECALLED, _O.MOVE_RECALLED),
+    (_S.RECALLED, _E.RECALL_CONFIRMED): (_S.MOVED, _O.NOTHING),
+    (_S.RECALLED, _E.RECALL_REFUTED): (_S.IDLE, _O.MOVE_FORGOTTEN),
+}
+
+_BINDING = frozenset(
+    {
+        _S.BINDING,
+        _S.REBINDING,
+        _S.GIVING_BACK_REBINDING,
+        _S.GIVING_BACK_DISOWNED_REBINDING,
+    }
+)
+_GIVING_BACK = frozenset(
+    {
+        _S.GIVING_BACK,
+        _S.GIVING_BACK_REBINDING,
+        _S.GIVING_BACK_DISOWNED,
+        _S.GIVING_BACK_DISOWNED_REBINDING,
+    }
+)
 
 
 class BindingBook:
@@ -33,11 +155,12 @@ class BindingBook:
     """
 
     def __init__(self) -> None:
-        self.in_flight: dict[PciAddress, BindDecision] = {}
+        self._states: dict[PciAddress, MoveState] = {}  # absent: IDLE
+        self._asked: dict[PciAddress, BindDecision] = {}  # the decision of each bind in flight
         self.failed: dict[PciAddress, str] = {}
         self.refusals: dict[PciAddress, str] = {}  # last refusal logged, to log changes only
-        self.moved: dict[PciAddress, Move] = {}  # on vfio-pci because dp put it there
-        self.giving_back: set[PciAddress] = set()
+        # On vfio-pci because dp put it there; only `_step` changes it.
+        self.moved: dict[PciAddress, Move] = {}
         # IOMMU group -> the member whose move failed, and why the group is stuck.
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
@@ -50,10 +173,48 @@ class BindingBook:
         # snapshot shows them as they were before, and they must not look
         # usable until a scan shows where they are now.
         self._unscanned: set[PciAddress] = set()
-        # Moves an earlier run reported (`recall`), until the first scan says
-        # whether they are still on vfio-pci.
-        self._recalled: set[PciAddress] = set()
         self.moves_version = 0  # changes whenever `moved` does
+
+    def state(self, address: PciAddress) -> MoveState:
+        return self._states.get(address, MoveState.IDLE)
+
+    def _step(self, address: PciAddress, event: MoveEvent, move: Move | None = None) -> Outcome:
+        """Move `address` on by `event` through `TRANSITIONS`; `move` is the Move an
+        outcome that keeps one keeps."""
+        state = self.state(address)
+        try:
+            after, outcome = TRANSITIONS[(state, event)]
+        except KeyError:
+            raise UsageError(
+                f"{address}: no transition from {state.value} on {event.value}"
+            ) from None
+        if after is MoveState.IDLE:
+            self._states.pop(address, None)
+        else:
+            self._states[address] = after
+        if outcome is Outcome.MOVE_RECORDED or outcome is Outcome.MOVE_RECALLED:
+            if move is None:
+                raise UsageError(f"{address}: {event.value} keeps a Move, and none came")
+            self.moved[address] = move
+            self.moves_version += outcome is Outcome.MOVE_RECORDED
+        elif outcome is Outcome.MOVE_FORGOTTEN:
+            del self.moved[address]
+            self.moves_version += 1
+        return outcome
+
+    @property
+    def in_flight(self) -> Mapping[PciAddress, BindDecision]:
+        """Binds asked and not yet finished, with the decision each carries out."""
+        return self._asked
+
+    @property
+    def giving_back(self) -> frozenset[PciAddress]:
+        """Functions whose give-back is in flight."""
+        return frozenset(a for a, state in self._states.items() if state in _GIVING_BACK)
+
+    def _recalled(self) -> list[PciAddress]:
+        """Moves an earlier run reported, until the first scan judges them."""
+        return [a for a, state in self._states.items() if state is MoveState.RECALLED]
 
     def moves(self) -> tuple[Move, ...]:
         """What dp moved to vfio-pci, for `MovesChanged`."""
@@ -64,22 +225,23 @@ class BindingBook:
         recalled = 0
         for move in moves:
             if move.address not in self.moved:
-                self.moved[move.address] = move
-                self._recalled.add(move.address)
+                self._step(move.address, MoveEvent.RECALLED, move)
                 recalled += 1
         return recalled
 
-    def _forget_moves(self, addresses: Iterable[PciAddress]) -> None:
+    def _disown(self, addresses: Iterable[PciAddress]) -> None:
+        """Forget having moved these (never given back, then); recalled moves wait
+        for the first scan to judge them (`observed`)."""
         for address in addresses:
-            if self.moved.pop(address, None) is not None:
-                self.moves_version += 1
+            if self.state(address) is not MoveState.RECALLED:
+                self._step(address, MoveEvent.DISOWNED)
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
             self._selected = self._present = frozenset()
         else:
             self._present = frozenset(pci.address for pci in snapshot.pci_devices)
-            self._outlived.update(a for a in self.in_flight if a not in self._present)
+            self._outlived.update(a for a in self._asked if a not in self._present)
             selectors = config.pci_selectors()
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if selected_for_binding(pci, selectors)
@@ -87,17 +249,12 @@ class BindingBook:
         # A device the config stops selecting may go to another plugin and
         # its VMs (`externalResourceProvider`), whose allocations dp cannot
         # see: dp forgets having moved it, and never gives it back.
-        # Recalled moves wait for the first scan to judge them (`observed`).
-        self._forget_moves(
-            [a for a in self.moved if a not in self._selected and a not in self._recalled]
-        )
+        self._disown([a for a in self.moved if a not in self._selected])
 
     @property
     def moving_groups(self) -> frozenset[int]:
         """IOMMU groups a bind is under way into."""
-        return frozenset(
-            d.iommu_group for d in self.in_flight.values() if d.iommu_group is not None
-        )
+        return frozenset(d.iommu_group for d in self._asked.values() if d.iommu_group is not None)
 
     @property
     def leaving(self) -> frozenset[PciAddress]:
@@ -108,16 +265,15 @@ class BindingBook:
         """A scan taken after every give-back that has ended: it shows them as they are,
         and shows whether the functions recalled from an earlier run are still on vfio-pci."""
         self._unscanned.clear()
-        if self._recalled:
-            on_vfio = {
-                address
-                for address in self._recalled
-                if (pci := snapshot.device(address)) is not None
+        for address in self._recalled():
+            pci = snapshot.device(address)
+            on_vfio = (
+                pci is not None
                 and pci.driver == VFIO_DRIVER
                 and pci.iommu_group == self.moved[address].iommu_group
-            }
-            self._forget_moves(self._recalled - on_vfio)
-            self._recalled.clear()
+            )
+            event = MoveEvent.RECALL_CONFIRMED if on_vfio else MoveEvent.RECALL_REFUTED
+            self._step(address, event)
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
         """The config changed: every function may be tried again."""
@@ -131,7 +287,7 @@ class BindingBook:
         for book in (self.failed, self.refusals):
             for address in [a for a in book if a not in present]:
                 del book[address]
-        self._forget_moves([a for a in self.moved if a not in present and a not in self._recalled])
+        self._disown([a for a in self.moved if a not in present])
         for group, (address, _) in list(self._broken_groups.items()):
             if address not in present:
                 del self._broken_groups[group]
@@ -160,8 +316,9 @@ class BindingBook:
         for address, decision in plan.items():
             if decision.binds:
                 self.refusals.pop(address, None)
-                if start and address not in self.in_flight and address not in self.giving_back:
-                    self.in_flight[address] = decision
+                if start and self.state(address) in (MoveState.IDLE, MoveState.MOVED):
+                    self._step(address, MoveEvent.BIND_ASKED)
+                    self._asked[address] = decision
                     effects.append(
                         Log.info("bind", device=str(address), driver=decision.driver or "none")
                     )
@@ -181,22 +338,24 @@ class BindingBook:
         `held_groups` are the IOMMU groups allocations hold: nothing in them
         is given back, since a VM may be using it.
         """
-        decision = self.in_flight.pop(event.address, None)
+        decision = self._asked.pop(event.address, None)
         if decision is None:
             raise UsageError(f"no bind of {event.address} is in flight")
         if event.withdrawn:
+            self._step(event.address, MoveEvent.BIND_WITHDRAWN)
             return [Log.info("bind-withdrawn", device=str(event.address))]
         effects: list[UnbindDevice | Log] = []
         # Reported after a scan saw the device gone: whatever comes back is new.
         gone = event.address not in self._present or event.address in self._outlived
         self._outlived.discard(event.address)
+        if gone:
+            self._step(event.address, MoveEvent.BIND_OUTLIVED)
+        elif event.error is None:
+            move = Move(event.address, decision.driver, decision.iommu_group, pinned=event.pinned)
+            self._step(event.address, MoveEvent.BIND_DONE, move)
+        else:
+            self._step(event.address, MoveEvent.BIND_FAILED)
         if event.error is None:
-            if not gone:
-                move = Move(
-                    event.address, decision.driver, decision.iommu_group, pinned=event.pinned
-                )
-                self.moved[event.address] = move
-                self.moves_version += 1
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
             effects.append(
@@ -231,7 +390,7 @@ class BindingBook:
             moved
             for address, moved in self.moved.items()
             if moved.iommu_group == group
-            and address not in self.giving_back
+            and self.state(address) not in _GIVING_BACK
             and address in self._selected
         ]
         effects: list[UnbindDevice | Log] = []
@@ -244,7 +403,7 @@ class BindingBook:
                     effects.append(Log.warning("give-back-put-off", device=device, reason=held))
                 continue
             self._put_off.pop(moved.address, None)
-            self.giving_back.add(moved.address)
+            self._step(moved.address, MoveEvent.GIVE_BACK_ASKED)
             self.failed[moved.address] = f"given back to {moved.driver or 'no driver'}: {reason}"
             driver = moved.driver or "none"
             effects.append(Log.warning("give-back", device=device, driver=driver, reason=reason))
@@ -255,7 +414,7 @@ class BindingBook:
         """Whether a queued give-back should still be carried out, now its turn has come."""
         moved = self.moved.get(address)
         return (
-            address in self.giving_back
+            self.state(address) in _GIVING_BACK
             and address in self._selected
             and moved is not None
             and moved.iommu_group in self._broken_groups
@@ -264,14 +423,14 @@ class BindingBook:
 
     def unbound(self, event: UnbindingFinished) -> list[Log]:
         """A give-back ended: the function is on its old driver, or why not, or withdrawn."""
-        if event.address not in self.giving_back:
+        if self.state(event.address) not in _GIVING_BACK:
             raise UsageError(f"no give-back of {event.address} is in flight")
-        self.giving_back.discard(event.address)
         device = str(event.address)
         if event.withdrawn:
+            self._step(event.address, MoveEvent.GIVE_BACK_WITHDRAWN)
             return [Log.info("give-back-withdrawn", device=device)]
         moved = self.moved.get(event.address)
-        self._forget_moves([event.address])
+        self._step(event.address, MoveEvent.GIVE_BACK_ENDED)
         self._unscanned.add(event.address)
         if event.error is None:
             driver = (moved.driver if moved else None) or "none"
