@@ -49,7 +49,9 @@ class MoveEvent(enum.Enum):
     BIND_ASKED = "bind-asked"  # the plan moves it and no bind or give-back is in flight
     BIND_DONE = "bind-done"  # BindingFinished without error, the device still there
     BIND_FAILED = "bind-failed"  # BindingFinished with an error, the device still there
-    BIND_OUTLIVED = "bind-outlived"  # BindingFinished for a device a scan saw gone meanwhile
+    # BindingFinished for a device a scan saw gone meanwhile (that scan disowned
+    # any Move it had, so only a function not counted as moved sees this).
+    BIND_OUTLIVED = "bind-outlived"
     BIND_WITHDRAWN = "bind-withdrawn"  # BindingFinished, withdrawn unwritten
     GIVE_BACK_ASKED = "give-back-asked"  # its IOMMU group cannot become usable
     GIVE_BACK_ENDED = "give-back-ended"  # UnbindingFinished, done or failed
@@ -84,7 +86,6 @@ TRANSITIONS: Mapping[tuple[MoveState, MoveEvent], tuple[MoveState, Outcome]] = {
     (_S.MOVED, _E.BIND_ASKED): (_S.REBINDING, _O.BIND_DEVICE),
     (_S.REBINDING, _E.BIND_DONE): (_S.MOVED, _O.MOVE_RECORDED),
     (_S.REBINDING, _E.BIND_FAILED): (_S.MOVED, _O.NOTHING),
-    (_S.REBINDING, _E.BIND_OUTLIVED): (_S.MOVED, _O.NOTHING),
     (_S.REBINDING, _E.BIND_WITHDRAWN): (_S.MOVED, _O.NOTHING),
     # Giving back.
     (_S.MOVED, _E.GIVE_BACK_ASKED): (_S.GIVING_BACK, _O.UNBIND_DEVICE),
@@ -93,7 +94,6 @@ TRANSITIONS: Mapping[tuple[MoveState, MoveEvent], tuple[MoveState, Outcome]] = {
     (_S.REBINDING, _E.GIVE_BACK_ASKED): (_S.GIVING_BACK_REBINDING, _O.UNBIND_DEVICE),
     (_S.GIVING_BACK_REBINDING, _E.BIND_DONE): (_S.GIVING_BACK, _O.MOVE_RECORDED),
     (_S.GIVING_BACK_REBINDING, _E.BIND_FAILED): (_S.GIVING_BACK, _O.NOTHING),
-    (_S.GIVING_BACK_REBINDING, _E.BIND_OUTLIVED): (_S.GIVING_BACK, _O.NOTHING),
     (_S.GIVING_BACK_REBINDING, _E.BIND_WITHDRAWN): (_S.GIVING_BACK, _O.NOTHING),
     (_S.GIVING_BACK_REBINDING, _E.GIVE_BACK_ENDED): (_S.BINDING, _O.MOVE_FORGOTTEN),
     (_S.GIVING_BACK_REBINDING, _E.GIVE_BACK_WITHDRAWN): (_S.REBINDING, _O.NOTHING),
