@@ -189,12 +189,18 @@ def server_env(root: Path) -> dict[str, str]:
 
 
 def serve_command(
-    host: Path, config: Path, plugin_dir: Path, pod_socket: Path, mode: str, log_level: str
+    python: str,
+    host: Path,
+    config: Path,
+    plugin_dir: Path,
+    pod_socket: Path,
+    mode: str,
+    log_level: str,
 ) -> list[str]:
     """`dp-server serve` on the generated `host`, with no periodic rescan (it
-    would pollute the idle figures)."""
+    would pollute the idle figures), run by the interpreter `python`."""
     return [
-        *(sys.executable, "-m", "dp_server", "serve"),
+        *(python, "-m", "dp_server", "serve"),
         *("--sysfs", str(host / "sys"), "--dev", str(host / "dev"), "--config", str(config)),
         *("--device-plugin-dir", str(plugin_dir), "--pod-resources-socket", str(pod_socket)),
         *("--socket-mode", mode, "--rescan-interval", "3600", "--log-level", log_level),
@@ -510,7 +516,9 @@ def run_once(
     server: subprocess.Popen[bytes] | None = None
     log_file = open(log_path, "wb")  # noqa: SIM115 - closed in finally
     try:
-        command = serve_command(host, config, plugin_dir, pod_socket, mode, args.log_level)
+        command = serve_command(
+            args.server_python, host, config, plugin_dir, pod_socket, mode, args.log_level
+        )
         if not args.cold:
             warm_page_cache(host)
         interval = args.watch_interval or None  # 0: woken on every kubelet event
@@ -998,6 +1006,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="let the server and the emulator share every CPU, rather than run the server "
         "on the last CPU and the emulator on the others",
+    )
+    parser.add_argument(
+        "--server-python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the interpreter that runs the server (default: this one). Give a venv's "
+        "python with only dp installed (`pip install .`) to measure the server as the "
+        "container image runs it: a host interpreter may hold packages that dp's "
+        "libraries import when present (betterproto2 imports pydantic, 5 MB)",
     )
     parser.add_argument("--json", metavar="PATH", help="write raw results here")
     args = parser.parse_args(argv)

@@ -6,8 +6,19 @@ the same inputs always give the same effects. `dp_server` is one shell around
 it; a plugin author can write another.
 """
 
+from .advertised import AdvertisedDevice
 from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
-from .binding import BindDecision, BindingBook, plan_bindings
+from .answers import (
+    AllocateAnswer,
+    Answer,
+    ContainerAllocation,
+    DeviceSpec,
+    PluginOptions,
+    PreferredAnswer,
+    PreStartAnswer,
+)
+from .bind_plan import BindDecision, plan_bindings
+from .binding import BindingBook
 from .config import (
     DEFAULT_SHARED_DEVICES,
     Binding,
@@ -20,26 +31,18 @@ from .config import (
     SharedDevice,
 )
 from .effects import (
-    AllocateAnswer,
-    Answer,
-    BindConnection,
+    AttributeConnection,
     BindDevice,
-    ContainerAllocation,
-    DeviceSpec,
     Effect,
     EndStream,
+    HealthChanged,
     Log,
-    Move,
     MovesChanged,
-    PluginOptions,
-    PreferredAnswer,
-    PreStartAnswer,
     Publish,
     RefreshAllocations,
     Register,
     Reject,
     Reply,
-    ReportUnhealthy,
     UnbindDevice,
 )
 from .errors import StatusCode, UsageError
@@ -68,7 +71,6 @@ from .inputs import (
     WatchStarted,
 )
 from .inventory import (
-    AdvertisedDevice,
     DeviceKind,
     Inventory,
     Resource,
@@ -76,6 +78,7 @@ from .inventory import (
     build_inventory,
 )
 from .metrics import MetricFamily, Sample, collect
+from .moves import Move
 from .names import endpoint_name, min_endpoint_length
 from .node import Node, Timing
 from .pci import PciAddress, PciDevice, PciId
@@ -93,7 +96,7 @@ __all__ = [
     "AllocationsObserved",
     "Answer",
     "Backoff",
-    "BindConnection",
+    "AttributeConnection",
     "BindDecision",
     "BindDevice",
     "Binding",
@@ -146,7 +149,7 @@ __all__ = [
     "RegistrationSucceeded",
     "Reject",
     "Reply",
-    "ReportUnhealthy",
+    "HealthChanged",
     "Resource",
     "Sample",
     "ScanProblem",

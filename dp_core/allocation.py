@@ -15,8 +15,10 @@ from typing import overload
 
 import attrs
 
-from .effects import ContainerAllocation, DeviceSpec, Log
-from .inventory import AdvertisedDevice, DeviceKind, Resource
+from .advertised import AdvertisedDevice
+from .answers import ContainerAllocation, DeviceSpec
+from .effects import Log
+from .inventory import DeviceKind, Resource
 from .names import env_var_name
 
 __all__ = [

@@ -1,199 +1,146 @@
-"""Which selected PCI functions the server moves to vfio-pci itself (DESIGN.md §6).
+"""What dp is doing to the PCI functions it moves to vfio-pci, and what it did (DESIGN.md §6).
 
-Binding takes a device away from the host, so it is opt-in (`Config.binding`)
-and bounded by rules that refuse it with a reason:
+`bind_plan.plan_bindings` decides what binding would move; `BindingBook`
+remembers what is in flight, what failed and what dp moved, and gives back
+what dp moved of a group that cannot become usable.
 
-- only functions a `pciHostDevices` selector names, never a bridge, never one
-  whose resource another plugin provides;
-- only from a driver that `binding.replaceDrivers` lists (or from no driver,
-  with `bindUnbound`);
-- never the boot display, a function without an IOMMU group, or a physical
-  function whose virtual functions are enabled (unbinding it removes them);
-- only while vfio-pci is loaded;
-- only when the whole IOMMU group becomes usable: a sibling endpoint held by a
-  host driver that is not itself being moved keeps the group unusable, so its
-  selected members are left alone too;
-- a bind that failed is not retried until the config changes or the device
-  is re-added, and the members of its group that dp had already moved are
-  given back to their drivers.
-
-`plan_bindings` is a pure function, so `dp-server scan` shows exactly what
-`serve` would do. `BindingBook` remembers what is in flight and what failed.
+Each function's move goes through the states of `MoveState`, and every
+change of state goes through `TRANSITIONS`; nothing else assigns one. A
+state says whether a bind is in flight, whether dp counts the function as
+moved (keeps its `Move`) and whether a give-back is in flight, since these
+overlap when a scan is stale: a bind can be asked again of a function
+already moved (from a scan taken before the move), and a give-back can be
+asked of it meanwhile. What failed (`failed`) is the plan's memory, not a
+state: it lasts until the config changes or the function leaves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container, Iterable, Mapping
+import enum
+from collections.abc import Collection, Container, Iterable, Mapping
 
-import attrs
-
-from .config import Binding, Config, PciHostDevice
-from .effects import BindDevice, Log, Move, UnbindDevice
+from .bind_plan import BindDecision, plan_bindings, selected_for_binding
+from .config import Config
+from .effects import BindDevice, Log, UnbindDevice
 from .errors import UsageError
-from .host import VFIO_DRIVER, HostSnapshot, blocks_vfio
+from .host import VFIO_DRIVER, HostSnapshot
 from .inputs import BindingFinished, UnbindingFinished
-from .pci import PciAddress, PciDevice
+from .moves import Move
+from .pci import PciAddress
 
-__all__ = ["BindDecision", "BindingBook", "plan_bindings"]
-
-
-@attrs.frozen
-class BindDecision:
-    """What binding does with one selected function not on vfio-pci.
-
-    `driver` is the driver it would be taken from (None: it has none);
-    `refusal` says why it is left alone, and is empty when it is to be bound.
-    """
-
-    address: PciAddress
-    driver: str | None
-    iommu_group: int | None
-    refusal: str = ""
-
-    @property
-    def binds(self) -> bool:
-        return not self.refusal
+__all__ = ["TRANSITIONS", "BindingBook", "MoveEvent", "MoveState", "Outcome"]
 
 
-_Check = Callable[[PciDevice, HostSnapshot, Binding], str]
+class MoveState(enum.Enum):
+    IDLE = "idle"  # nothing in flight, not moved by dp (a bind may be planned or refused)
+    BINDING = "binding"  # BindDevice asked, no answer yet
+    MOVED = "moved"  # on vfio-pci because dp put it there
+    RECALLED = "recalled"  # an earlier run moved it; the first scan has not judged it yet
+    REBINDING = "rebinding"  # moved, and a bind asked again from a scan taken before the move
+    GIVING_BACK = "giving-back"  # moved; UnbindDevice asked, no answer yet
+    GIVING_BACK_REBINDING = "giving-back-rebinding"  # both of the above
+    # Being given back, but no longer counted as moved: the config stopped
+    # selecting it, or it left the host, while the give-back was in flight.
+    GIVING_BACK_DISOWNED = "giving-back-disowned"
+    GIVING_BACK_DISOWNED_REBINDING = "giving-back-disowned-rebinding"
 
 
-def _replaceable_driver(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
-    if pci.driver is not None and pci.driver not in binding.replace_drivers:
-        return f"binding.replaceDrivers does not list {pci.driver}"
-    return ""
+class MoveEvent(enum.Enum):
+    BIND_ASKED = "bind-asked"  # the plan moves it and no bind or give-back is in flight
+    BIND_DONE = "bind-done"  # BindingFinished without error, the device still there
+    BIND_FAILED = "bind-failed"  # BindingFinished with an error, the device still there
+    # BindingFinished for a device a scan saw gone meanwhile (that scan disowned
+    # any Move it had, so only a function not counted as moved sees this).
+    BIND_OUTLIVED = "bind-outlived"
+    BIND_WITHDRAWN = "bind-withdrawn"  # BindingFinished, withdrawn unwritten
+    GIVE_BACK_ASKED = "give-back-asked"  # its IOMMU group cannot become usable
+    GIVE_BACK_ENDED = "give-back-ended"  # UnbindingFinished, done or failed
+    GIVE_BACK_WITHDRAWN = "give-back-withdrawn"  # UnbindingFinished, withdrawn unwritten
+    DISOWNED = "disowned"  # the config stopped selecting it, or it left the host
+    RECALLED = "recalled"  # MovesRecalled names it
+    RECALL_CONFIRMED = "recall-confirmed"  # the first scan shows it on vfio-pci, in its group
+    RECALL_REFUTED = "recall-refuted"  # the first scan shows it elsewhere, or not at all
 
 
-def _not_boot_display(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
-    return "drives the boot display (boot_vga is 1); dp never rebinds it" if pci.boot_vga else ""
+class Outcome(enum.Enum):
+    """What a change of state asks of the book, besides the new state."""
+
+    NOTHING = "nothing"
+    BIND_DEVICE = "bind-device"  # emit BindDevice
+    UNBIND_DEVICE = "unbind-device"  # emit UnbindDevice
+    MOVE_RECORDED = "move-recorded"  # keep its Move (MovesChanged follows)
+    MOVE_FORGOTTEN = "move-forgotten"  # drop its Move (MovesChanged follows)
+    MOVE_RECALLED = "move-recalled"  # keep the Move an earlier run reported (already kept)
 
 
-def _has_group(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
-    if pci.iommu_group is None:
-        return "has no IOMMU group (is the IOMMU enabled?), so vfio-pci could not use it"
-    return ""
+_S, _E, _O = MoveState, MoveEvent, Outcome
 
+TRANSITIONS: Mapping[tuple[MoveState, MoveEvent], tuple[MoveState, Outcome]] = {
+    # Binding.
+    (_S.IDLE, _E.BIND_ASKED): (_S.BINDING, _O.BIND_DEVICE),
+    (_S.BINDING, _E.BIND_DONE): (_S.MOVED, _O.MOVE_RECORDED),
+    (_S.BINDING, _E.BIND_FAILED): (_S.IDLE, _O.NOTHING),
+    (_S.BINDING, _E.BIND_OUTLIVED): (_S.IDLE, _O.NOTHING),
+    (_S.BINDING, _E.BIND_WITHDRAWN): (_S.IDLE, _O.NOTHING),
+    # A moved function the last scan still shows on its old driver.
+    (_S.MOVED, _E.BIND_ASKED): (_S.REBINDING, _O.BIND_DEVICE),
+    (_S.REBINDING, _E.BIND_DONE): (_S.MOVED, _O.MOVE_RECORDED),
+    (_S.REBINDING, _E.BIND_FAILED): (_S.MOVED, _O.NOTHING),
+    (_S.REBINDING, _E.BIND_WITHDRAWN): (_S.MOVED, _O.NOTHING),
+    # Giving back.
+    (_S.MOVED, _E.GIVE_BACK_ASKED): (_S.GIVING_BACK, _O.UNBIND_DEVICE),
+    (_S.GIVING_BACK, _E.GIVE_BACK_ENDED): (_S.IDLE, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK, _E.GIVE_BACK_WITHDRAWN): (_S.MOVED, _O.NOTHING),
+    (_S.REBINDING, _E.GIVE_BACK_ASKED): (_S.GIVING_BACK_REBINDING, _O.UNBIND_DEVICE),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_DONE): (_S.GIVING_BACK, _O.MOVE_RECORDED),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_FAILED): (_S.GIVING_BACK, _O.NOTHING),
+    (_S.GIVING_BACK_REBINDING, _E.BIND_WITHDRAWN): (_S.GIVING_BACK, _O.NOTHING),
+    (_S.GIVING_BACK_REBINDING, _E.GIVE_BACK_ENDED): (_S.BINDING, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK_REBINDING, _E.GIVE_BACK_WITHDRAWN): (_S.REBINDING, _O.NOTHING),
+    # Disowned: dp forgets having moved it, and never gives it back again.
+    (_S.MOVED, _E.DISOWNED): (_S.IDLE, _O.MOVE_FORGOTTEN),
+    (_S.REBINDING, _E.DISOWNED): (_S.BINDING, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK, _E.DISOWNED): (_S.GIVING_BACK_DISOWNED, _O.MOVE_FORGOTTEN),
+    (_S.GIVING_BACK_REBINDING, _E.DISOWNED): (
+        _S.GIVING_BACK_DISOWNED_REBINDING,
+        _O.MOVE_FORGOTTEN,
+    ),
+    (_S.GIVING_BACK_DISOWNED, _E.GIVE_BACK_ENDED): (_S.IDLE, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED, _E.GIVE_BACK_WITHDRAWN): (_S.IDLE, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_DONE): (_S.GIVING_BACK, _O.MOVE_RECORDED),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_FAILED): (_S.GIVING_BACK_DISOWNED, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_OUTLIVED): (
+        _S.GIVING_BACK_DISOWNED,
+        _O.NOTHING,
+    ),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.BIND_WITHDRAWN): (
+        _S.GIVING_BACK_DISOWNED,
+        _O.NOTHING,
+    ),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.GIVE_BACK_ENDED): (_S.BINDING, _O.NOTHING),
+    (_S.GIVING_BACK_DISOWNED_REBINDING, _E.GIVE_BACK_WITHDRAWN): (_S.BINDING, _O.NOTHING),
+    # Moves an earlier run made, until the first scan judges them.
+    (_S.IDLE, _E.RECALLED): (_S.RECALLED, _O.MOVE_RECALLED),
+    (_S.RECALLED, _E.RECALL_CONFIRMED): (_S.MOVED, _O.NOTHING),
+    (_S.RECALLED, _E.RECALL_REFUTED): (_S.IDLE, _O.MOVE_FORGOTTEN),
+}
 
-def _no_enabled_vfs(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
-    if pci.driver is None:
-        return ""
-    if pci.sriov_numvfs is None:
-        return (
-            "its virtual functions could not be read (sriov_numvfs or a virtfn link); "
-            f"unbinding {pci.driver} could remove them"
-        )
-    enabled = max(len(pci.virtfns), pci.sriov_numvfs)
-    if enabled:
-        return f"has {enabled} virtual functions enabled; unbinding {pci.driver} would remove them"
-    return ""
-
-
-def _vfio_loaded(pci: PciDevice, snapshot: HostSnapshot, binding: Binding) -> str:
-    if snapshot.pci_drivers is None:
-        return "the PCI driver list could not be read; binding waits for the next scan"
-    if VFIO_DRIVER not in snapshot.pci_drivers:
-        return "the vfio-pci driver is not loaded (modprobe vfio-pci)"
-    return ""
-
-
-# Checked in order; the first that objects gives the refusal.
-_CHECKS: tuple[_Check, ...] = (
-    _replaceable_driver,
-    _not_boot_display,
-    _has_group,
-    _no_enabled_vfs,
-    _vfio_loaded,
+_BINDING = frozenset(
+    {
+        _S.BINDING,
+        _S.REBINDING,
+        _S.GIVING_BACK_REBINDING,
+        _S.GIVING_BACK_DISOWNED_REBINDING,
+    }
 )
-
-
-def _selected_for_binding(
-    pci: PciDevice, selectors: Mapping[tuple[int, int], PciHostDevice]
-) -> bool:
-    """Whether a selector names `pci` for dp to serve (and so, to move)."""
-    if pci.is_bridge:
-        return False
-    entry = selectors.get((pci.vendor, pci.device))
-    return entry is not None and not entry.external_resource_provider
-
-
-def _candidate(
-    pci: PciDevice, selectors: Mapping[tuple[int, int], PciHostDevice], binding: Binding
-) -> bool:
-    """Whether binding considers `pci` at all (the config selects it, it is not on vfio-pci)."""
-    if pci.driver == VFIO_DRIVER:
-        return False
-    if pci.driver is None and not binding.bind_unbound:
-        return False
-    return _selected_for_binding(pci, selectors)
-
-
-def plan_bindings(
-    snapshot: HostSnapshot,
-    config: Config,
-    failed: Mapping[PciAddress, str] | None = None,
-    held_groups: Container[int] = (),
-) -> dict[PciAddress, BindDecision]:
-    """A decision for every selected function that binding would move or refuses to.
-
-    `failed` maps functions whose bind failed to the error; they are refused
-    with it. Nothing is moved into an IOMMU group in `held_groups` (groups
-    allocations hold: a VM uses it, and a failed move could hand a member to
-    a host driver under it). Empty without `config.binding`: then nothing is
-    ever rebound.
-    """
-    binding = config.binding
-    if binding is None:
-        return {}
-    failed = failed or {}
-    selectors = config.pci_selectors()
-    decisions: dict[PciAddress, BindDecision] = {}
-    for pci in snapshot.pci_devices:
-        if not _candidate(pci, selectors, binding):
-            continue
-        refusal = next((r for r in (check(pci, snapshot, binding) for check in _CHECKS) if r), "")
-        if not refusal and pci.address in failed:
-            refusal = (
-                f"binding it to vfio-pci failed: {failed[pci.address]}; dp tries again when "
-                "the config changes or the device is re-added"
-            )
-        if not refusal and pci.iommu_group in held_groups:
-            refusal = (
-                f"an allocation holds IOMMU group {pci.iommu_group}; dp moves it once "
-                "that allocation ends"
-            )
-        decisions[pci.address] = BindDecision(pci.address, pci.driver, pci.iommu_group, refusal)
-    # A refusal can leave a sibling's group unusable, which refuses the sibling,
-    # which can do the same to another: repeat until nothing changes.
-    changed = True
-    while changed:
-        changed = False
-        for address, decision in decisions.items():
-            if decision.binds:
-                blocker = _group_blocker(decision, snapshot, decisions)
-                if blocker:
-                    decisions[address] = attrs.evolve(decision, refusal=blocker)
-                    changed = True
-    return decisions
-
-
-def _group_blocker(
-    decision: BindDecision, snapshot: HostSnapshot, decisions: Mapping[PciAddress, BindDecision]
-) -> str:
-    group = snapshot.group(decision.iommu_group)
-    if group is None:
-        return f"IOMMU group {decision.iommu_group} is not listed in sysfs"
-    for member in group.members:
-        if member.address == decision.address or not blocks_vfio(member):
-            continue
-        other = decisions.get(member.address)
-        if other is not None and other.binds:
-            continue
-        why = other.refusal if other is not None else "no selector names it"
-        return (
-            f"IOMMU group {group.number} also holds {member.address}, bound to "
-            f"{member.driver}, which stays there ({why}); the group would not be usable"
-        )
-    return ""
+_GIVING_BACK = frozenset(
+    {
+        _S.GIVING_BACK,
+        _S.GIVING_BACK_REBINDING,
+        _S.GIVING_BACK_DISOWNED,
+        _S.GIVING_BACK_DISOWNED_REBINDING,
+    }
+)
 
 
 class BindingBook:
@@ -208,11 +155,12 @@ class BindingBook:
     """
 
     def __init__(self) -> None:
-        self.in_flight: dict[PciAddress, BindDecision] = {}
+        self._states: dict[PciAddress, MoveState] = {}  # absent: IDLE
+        self._asked: dict[PciAddress, BindDecision] = {}  # the decision of each bind in flight
         self.failed: dict[PciAddress, str] = {}
         self.refusals: dict[PciAddress, str] = {}  # last refusal logged, to log changes only
-        self.moved: dict[PciAddress, Move] = {}  # on vfio-pci because dp put it there
-        self.giving_back: set[PciAddress] = set()
+        # On vfio-pci because dp put it there; only `_step` changes it.
+        self.moved: dict[PciAddress, Move] = {}
         # IOMMU group -> the member whose move failed, and why the group is stuck.
         self._broken_groups: dict[int, tuple[PciAddress, str]] = {}
         self._selected: frozenset[PciAddress] = frozenset()
@@ -225,10 +173,48 @@ class BindingBook:
         # snapshot shows them as they were before, and they must not look
         # usable until a scan shows where they are now.
         self._unscanned: set[PciAddress] = set()
-        # Moves an earlier run reported (`recall`), until the first scan says
-        # whether they are still on vfio-pci.
-        self._recalled: set[PciAddress] = set()
         self.moves_version = 0  # changes whenever `moved` does
+
+    def state(self, address: PciAddress) -> MoveState:
+        return self._states.get(address, MoveState.IDLE)
+
+    def _step(self, address: PciAddress, event: MoveEvent, move: Move | None = None) -> Outcome:
+        """Move `address` on by `event` through `TRANSITIONS`; `move` is the Move an
+        outcome that keeps one keeps."""
+        state = self.state(address)
+        try:
+            after, outcome = TRANSITIONS[(state, event)]
+        except KeyError:
+            raise UsageError(
+                f"{address}: no transition from {state.value} on {event.value}"
+            ) from None
+        if after is MoveState.IDLE:
+            self._states.pop(address, None)
+        else:
+            self._states[address] = after
+        if outcome is Outcome.MOVE_RECORDED or outcome is Outcome.MOVE_RECALLED:
+            if move is None:
+                raise UsageError(f"{address}: {event.value} keeps a Move, and none came")
+            self.moved[address] = move
+            self.moves_version += outcome is Outcome.MOVE_RECORDED
+        elif outcome is Outcome.MOVE_FORGOTTEN:
+            del self.moved[address]
+            self.moves_version += 1
+        return outcome
+
+    @property
+    def in_flight(self) -> Mapping[PciAddress, BindDecision]:
+        """Binds asked and not yet finished, with the decision each carries out."""
+        return self._asked
+
+    @property
+    def giving_back(self) -> frozenset[PciAddress]:
+        """Functions whose give-back is in flight."""
+        return frozenset(a for a, state in self._states.items() if state in _GIVING_BACK)
+
+    def _recalled(self) -> list[PciAddress]:
+        """Moves an earlier run reported, until the first scan judges them."""
+        return [a for a, state in self._states.items() if state is MoveState.RECALLED]
 
     def moves(self) -> tuple[Move, ...]:
         """What dp moved to vfio-pci, for `MovesChanged`."""
@@ -239,40 +225,36 @@ class BindingBook:
         recalled = 0
         for move in moves:
             if move.address not in self.moved:
-                self.moved[move.address] = move
-                self._recalled.add(move.address)
+                self._step(move.address, MoveEvent.RECALLED, move)
                 recalled += 1
         return recalled
 
-    def _forget_moves(self, addresses: Iterable[PciAddress]) -> None:
+    def _disown(self, addresses: Iterable[PciAddress]) -> None:
+        """Forget having moved these (never given back, then); recalled moves wait
+        for the first scan to judge them (`observed`)."""
         for address in addresses:
-            if self.moved.pop(address, None) is not None:
-                self.moves_version += 1
+            if self.state(address) is not MoveState.RECALLED:
+                self._step(address, MoveEvent.DISOWNED)
 
     def _select(self, snapshot: HostSnapshot, config: Config) -> None:
         if config.binding is None:
             self._selected = self._present = frozenset()
         else:
             self._present = frozenset(pci.address for pci in snapshot.pci_devices)
-            self._outlived.update(a for a in self.in_flight if a not in self._present)
+            self._outlived.update(a for a in self._asked if a not in self._present)
             selectors = config.pci_selectors()
             self._selected = frozenset(
-                pci.address for pci in snapshot.pci_devices if _selected_for_binding(pci, selectors)
+                pci.address for pci in snapshot.pci_devices if selected_for_binding(pci, selectors)
             )
         # A device the config stops selecting may go to another plugin and
         # its VMs (`externalResourceProvider`), whose allocations dp cannot
         # see: dp forgets having moved it, and never gives it back.
-        # Recalled moves wait for the first scan to judge them (`observed`).
-        self._forget_moves(
-            [a for a in self.moved if a not in self._selected and a not in self._recalled]
-        )
+        self._disown([a for a in self.moved if a not in self._selected])
 
     @property
     def moving_groups(self) -> frozenset[int]:
         """IOMMU groups a bind is under way into."""
-        return frozenset(
-            d.iommu_group for d in self.in_flight.values() if d.iommu_group is not None
-        )
+        return frozenset(d.iommu_group for d in self._asked.values() if d.iommu_group is not None)
 
     @property
     def leaving(self) -> frozenset[PciAddress]:
@@ -283,16 +265,15 @@ class BindingBook:
         """A scan taken after every give-back that has ended: it shows them as they are,
         and shows whether the functions recalled from an earlier run are still on vfio-pci."""
         self._unscanned.clear()
-        if self._recalled:
-            on_vfio = {
-                address
-                for address in self._recalled
-                if (pci := snapshot.device(address)) is not None
+        for address in self._recalled():
+            pci = snapshot.device(address)
+            on_vfio = (
+                pci is not None
                 and pci.driver == VFIO_DRIVER
                 and pci.iommu_group == self.moved[address].iommu_group
-            }
-            self._forget_moves(self._recalled - on_vfio)
-            self._recalled.clear()
+            )
+            event = MoveEvent.RECALL_CONFIRMED if on_vfio else MoveEvent.RECALL_REFUTED
+            self._step(address, event)
 
     def retry_all(self, snapshot: HostSnapshot, config: Config) -> None:
         """The config changed: every function may be tried again."""
@@ -306,7 +287,7 @@ class BindingBook:
         for book in (self.failed, self.refusals):
             for address in [a for a in book if a not in present]:
                 del book[address]
-        self._forget_moves([a for a in self.moved if a not in present and a not in self._recalled])
+        self._disown([a for a in self.moved if a not in present])
         for group, (address, _) in list(self._broken_groups.items()):
             if address not in present:
                 del self._broken_groups[group]
@@ -335,8 +316,9 @@ class BindingBook:
         for address, decision in plan.items():
             if decision.binds:
                 self.refusals.pop(address, None)
-                if start and address not in self.in_flight and address not in self.giving_back:
-                    self.in_flight[address] = decision
+                if start and self.state(address) in (MoveState.IDLE, MoveState.MOVED):
+                    self._step(address, MoveEvent.BIND_ASKED)
+                    self._asked[address] = decision
                     effects.append(
                         Log.info("bind", device=str(address), driver=decision.driver or "none")
                     )
@@ -356,22 +338,24 @@ class BindingBook:
         `held_groups` are the IOMMU groups allocations hold: nothing in them
         is given back, since a VM may be using it.
         """
-        decision = self.in_flight.pop(event.address, None)
+        decision = self._asked.pop(event.address, None)
         if decision is None:
             raise UsageError(f"no bind of {event.address} is in flight")
         if event.withdrawn:
+            self._step(event.address, MoveEvent.BIND_WITHDRAWN)
             return [Log.info("bind-withdrawn", device=str(event.address))]
         effects: list[UnbindDevice | Log] = []
         # Reported after a scan saw the device gone: whatever comes back is new.
         gone = event.address not in self._present or event.address in self._outlived
         self._outlived.discard(event.address)
+        if gone:
+            self._step(event.address, MoveEvent.BIND_OUTLIVED)
+        elif event.error is None:
+            move = Move(event.address, decision.driver, decision.iommu_group, pinned=event.pinned)
+            self._step(event.address, MoveEvent.BIND_DONE, move)
+        else:
+            self._step(event.address, MoveEvent.BIND_FAILED)
         if event.error is None:
-            if not gone:
-                move = Move(
-                    event.address, decision.driver, decision.iommu_group, pinned=event.pinned
-                )
-                self.moved[event.address] = move
-                self.moves_version += 1
             effects.append(Log.info("bound", device=str(event.address), driver=VFIO_DRIVER))
         else:
             effects.append(
@@ -406,7 +390,7 @@ class BindingBook:
             moved
             for address, moved in self.moved.items()
             if moved.iommu_group == group
-            and address not in self.giving_back
+            and self.state(address) not in _GIVING_BACK
             and address in self._selected
         ]
         effects: list[UnbindDevice | Log] = []
@@ -419,7 +403,7 @@ class BindingBook:
                     effects.append(Log.warning("give-back-put-off", device=device, reason=held))
                 continue
             self._put_off.pop(moved.address, None)
-            self.giving_back.add(moved.address)
+            self._step(moved.address, MoveEvent.GIVE_BACK_ASKED)
             self.failed[moved.address] = f"given back to {moved.driver or 'no driver'}: {reason}"
             driver = moved.driver or "none"
             effects.append(Log.warning("give-back", device=device, driver=driver, reason=reason))
@@ -430,7 +414,7 @@ class BindingBook:
         """Whether a queued give-back should still be carried out, now its turn has come."""
         moved = self.moved.get(address)
         return (
-            address in self.giving_back
+            self.state(address) in _GIVING_BACK
             and address in self._selected
             and moved is not None
             and moved.iommu_group in self._broken_groups
@@ -439,14 +423,14 @@ class BindingBook:
 
     def unbound(self, event: UnbindingFinished) -> list[Log]:
         """A give-back ended: the function is on its old driver, or why not, or withdrawn."""
-        if event.address not in self.giving_back:
+        if self.state(event.address) not in _GIVING_BACK:
             raise UsageError(f"no give-back of {event.address} is in flight")
-        self.giving_back.discard(event.address)
         device = str(event.address)
         if event.withdrawn:
+            self._step(event.address, MoveEvent.GIVE_BACK_WITHDRAWN)
             return [Log.info("give-back-withdrawn", device=device)]
         moved = self.moved.get(event.address)
-        self._forget_moves([event.address])
+        self._step(event.address, MoveEvent.GIVE_BACK_ENDED)
         self._unscanned.add(event.address)
         if event.error is None:
             driver = (moved.driver if moved else None) or "none"

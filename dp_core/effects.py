@@ -6,71 +6,26 @@ from collections.abc import Sequence
 
 import attrs
 
-from .config import driver_name_error
+from .advertised import AdvertisedDevice
+from .answers import Answer, PluginOptions
 from .errors import StatusCode
-from .inventory import AdvertisedDevice
+from .moves import Move
 from .pci import PciAddress
 
 __all__ = [
-    "AllocateAnswer",
-    "Answer",
-    "BindConnection",
+    "AttributeConnection",
     "BindDevice",
-    "ContainerAllocation",
-    "DeviceSpec",
     "Effect",
     "EndStream",
     "Log",
-    "PluginOptions",
-    "PreStartAnswer",
-    "PreferredAnswer",
     "Publish",
     "RefreshAllocations",
     "Register",
     "Reject",
     "Reply",
-    "ReportUnhealthy",
+    "HealthChanged",
     "UnbindDevice",
 ]
-
-
-@attrs.frozen
-class PluginOptions:
-    pre_start_required: bool = False
-    get_preferred_allocation_available: bool = False
-
-
-@attrs.frozen
-class DeviceSpec:
-    container_path: str
-    host_path: str
-    permissions: str
-
-
-@attrs.frozen
-class ContainerAllocation:
-    envs: tuple[tuple[str, str], ...] = ()
-    devices: tuple[DeviceSpec, ...] = ()
-    mounts: tuple[tuple[str, str, bool], ...] = ()
-    annotations: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
-class AllocateAnswer:
-    containers: tuple[ContainerAllocation, ...]
-
-
-@attrs.frozen
-class PreferredAnswer:
-    containers: tuple[tuple[str, ...], ...]
-
-
-@attrs.frozen
-class PreStartAnswer:
-    pass
-
-
-Answer = PluginOptions | AllocateAnswer | PreferredAnswer | PreStartAnswer
 
 
 @attrs.frozen
@@ -89,7 +44,9 @@ class Register:
 
 
 @attrs.frozen
-class BindConnection:
+class AttributeConnection:
+    """Connection `connection` is attributed to `resource` (DESIGN.md §4)."""
+
     connection: int
     resource: str
 
@@ -123,8 +80,8 @@ class Reject:
 
 
 @attrs.frozen
-class ReportUnhealthy:
-    """A device turned unhealthy (or healthy again, with `healthy` True)."""
+class HealthChanged:
+    """A device's health changed: it turned unhealthy, or healthy again (`healthy`)."""
 
     resource: str
     device_id: str
@@ -174,25 +131,6 @@ class UnbindDevice:
 
 
 @attrs.frozen
-class Move:
-    """A function dp moved to vfio-pci itself: the driver it took it from
-    (None: it had none) and its IOMMU group, which give-backs need; `pinned`
-    when its driver_override named that driver (`BindingFinished.pinned`)."""
-
-    address: PciAddress
-    # It reaches a sysfs path (drivers/<driver>/bind) when given back.
-    driver: str | None = attrs.field()
-    iommu_group: int | None
-    pinned: bool = attrs.field(default=False, kw_only=True)
-
-    @driver.validator
-    def _check_driver(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
-        error = None if value is None else driver_name_error(value)
-        if error is not None:
-            raise ValueError(error)
-
-
-@attrs.frozen
 class MovesChanged:
     """What dp has moved to vfio-pci changed; `moves` is all of it now.
 
@@ -227,12 +165,12 @@ class Log:
 
 Effect = (
     Register
-    | BindConnection
+    | AttributeConnection
     | Publish
     | EndStream
     | Reply
     | Reject
-    | ReportUnhealthy
+    | HealthChanged
     | RefreshAllocations
     | BindDevice
     | UnbindDevice

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .effects import Log, ReportUnhealthy
-from .inventory import AdvertisedDevice
+from .advertised import AdvertisedDevice
+from .effects import HealthChanged, Log
 
 __all__ = ["health_changes"]
 
@@ -14,21 +14,21 @@ def health_changes(
     resource: str,
     before: Sequence[AdvertisedDevice],
     after: Sequence[AdvertisedDevice],
-) -> list[ReportUnhealthy | Log]:
-    """A `ReportUnhealthy` and a log line for each device whose health changed.
+) -> list[HealthChanged | Log]:
+    """A `HealthChanged` and a log line for each device whose health changed.
 
     A new device counts as a change only when it arrives unhealthy: a healthy
     one is what the kubelet assumes of anything new in the list.
     """
     old = {d.id: d for d in before}
-    effects: list[ReportUnhealthy | Log] = []
+    effects: list[HealthChanged | Log] = []
     for device in after:
         was = old.get(device.id)
         if was is not None and was.healthy == device.healthy:
             continue
         if was is None and device.healthy:
             continue
-        effects.append(ReportUnhealthy(resource, device.id, device.healthy, device.reason))
+        effects.append(HealthChanged(resource, device.id, device.healthy, device.reason))
         level = "info" if device.healthy else "warning"
         fields = dict(resource=resource, device=device.id, health=device.health)
         effects.append(Log(level, "health-changed", (*fields.items(), ("reason", device.reason))))

@@ -12,8 +12,8 @@ from types import MappingProxyType
 import attrs
 
 from .config import Config
-from .effects import Move
 from .host import HostSnapshot
+from .moves import Move
 from .pci import PciAddress, PciId
 
 __all__ = [

@@ -10,21 +10,18 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING
 
 import attrs
 
+from .advertised import AdvertisedDevice
+from .bind_plan import BindDecision
 from .config import Config, MediatedDevice, PciHostDevice, SharedDevice
 from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
 from .pci import PciAddress, PciDevice, PciId
 
-if TYPE_CHECKING:  # binding's bookkeeping emits effects, which name inventory types
-    from .binding import BindDecision
-
 __all__ = [
     "VFIO_CONTAINER",
-    "AdvertisedDevice",
     "DeviceKind",
     "Inventory",
     "Resource",
@@ -42,27 +39,6 @@ class DeviceKind(enum.Enum):
     PCI = "pci"
     MDEV = "mdev"
     SHARED = "shared"
-
-
-@attrs.frozen
-class AdvertisedDevice:
-    """One device of a resource as the kubelet will see it.
-
-    `id` is the PCI address, the mdev UUID or a generated shared-device ID.
-    `host_paths` are the device nodes a container needs for it.
-    """
-
-    id: str
-    healthy: bool
-    numa_node: int | None = None
-    iommu_group: int | None = None
-    reason: str = ""
-    host_paths: tuple[str, ...] = ()
-    driver: str | None = None
-
-    @property
-    def health(self) -> str:
-        return "Healthy" if self.healthy else "Unhealthy"
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from .advertised import AdvertisedDevice
 from .allocation import (
     Allocation,
     AllocationBook,
@@ -23,20 +24,23 @@ from .allocation import (
     container_allocation,
     preferred_devices,
 )
-from .binding import BindDecision, BindingBook
-from .config import Config
-from .effects import (
+from .answers import (
     AllocateAnswer,
     Answer,
-    BindConnection,
     ContainerAllocation,
+    PluginOptions,
+    PreferredAnswer,
+    PreStartAnswer,
+)
+from .bind_plan import BindDecision
+from .binding import BindingBook
+from .config import Config
+from .effects import (
+    AttributeConnection,
     Effect,
     EndStream,
     Log,
     MovesChanged,
-    PluginOptions,
-    PreferredAnswer,
-    PreStartAnswer,
     Publish,
     RefreshAllocations,
     Register,
@@ -69,7 +73,6 @@ from .inputs import (
     WatchStarted,
 )
 from .inventory import (
-    AdvertisedDevice,
     DeviceKind,
     Inventory,
     Resource,
@@ -77,7 +80,7 @@ from .inventory import (
     shared_groups,
 )
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
-from .node_binding import BindingSteps
+from .node_binding import Binder
 from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
 from .tally import Tally
@@ -118,7 +121,7 @@ class _Rejection(Exception):
         self.message = message
 
 
-class Node(BindingSteps):
+class Node:
     """One node's device-plugin server state. Not thread-safe; one caller at a time."""
 
     def __init__(
@@ -140,12 +143,10 @@ class Node(BindingSteps):
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
-        self.bind_book = BindingBook()
         # Binds wait for the first PodResources answer: until then a group a
         # running VM uses (dp restarted under it) would look free.
         self._holders_known = self._waiting_logged = self._scanned = False
         self._splits: set[str] = set()  # IOMMU groups found split, as last logged
-        self.bindings: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
         self.registrar = Registrar(
             socket_mode,
             dial_wait=self.timing.dial_wait,
@@ -154,6 +155,7 @@ class Node(BindingSteps):
             backoff=self.timing.backoff,
         )
         self.allocations = AllocationBook(self.timing.release_grace)
+        self.binder = Binder(self.allocations)
         self.tally = Tally()
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
@@ -220,6 +222,23 @@ class Node(BindingSteps):
     def streams(self, resource: str) -> list[int]:
         return [stream for stream, (_, name) in self._streams.items() if name == resource]
 
+    @property
+    def bind_book(self) -> BindingBook:
+        return self.binder.book
+
+    @property
+    def bindings(self) -> dict[PciAddress, BindDecision]:
+        """The binding plan, by function."""
+        return self.binder.plan
+
+    def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
+        """Whether a queued `BindDevice` should still be carried out (`Binder.bind_planned`)."""
+        return self.binder.bind_planned(address, driver)
+
+    def give_back_planned(self, address: PciAddress) -> bool:
+        """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
+        return self.binder.give_back_planned(address)
+
     # -- host and config -------------------------------------------------------
 
     def _host_observed(self, event: HostObserved) -> list[Effect]:
@@ -241,8 +260,8 @@ class Node(BindingSteps):
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:
-        effects = self._plan_bindings()
-        effects += self.bind_book.give_back_stranded(self.allocations.reserved_groups())
+        effects = self.binder.replan(self.snapshot, self.config, start=self._holders_known)
+        effects += self.binder.give_back_stranded()
         effects += self._rebuild_inventory()
         return effects
 
@@ -394,7 +413,7 @@ class Node(BindingSteps):
         self.registrar.opened(event.connection, event.listener, event.now)
         if event.listener is None:
             return []
-        return [BindConnection(event.connection, event.listener)]
+        return [AttributeConnection(event.connection, event.listener)]
 
     def _connection_closed(self, event: ConnectionClosed) -> list[Effect]:
         for stream, (connection, _) in list(self._streams.items()):
@@ -418,7 +437,7 @@ class Node(BindingSteps):
         known = registrar.owner(connection) is not None
         resource = registrar.attribute(connection, self._now, rpc=rpc)
         if resource is not None:
-            bind: list[Effect] = [] if known else [BindConnection(connection, resource)]
+            bind: list[Effect] = [] if known else [AttributeConnection(connection, resource)]
             return resource, bind
         why = registrar.why_unattributed(connection, rpc)
         requeued = registrar.orphan_seen(self._now)
@@ -582,6 +601,16 @@ class Node(BindingSteps):
             # off while an allocation held the group, can go now.
             effects += self._rebuild()
         return effects
+
+    def _binding_finished(self, event: BindingFinished) -> list[Effect]:
+        effects, rebuild = self.binder.finished(event, self.snapshot, self.config)
+        return effects + self._rebuild_inventory() if rebuild else effects
+
+    def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
+        return self.binder.unbound(event) + self._rebuild_inventory()
+
+    def _moves_recalled(self, event: MovesRecalled) -> list[Effect]:
+        return self.binder.recalled(event, scanned=self._scanned)
 
     def _tick(self, event: Tick) -> list[Effect]:
         return []

@@ -1,14 +1,17 @@
 """The node's part in moving functions to vfio-pci and back (DESIGN.md §6).
 
-`BindingBook` (binding.py) keeps what was planned, moved and given back; these
-are the steps by which `Node` feeds it and answers the shell's questions
-about it, kept apart from the rest of the node's inputs.
+`Binder` holds the binding plan and the `BindingBook` (binding.py), which
+keeps what was planned, moved and given back. `Node` owns one and feeds it
+the binding inputs; it answers the shell's two questions about queued
+binds and give-backs. The inventory is the node's: `finished` says when it
+must be rebuilt.
 """
 
 from __future__ import annotations
 
 from .allocation import AllocationBook
-from .binding import BindDecision, BindingBook, plan_bindings
+from .bind_plan import BindDecision, plan_bindings
+from .binding import BindingBook
 from .config import Config
 from .effects import Effect, Log, UnbindDevice
 from .errors import UsageError
@@ -16,29 +19,25 @@ from .host import HostSnapshot
 from .inputs import BindingFinished, MovesRecalled, UnbindingFinished
 from .pci import PciAddress
 
-__all__ = ["BindingSteps"]
+__all__ = ["Binder"]
 
 
-class BindingSteps:
-    """Mixed into `Node`: the binding inputs and the shell's two questions."""
+class Binder:
+    """The binding plan and book of one node, and the binding inputs' handling."""
 
-    snapshot: HostSnapshot
-    config: Config
-    bindings: dict[PciAddress, BindDecision]  # the binding plan, by function
-    bind_book: BindingBook
-    allocations: AllocationBook
-    _holders_known: bool
-    _scanned: bool
+    def __init__(self, allocations: AllocationBook) -> None:
+        self.book = BindingBook()
+        self.plan: dict[PciAddress, BindDecision] = {}  # the binding plan, by function
+        self._allocations = allocations  # the node's: which IOMMU groups pods hold
 
-    def _rebuild_inventory(self) -> list[Effect]:
-        raise NotImplementedError  # Node's
-
-    def _plan_bindings(self) -> list[Effect]:
-        held = self.allocations.reserved_groups()
-        self.bindings, effects = self.bind_book.replan(
-            self.snapshot, self.config, held, start=self._holders_known
-        )
+    def replan(self, snapshot: HostSnapshot, config: Config, *, start: bool) -> list[Effect]:
+        """Plan again for this host and config; with `start`, start the binds it makes."""
+        held = self._allocations.reserved_groups()
+        self.plan, effects = self.book.replan(snapshot, config, held, start=start)
         return list(effects)
+
+    def give_back_stranded(self) -> list[Effect]:
+        return list(self.book.give_back_stranded(self._allocations.reserved_groups()))
 
     def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
         """Whether the plan still moves `address` from `driver`.
@@ -47,39 +46,41 @@ class BindingSteps:
         ask this when a `BindDevice`'s turn comes, since a config change or a
         rescan since it was emitted may have withdrawn it (DESIGN.md §6).
         """
-        decision = self.bindings.get(address)
+        decision = self.plan.get(address)
         return (
             decision is not None
             and decision.binds
             and decision.driver == driver
-            and decision.iommu_group not in self.allocations.reserved_groups()
+            and decision.iommu_group not in self._allocations.reserved_groups()
         )
 
-    def _binding_finished(self, event: BindingFinished) -> list[Effect]:
-        held = self.allocations.reserved_groups()
-        effects: list[Effect] = list(self.bind_book.finished(event, held))
+    def finished(
+        self, event: BindingFinished, snapshot: HostSnapshot, config: Config
+    ) -> tuple[list[Effect], bool]:
+        """A bind ended; its effects, and whether the inventory must be rebuilt."""
+        held = self._allocations.reserved_groups()
+        effects: list[Effect] = list(self.book.finished(event, held))
         if event.error is not None:
             # Its group will not become usable: plan again now, so that binds of
             # its siblings still queued are withdrawn (`bind_planned`) rather
             # than carried out. Only the plan: the snapshot predates the binds
             # just done, and the rescan after the batch acts on what it shows.
-            held = self.allocations.reserved_groups()
-            self.bindings = plan_bindings(self.snapshot, self.config, self.bind_book.failed, held)
-        if any(isinstance(effect, UnbindDevice) for effect in effects):
-            # Unhealthy from now on, so nothing allocates what is to be unbound.
-            effects += self._rebuild_inventory()
-        return effects
+            held = self._allocations.reserved_groups()
+            self.plan = plan_bindings(snapshot, config, self.book.failed, held)
+        # After a give-back starts: unhealthy from now on, so nothing allocates
+        # what is to be unbound.
+        return effects, any(isinstance(effect, UnbindDevice) for effect in effects)
 
     def give_back_planned(self, address: PciAddress) -> bool:
         """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
-        return self.bind_book.give_back_planned(address, self.allocations.reserved_groups())
+        return self.book.give_back_planned(address, self._allocations.reserved_groups())
 
-    def _unbinding_finished(self, event: UnbindingFinished) -> list[Effect]:
-        effects: list[Effect] = list(self.bind_book.unbound(event))
-        return effects + self._rebuild_inventory()
+    def unbound(self, event: UnbindingFinished) -> list[Effect]:
+        """A give-back ended; the inventory must be rebuilt after it."""
+        return list(self.book.unbound(event))
 
-    def _moves_recalled(self, event: MovesRecalled) -> list[Effect]:
-        if self._scanned:
+    def recalled(self, event: MovesRecalled, *, scanned: bool) -> list[Effect]:
+        if scanned:
             raise UsageError("MovesRecalled comes before the first HostObserved")
-        recalled = self.bind_book.recall(event.moves)
+        recalled = self.book.recall(event.moves)
         return [Log.info("moves-recalled", count=recalled)] if recalled else []

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .effects import Effect, EndStream, Publish, Reject, Reply, ReportUnhealthy
+from .effects import Effect, EndStream, HealthChanged, Publish, Reject, Reply
 from .inputs import (
     AllocateRequested,
     BindingFinished,
@@ -76,7 +76,7 @@ class Tally:
         elif isinstance(event, HostObserved):
             self.host_scans += 1
         for effect in effects:
-            if isinstance(effect, ReportUnhealthy):
+            if isinstance(effect, HealthChanged):
                 self.health_changes[effect.resource, effect.healthy] += 1
 
     def _rpc(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dp_core import (
     AllocateAnswer,
     AllocateRequested,
-    BindConnection,
+    AttributeConnection,
     Config,
     ConnectionOpened,
     Effect,
@@ -102,7 +102,7 @@ def main() -> None:
         call = connection * 100
         effects = node.handle(ConnectionOpened(connection, now))
         effects += node.handle(OptionsRequested(connection, call, now))
-        assert any(isinstance(e, BindConnection) for e in effects)
+        assert any(isinstance(e, AttributeConnection) for e in effects)
         assert any(isinstance(e, Reply) and e.call == call for e in effects)
         effects += node.handle(RegistrationSucceeded(register.resource, register.attempt, now))
         effects += node.handle(WatchStarted(connection, stream=connection, now=now))

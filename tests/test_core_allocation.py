@@ -15,6 +15,7 @@ from dp_core import (
     ContainerAllocation,
     ContainerPreference,
     DeviceSpec,
+    HealthChanged,
     HostObserved,
     Log,
     MdevDevice,
@@ -32,7 +33,6 @@ from dp_core import (
     RefreshAllocations,
     Reject,
     Reply,
-    ReportUnhealthy,
     SharedDevice,
     StatusCode,
     Timing,
@@ -247,7 +247,7 @@ def test_allocation_reserves_the_whole_group() -> None:
     assert not sibling.healthy
     assert "IOMMU group 40" in sibling.reason and QAT_0 in sibling.reason
     assert "allocation #1" in sibling.reason
-    report = one(effects, ReportUnhealthy)
+    report = one(effects, HealthChanged)
     assert (report.resource, report.device_id, report.healthy) == (QAT_RESOURCE, QAT_1, False)
     assert node.advertised(QAT_RESOURCE) == publish.devices
 
@@ -334,7 +334,7 @@ def test_release_after_grace_makes_siblings_healthy_again() -> None:
     publish = one(effects, Publish)
     assert publish.stream == kubelet.stream_of[QAT_RESOURCE]
     assert all(d.healthy for d in publish.devices)
-    report = one(effects, ReportUnhealthy)
+    report = one(effects, HealthChanged)
     assert (report.device_id, report.healthy) == (QAT_1, True)
     # The sibling can be allocated now.
     _allocate_at(node, kubelet, (QAT_1,), 41.0)
@@ -548,7 +548,7 @@ def test_devices_pods_hold_that_no_allocation_records_reserve_their_groups() -> 
     assert [dict(e.fields) for e in adopted] == [
         {"resource": QAT_RESOURCE, "devices": QAT_0, "groups": "40"}
     ]
-    report = one(effects, ReportUnhealthy)
+    report = one(effects, HealthChanged)
     assert (report.device_id, report.healthy) == (QAT_1, False)
     kubelet.now = 6.0
     rejected = one(kubelet.allocate(QAT_RESOURCE, (QAT_1,)), Reject)
@@ -559,7 +559,7 @@ def test_devices_pods_hold_that_no_allocation_records_reserve_their_groups() -> 
     assert node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 20.0)) == []
     effects = node.handle(AllocationsObserved({}, 40.0))
     assert len(node.allocations) == 0
-    assert one(effects, ReportUnhealthy).healthy
+    assert one(effects, HealthChanged).healthy
 
 
 def test_a_group_found_split_is_reported_once_while_it_lasts() -> None:

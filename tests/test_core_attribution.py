@@ -26,7 +26,7 @@ from hypothesis import given, settings
 
 from dp_core import (
     AllocateRequested,
-    BindConnection,
+    AttributeConnection,
     ConnectionClosed,
     ConnectionOpened,
     Effect,
@@ -90,7 +90,7 @@ class ModelKubelet:
 
     def feed(self, event: Input) -> list[Effect]:
         effects = self.node.handle(event)
-        for bind in effects_of(effects, BindConnection):
+        for bind in effects_of(effects, AttributeConnection):
             assert bind.resource == self.truth[bind.connection], (
                 f"connection {bind.connection} of {self.truth[bind.connection]} "
                 f"bound to {bind.resource}"

@@ -10,6 +10,7 @@ from dp_core import (
     AllocateRequested,
     ConnectionClosed,
     EndStream,
+    HealthChanged,
     HostObserved,
     Log,
     Node,
@@ -21,7 +22,6 @@ from dp_core import (
     Publish,
     Reject,
     Reply,
-    ReportUnhealthy,
     StatusCode,
     Tick,
     UsageError,
@@ -97,8 +97,8 @@ def test_change_to_one_resource_publishes_only_its_streams() -> None:
 def test_health_changes_are_reported_and_logged() -> None:
     node, kubelet = live_node()
     effects = node.handle(HostObserved(host_without("/dev/vfio/20"), 1.0))
-    report = one(effects, ReportUnhealthy)
-    assert report == ReportUnhealthy(GPU_RESOURCE, T4_B, False, "/dev/vfio/20 does not exist")
+    report = one(effects, HealthChanged)
+    assert report == HealthChanged(GPU_RESOURCE, T4_B, False, "/dev/vfio/20 does not exist")
     (log,) = [e for e in effects_of(effects, Log) if e.event == "health-changed"]
     assert log.level == "warning"
     assert dict(log.fields) == {
@@ -109,7 +109,7 @@ def test_health_changes_are_reported_and_logged() -> None:
     }
     # And back again.
     effects = node.handle(HostObserved(two_gpus_and_vfs(), 2.0))
-    assert one(effects, ReportUnhealthy) == ReportUnhealthy(GPU_RESOURCE, T4_B, True, "")
+    assert one(effects, HealthChanged) == HealthChanged(GPU_RESOURCE, T4_B, True, "")
     (log,) = [e for e in effects_of(effects, Log) if e.event == "health-changed"]
     assert log.level == "info"
     assert one(effects, Publish).devices[1].healthy
@@ -119,7 +119,7 @@ def test_a_change_of_reason_only_is_published_but_not_reported() -> None:
     node, kubelet = live_node()
     node.handle(HostObserved(host_without("/dev/vfio/20"), 1.0))
     effects = node.handle(HostObserved(host_without("/dev/vfio/20", "/dev/vfio/vfio"), 2.0))
-    reported = [(r.resource, r.device_id, r.healthy) for r in effects_of(effects, ReportUnhealthy)]
+    reported = [(r.resource, r.device_id, r.healthy) for r in effects_of(effects, HealthChanged)]
     # T4_B was already Unhealthy: only its reason changed, so no new report.
     assert reported == [
         (VF_RESOURCE, "0000:3d:01.0", False),
@@ -145,7 +145,7 @@ def test_new_unhealthy_device_is_reported_and_new_healthy_one_is_not() -> None:
         ]
     )
     effects = node.handle(HostObserved(grown, 1.0))
-    reports = effects_of(effects, ReportUnhealthy)
+    reports = effects_of(effects, HealthChanged)
     assert [(r.device_id, r.healthy) for r in reports] == [("0000:d8:00.0", False)]
     assert "not bound" in reports[0].reason
     publish = one(effects, Publish)

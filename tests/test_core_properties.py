@@ -19,7 +19,7 @@ from dp_core import (
     VFIO_DRIVER,
     AllocateAnswer,
     AllocateRequested,
-    BindConnection,
+    AttributeConnection,
     Config,
     DeviceKind,
     Effect,
@@ -232,7 +232,7 @@ class Invariants:
     def connections(self, event: Input, effects: list[Effect]) -> None:
         if isinstance(event, KubeletStarted):
             self.bound.clear()
-        for bind in effects_of(effects, BindConnection):
+        for bind in effects_of(effects, AttributeConnection):
             previous = self.bound.setdefault(bind.connection, bind.resource)
             assert previous == bind.resource, f"connection {bind.connection} bound twice"
         holders: Counter[int] = Counter()

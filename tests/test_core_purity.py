@@ -16,6 +16,7 @@ import attrs
 import pytest
 
 import dp_core
+from dp_core import answers as answers_module
 from dp_core import effects as effects_module
 from dp_core import inputs as inputs_module
 
@@ -209,6 +210,35 @@ def test_inputs_and_effects_are_frozen(cls: type) -> None:
         setattr(instance, name, getattr(instance, name, None))
     # Hashable and equal to a copy, as frozen values must be.
     assert instance == attrs.evolve(instance)
+
+
+ANSWER_CLASSES = _frozen_classes(answers_module)
+
+
+def test_every_answer_is_an_attrs_class() -> None:
+    assert {cls.__name__ for cls in ANSWER_CLASSES} == {
+        name for name in answers_module.__all__ if name != "Answer"
+    }
+
+
+@pytest.mark.parametrize("cls", ANSWER_CLASSES, ids=lambda cls: cls.__name__)
+def test_answers_are_frozen(cls: type) -> None:
+    instance = _sample(cls)
+    fields = attrs.fields(cls)
+    if fields:
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(instance, fields[0].name, getattr(instance, fields[0].name))
+    assert instance == attrs.evolve(instance)
+    hash(instance)
+
+
+def test_a_move_is_frozen_and_checks_its_driver() -> None:
+    address = dp_core.PciAddress.parse("0000:18:00.0")
+    move = dp_core.Move(address, "i40e", 18)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        move.driver = "ixgbe"  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        dp_core.Move(address, "../bind", 18)
 
 
 @pytest.mark.parametrize(

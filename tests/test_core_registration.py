@@ -11,8 +11,8 @@ import attrs
 import pytest
 
 from dp_core import (
+    AttributeConnection,
     Backoff,
-    BindConnection,
     Config,
     ConfigApplied,
     ConnectionClosed,
@@ -397,7 +397,7 @@ def test_modern_kubelet_handshake() -> None:
     assert registers(effects) == [(A, 1)]
     assert node.handle(ConnectionOpened(1, 0.1)) == []
     effects = node.handle(OptionsRequested(1, 77, 0.1))
-    assert effects[:2] == [BindConnection(1, A), Reply(77, PluginOptions(False, True))]
+    assert effects[:2] == [AttributeConnection(1, A), Reply(77, PluginOptions(False, True))]
     # A's connection is attributed, so B need not wait for A's reply.
     assert registers(effects) == [(B, 2)]
     effects = node.handle(RegistrationSucceeded(A, 1, 0.2))
@@ -410,7 +410,7 @@ def test_modern_kubelet_handshake() -> None:
     # And a second connection during Register(B) goes to B.
     node.handle(ConnectionOpened(2, 0.3))
     effects = node.handle(OptionsRequested(2, 78, 0.3))
-    assert effects[0] == BindConnection(2, B)
+    assert effects[0] == AttributeConnection(2, B)
 
 
 def test_old_kubelet_dials_after_the_reply() -> None:
@@ -420,7 +420,7 @@ def test_old_kubelet_dials_after_the_reply() -> None:
     assert node.next_deadline() == pytest.approx(4.0)  # dial_wait 3 s
     node.handle(ConnectionOpened(1, 1.5))
     effects = node.handle(OptionsRequested(1, 5, 1.5))
-    assert effects[:2] == [BindConnection(1, A), Reply(5, PluginOptions(False, True))]
+    assert effects[:2] == [AttributeConnection(1, A), Reply(5, PluginOptions(False, True))]
     assert registers(effects) == [(B, 2)]
 
 
@@ -505,12 +505,12 @@ def test_a_reconnection_is_not_taken_for_the_next_registrations_dial() -> None:
     end = effects[0]
     assert isinstance(end, EndStream) and end.stream == 700
     assert "opened with ListAndWatch" in end.reason and B in end.reason
-    assert effects_of(effects, BindConnection) == [] and effects_of(effects, Publish) == []
+    assert effects_of(effects, AttributeConnection) == [] and effects_of(effects, Publish) == []
     assert node.registrar.owner(2) is None
     # B's own dial still binds to B, and A registers again after it.
     node.handle(ConnectionOpened(3, 0.4))
     effects = node.handle(OptionsRequested(3, 2, 0.4))
-    assert effects[0] == BindConnection(3, B)
+    assert effects[0] == AttributeConnection(3, B)
     assert registers(effects) == [(A, 3)]
 
 
@@ -638,7 +638,7 @@ def test_kubelet_restart_resets_everything() -> None:
     assert isinstance(effects[0], Reject) and "was open before" in effects[0].message
     node.handle(ConnectionOpened(2, 1.6))
     effects = node.handle(OptionsRequested(2, 9, 1.6))
-    assert effects[0] == BindConnection(2, A)
+    assert effects[0] == AttributeConnection(2, A)
     # B's backoff (until 3.0) is gone: it goes as soon as A's connection is bound.
     assert registers(effects) == [(B, 5)]
     # Replies to attempts before the restart are ignored.
@@ -670,7 +670,7 @@ def test_per_resource_mode_registers_everything_at_once() -> None:
 
 def test_per_resource_connection_binds_on_accept() -> None:
     node, _ = started_node(mode=SocketMode.PER_RESOURCE)
-    assert node.handle(ConnectionOpened(7, 0.1, listener=B)) == [BindConnection(7, B)]
+    assert node.handle(ConnectionOpened(7, 0.1, listener=B)) == [AttributeConnection(7, B)]
     assert node.handle(OptionsRequested(7, 1, 0.1)) == [Reply(1, PluginOptions(False, True))]
     node.handle(RegistrationSucceeded(B, 2, 0.2))
     assert node.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
@@ -706,7 +706,7 @@ def test_a_kubelet_holding_a_client_is_asked_again_once_it_has_dropped_it() -> N
     assert registers(node.handle(Tick(20.25))) == [(A, 4)]
     node.handle(ConnectionOpened(3, 20.26))
     effects = node.handle(OptionsRequested(3, 3, 20.26))
-    assert effects[0] == BindConnection(3, A)
+    assert effects[0] == AttributeConnection(3, A)
     node.handle(RegistrationSucceeded(A, 4, 20.27))
     assert node.registrar.phases() == {A: Phase.LIVE, B: Phase.LIVE}
 

@@ -14,10 +14,11 @@ from typing import Any
 import attrs
 
 from dp_core import (
-    BindConnection,
+    AttributeConnection,
     BindDevice,
     Effect,
     EndStream,
+    HealthChanged,
     Log,
     MovesChanged,
     Publish,
@@ -25,7 +26,6 @@ from dp_core import (
     Register,
     Reject,
     Reply,
-    ReportUnhealthy,
     UnbindDevice,
 )
 from dp_server.binding.moves_file import MovesStore
@@ -70,12 +70,12 @@ class EffectRunner:
             BindDevice: self._move,
             UnbindDevice: self._move,
             MovesChanged: self._keep_moves,
-            BindConnection: self._log_attribution,
+            AttributeConnection: self._log_attribution,
             # Answered by whoever fed the call (Runtime.call).
             Reply: _nothing,
             Reject: _nothing,
             # Logged through the Log effect that comes with it.
-            ReportUnhealthy: _nothing,
+            HealthChanged: _nothing,
         }
 
     def handles(self, kind: type[Any]) -> bool:
@@ -104,7 +104,7 @@ class EffectRunner:
     def _keep_moves(self, effect: MovesChanged) -> None:
         self._moves.keep(effect.moves)
 
-    def _log_attribution(self, effect: BindConnection) -> None:
+    def _log_attribution(self, effect: AttributeConnection) -> None:
         _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
 
 

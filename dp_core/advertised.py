@@ -1,0 +1,28 @@
+"""One device as the kubelet sees it in a resource's device list (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["AdvertisedDevice"]
+
+
+@attrs.frozen
+class AdvertisedDevice:
+    """One device of a resource as the kubelet will see it.
+
+    `id` is the PCI address, the mdev UUID or a generated shared-device ID.
+    `host_paths` are the device nodes a container needs for it.
+    """
+
+    id: str
+    healthy: bool
+    numa_node: int | None = None
+    iommu_group: int | None = None
+    reason: str = ""
+    host_paths: tuple[str, ...] = ()
+    driver: str | None = None
+
+    @property
+    def health(self) -> str:
+        return "Healthy" if self.healthy else "Unhealthy"
