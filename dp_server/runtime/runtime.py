@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dp_core import (
     AllocationsObserved,
@@ -54,13 +55,15 @@ from dp_server.deviceplugin.sockets import PluginDirectoryLost, PluginSockets
 from dp_server.deviceplugin.streams import Streams
 from dp_server.host.scanner import scan_host
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
-from dp_server.monitoring.status import StatusEndpoint, start_status
 from dp_server.runtime.effects import EffectRunner
 from dp_server.runtime.kubelet import KubeletFollower
 from dp_server.runtime.memory import CollectionPolicy
 from dp_server.runtime.settings import Settings, SettingsError, socket_name_room
 from dp_server.runtime.tasks import Tasks
 from dp_server.runtime.timers import CallbackTimer, TimerLoop
+
+if TYPE_CHECKING:
+    from dp_server.monitoring.status import StatusEndpoint
 
 __all__ = ["KUBELET_SOCKET", "Runtime"]
 
@@ -339,6 +342,10 @@ class Runtime:
     async def run(self) -> None:
         """Serve until `stop()`; then end streams, close and remove sockets."""
         if self.settings.metrics_address is not None:
+            # Only with the flag: prometheus-client and h11 are 3 MB of a
+            # server that does not use them otherwise.
+            from dp_server.monitoring.status import start_status
+
             host, port = self.settings.metrics_address
             try:
                 self._status = await start_status(self, (host, port))
