@@ -33,3 +33,46 @@ def test_emulator_messages_import_side_by_side() -> None:
     assert pr_pb2.DESCRIPTOR.package == "v1"
     assert dp_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == "v1beta1.Registration"
     assert pr_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].methods_by_name["List"]
+
+
+def test_emulator_dra_messages_import_side_by_side() -> None:
+    """The DRA and registration protos keep the kubelet's package names, hence its RPC paths."""
+    from dp_testing.emulator.pb.dra.v1 import api_pb2 as dra_v1
+    from dp_testing.emulator.pb.dra.v1beta1 import api_pb2 as dra_v1beta1
+    from dp_testing.emulator.pb.pluginregistration.v1 import api_pb2 as reg
+
+    for module, version in ((dra_v1, "v1"), (dra_v1beta1, "v1beta1")):
+        service = module.DESCRIPTOR.services_by_name["DRAPlugin"]
+        assert service.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
+        assert sorted(service.methods_by_name) == [
+            "NodePrepareResources",
+            "NodeUnprepareResources",
+        ]
+        device = module.DESCRIPTOR.message_types_by_name["Device"]
+        assert [(f.name, f.number) for f in device.fields] == [
+            ("request_names", 1),
+            ("pool_name", 2),
+            ("device_name", 3),
+            ("cdi_device_ids", 4),
+        ]
+    registration = reg.DESCRIPTOR.services_by_name["Registration"]
+    assert registration.full_name == "pluginregistration.Registration"
+    assert sorted(registration.methods_by_name) == ["GetInfo", "NotifyRegistrationStatus"]
+
+
+def test_server_dra_modules_do_not_shadow_the_device_plugin_ones() -> None:
+    """betterproto2 names modules after proto packages: the DRA ones nest under k8s/."""
+    from dp_server.proto import pluginregistration, v1, v1beta1
+    from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+    from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+
+    assert hasattr(v1beta1, "DevicePluginBase") and hasattr(v1, "ListPodResourcesRequest")
+    assert "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources" in (
+        dra_v1.DraPluginBase().__mapping__()
+    )
+    assert "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources" in (
+        dra_v1beta1.DraPluginBase().__mapping__()
+    )
+    assert "/pluginregistration.Registration/GetInfo" in (
+        pluginregistration.RegistrationBase().__mapping__()
+    )
