@@ -9,10 +9,10 @@ ListAndWatch lists or end the streams.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -23,11 +23,15 @@ from typing import Any
 
 import grpc
 import grpclib.server
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler, Status
 
+from dp_server.deviceplugin.connections import ConnectionServer, current_connection
 from dp_server.proto import v1beta1 as bp
 from dp_testing.emulator import (
     CHECKPOINT_FILE,
@@ -44,21 +48,6 @@ RESOURCE = "example.com/widget"
 WAIT = 10.0
 
 # --------------------------------------------------------------------------- helpers
-
-# grpclib hands handlers no pseudo-headers, so capture them where it parses the
-# request: the wrapper runs in the handler's own task, hence the ContextVar.
-_request_headers: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("headers")
-
-
-@pytest.fixture(autouse=True)
-def _capture_request_headers(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = grpclib.server.request_handler
-
-    async def wrapper(mapping: Any, stream: Any, headers: Any, *args: Any, **kw: Any) -> None:
-        _request_headers.set(dict(headers))
-        await original(mapping, stream, headers, *args, **kw)
-
-    monkeypatch.setattr(grpclib.server, "request_handler", wrapper)
 
 
 @pytest.fixture
@@ -82,8 +71,7 @@ def device(device_id: str, healthy: bool = True, numa: int | None = None) -> bp.
 @dataclass
 class Rpc:
     method: str
-    authority: str | None
-    connection: object
+    connection: int
     time: float
 
 
@@ -99,11 +87,19 @@ class MiniPlugin:
     streams_closed: int = 0
     fail_options: bool = False
     _queues: list[asyncio.Queue[list[bp.Device] | None]] = field(default_factory=list)
+    connections: int = 0
     _server: grpclib.server.Server | None = None
 
     def _record(self, stream: grpclib.server.Stream[Any, Any], method: str) -> None:
-        authority = _request_headers.get({}).get(":authority")
-        self.rpcs.append(Rpc(method, authority, stream._stream.connection, time.monotonic()))
+        self.rpcs.append(Rpc(method, current_connection(), time.monotonic()))
+
+    # ConnectionEvents: the kubelet's connections, numbered.
+    def opened(self, listener: str | None) -> int:
+        self.connections += 1
+        return self.connections
+
+    def closed(self, connection: int) -> None:
+        pass
 
     async def _get_options(self, stream: grpclib.server.Stream[Any, Any]) -> None:
         await stream.recv_message()
@@ -182,7 +178,7 @@ class MiniPlugin:
         }
 
     async def start(self) -> None:
-        self._server = grpclib.server.Server([self])
+        self._server = ConnectionServer([self], self, None)
         await self._server.start(path=str(self.socket_path))
 
     async def close(self) -> None:
@@ -297,17 +293,72 @@ async def test_sync_register_dials_and_gets_options_before_replying(
     assert "ListAndWatch" in plugin.methods()
     assert kubelet.registration_count(RESOURCE) == 1
     # Both RPCs came over the one connection the kubelet opened for this registration.
-    assert len({id(r.connection) for r in plugin.rpcs}) == 1
+    assert len({r.connection for r in plugin.rpcs}) == 1
 
 
-async def test_authority_is_localhost(make_kubelet: Any, make_plugin: Any) -> None:
+class _HeaderRecordingPlugin(asyncio.Protocol):
+    """A device plugin at the HTTP/2 level, to see the pseudo-headers grpclib
+    keeps from handlers: each request's headers are recorded, and every call
+    is answered with the message `replies` gives for its path."""
+
+    def __init__(self, requests: list[dict[str, str]], replies: dict[str, bytes]) -> None:
+        self.requests, self.replies = requests, replies
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        self.h2.initiate_connection()
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                headers = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers}
+                self.requests.append(headers)
+                message = self.replies[headers[":path"]]
+                stream = event.stream_id
+                self.h2.send_headers(
+                    stream, [(":status", "200"), ("content-type", "application/grpc")]
+                )
+                self.h2.send_data(stream, b"\x00" + struct.pack(">I", len(message)) + message)
+                if not headers[":path"].endswith("/ListAndWatch"):
+                    self.h2.send_headers(stream, [("grpc-status", "0")], end_stream=True)
+            elif isinstance(event, h2.events.DataReceived):
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        self.transport.write(self.h2.data_to_send())
+
+
+async def test_authority_is_localhost(make_kubelet: Any, sock_dir: Path) -> None:
+    """The kubelet dials with `:authority` forced to localhost (DESIGN.md §3)."""
     kubelet = make_kubelet()
-    plugin = await make_plugin()
-    await plugin.register(kubelet)
-    await wait(kubelet, lambda k: k.resources()[RESOURCE].lists > 0)
-    await asyncio.to_thread(kubelet.allocate, RESOURCE, ["w0"])
-    assert {r.method for r in plugin.rpcs} >= {"GetDevicePluginOptions", "ListAndWatch", "Allocate"}
-    assert {r.authority for r in plugin.rpcs} == {"localhost"}
+    requests: list[dict[str, str]] = []
+    p = "/v1beta1.DevicePlugin/"
+    replies = {
+        p + "GetDevicePluginOptions": bytes(bp.DevicePluginOptions()),
+        p + "ListAndWatch": bytes(bp.ListAndWatchResponse(devices=[device("w0")])),
+        p + "Allocate": bytes(
+            bp.AllocateResponse(container_responses=[bp.ContainerAllocateResponse()])
+        ),
+    }
+    path = sock_dir / "raw.sock"
+    loop = asyncio.get_running_loop()
+    server = await loop.create_unix_server(
+        lambda: _HeaderRecordingPlugin(requests, replies), path=str(path)
+    )
+    channel = Channel(path=str(kubelet.socket_path))
+    try:
+        await bp.RegistrationStub(channel).register(
+            bp.RegisterRequest(version="v1beta1", endpoint=path.name, resource_name=RESOURCE),
+            timeout=WAIT,
+        )
+        await wait(kubelet, lambda k: k.resources()[RESOURCE].lists > 0)
+        await asyncio.to_thread(kubelet.allocate, RESOURCE, ["w0"])
+    finally:
+        channel.close()
+        server.close()
+    assert {r[":path"] for r in requests} >= set(replies)
+    assert {r[":authority"] for r in requests} == {"localhost"}
 
 
 async def test_after_reply_mode_dials_after_the_reply(make_kubelet: Any, make_plugin: Any) -> None:
@@ -409,7 +460,7 @@ async def test_each_registration_gets_its_own_connection(
     options_calls = [r for r in plugin.rpcs if r.method == "GetDevicePluginOptions"]
     assert len(options_calls) == 2
     assert options_calls[0].connection is not options_calls[1].connection
-    assert len({id(r.connection) for r in plugin.rpcs}) == 2
+    assert len({r.connection for r in plugin.rpcs}) == 2
 
 
 async def test_reregistration_replaces_and_closes_the_old_endpoint(
