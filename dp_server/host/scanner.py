@@ -30,7 +30,6 @@ read with `os.readlink` and their basename taken, rather than resolving paths.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import re
@@ -546,25 +545,16 @@ def scan_host(
     """Read the host's PCI functions, IOMMU groups, mdevs and device nodes.
 
     `dev_paths` are host paths (`/dev/kvm`, ...) to check for existence in
-    addition to `/dev/vfio/*`; they are looked up under `dev_root`, but always
-    reported as `/dev/...` host paths, so a snapshot of a fixture tree reads
-    like one of the real host. Never raises for anything it finds on disk: every
-    oddity is a `ScanProblem` in the result (and one log line the first time).
+    addition to `/dev/vfio/*`, `/dev/vfio/devices/*` and `/dev/iommu`; they
+    are looked up under `dev_root`, but always reported as `/dev/...` host
+    paths, so a snapshot of a fixture tree reads like one of the real host.
+    Never raises for anything it finds on disk: every oddity is a
+    `ScanProblem` in the result (and one log line the first time).
     The result is in canonical order (functions and members by address, groups
     by number, mdev types by parent and id, mdevs by UUID, problems by path), so
     two scans of an unchanged host compare equal.
     """
-    # A scan builds tens of thousands of objects, none in a reference cycle, so
-    # the collections their allocation would trigger (a full one, on a large
-    # host) find nothing to free and only walk the heap. Callers collect after
-    # a scan when they want to (the runtime does, once the snapshot is in use).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _scan_host(sysfs_root, dev_root, dev_paths)
-    finally:
-        if collecting:
-            gc.enable()
+    return _scan_host(sysfs_root, dev_root, dev_paths)
 
 
 def _scan_host(

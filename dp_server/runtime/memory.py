@@ -14,7 +14,9 @@ Two things make the defaults a poor fit:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+from collections.abc import Iterator
 
 __all__ = ["CollectionPolicy"]
 
@@ -39,6 +41,22 @@ class CollectionPolicy:
         if self._registering and settled:
             self._registering = False
             asyncio.get_running_loop().call_later(_AFTER_REGISTRATIONS, gc.collect)
+
+    @contextlib.contextmanager
+    def scanning(self) -> Iterator[None]:
+        """Around a host scan: no automatic collections.
+
+        A scan builds tens of thousands of objects, none in a reference cycle,
+        so the collections their allocation would trigger (a full one, on a
+        large host) find nothing to free and only walk the heap.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if collecting:
+                gc.enable()
 
     def after_rescan(self) -> None:
         """A new host model replaced the last one.

@@ -229,7 +229,8 @@ class Runtime:
     def rescan(self) -> None:
         started = time.perf_counter()
         shared_paths = [device.path for device in self.config.enabled_shared_devices]
-        snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
+        with self._memory.scanning():
+            snapshot = scan_host(self.settings.sysfs, self.settings.dev, dev_paths=shared_paths)
         scanned_in = time.perf_counter() - started
         self.feed(HostObserved(snapshot, self.now()))
         self._next_rescan = self.now() + self.settings.rescan_interval
