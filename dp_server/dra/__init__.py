@@ -1,0 +1,21 @@
+"""The DRA front end's kubelet side: plugin registration and NodePrepare/UnprepareResources."""
+
+from dp_server.dra.endpoints import DRA_SOCKET, DraEndpoints, registration_socket_name
+from dp_server.dra.preparer import ClaimPreparer, Prepared, PrepareFailed, PrepareOutcome
+from dp_server.dra.registration import PLUGIN_TYPE, RegistrationStatus
+from dp_server.dra.service import SUPPORTED_VERSIONS
+from dp_server.dra.sockets import ForeignSocket
+
+__all__ = [
+    "DRA_SOCKET",
+    "PLUGIN_TYPE",
+    "SUPPORTED_VERSIONS",
+    "ClaimPreparer",
+    "DraEndpoints",
+    "ForeignSocket",
+    "PrepareFailed",
+    "PrepareOutcome",
+    "Prepared",
+    "RegistrationStatus",
+    "registration_socket_name",
+]

@@ -1,0 +1,132 @@
+"""The DRA front end's two sockets as the kubelet expects them, and their state.
+
+- `<plugins-registry-dir>/<driver>-reg.sock`: `pluginregistration.Registration`,
+  which the kubelet's plugin watcher finds and calls;
+- `<plugins-dir>/<driver>/dra.sock`: `DRAPlugin` v1 and v1beta1, the endpoint
+  GetInfo names.
+
+The DRA socket is listened on first, so it is there by the time the kubelet,
+woken by the registration socket's creation, calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from dp_server.dra.preparer import ClaimPreparer
+from dp_server.dra.registration import RegistrationService, RegistrationStatus
+from dp_server.dra.service import SUPPORTED_VERSIONS, DraPluginService
+from dp_server.dra.sockets import ServedSocket
+
+__all__ = ["DRA_SOCKET", "DraEndpoints", "registration_socket_name"]
+
+_log = logging.getLogger("dp")
+
+DRA_SOCKET = "dra.sock"
+
+
+def registration_socket_name(driver: str) -> str:
+    """The Go helper's name for it (kubeletplugin's RegistrarSocketFilename default)."""
+    return f"{driver}-reg.sock"
+
+
+class DraEndpoints:
+    """Registration and DRA service sockets for `driver`, answering claims through `preparer`.
+
+    `restore()` listens again on a socket whose file was deleted; the runtime
+    calls it when it checks its sockets, or, with `check_interval`, this
+    object does so itself every that many seconds.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        registry_dir: Path,
+        plugins_dir: Path,
+        preparer: ClaimPreparer,
+        *,
+        check_interval: float | None = None,
+        on_status: Callable[[RegistrationStatus], None] | None = None,
+    ) -> None:
+        if not driver or "/" in driver or driver.startswith(".") or driver in ("..",):
+            # The kubelet's watcher ignores names starting with "."; "/" would
+            # put the socket in another directory.
+            raise ValueError(f"driver name {driver!r} cannot name a socket file")
+        self.driver = driver
+        self.dra_socket_path = Path(plugins_dir) / driver / DRA_SOCKET
+        self.registration_socket_path = Path(registry_dir) / registration_socket_name(driver)
+        self._on_status = on_status
+        self._registration = RegistrationService(
+            driver, str(self.dra_socket_path), SUPPORTED_VERSIONS, self._status_changed
+        )
+        self._dra = ServedSocket(self.dra_socket_path, [DraPluginService(preparer)])
+        self._reg = ServedSocket(self.registration_socket_path, [self._registration])
+        self._check_interval = check_interval
+        self._checker: asyncio.Task[None] | None = None
+
+    @property
+    def registration_status(self) -> RegistrationStatus | None:
+        """What the kubelet last said since our registration socket was made (None: nothing)."""
+        return self._registration.status
+
+    @property
+    def ready(self) -> bool:
+        """Both sockets are ours and the kubelet said it registered us."""
+        status = self._registration.status
+        return (
+            status is not None and status.registered and self._dra.listening and self._reg.listening
+        )
+
+    async def start(self) -> None:
+        await self._dra.start()
+        try:
+            await self._reg.start()
+        except BaseException:
+            await self._dra.close()
+            raise
+        _log.info(
+            "dra-listening",
+            extra={
+                "dp_fields": {
+                    "driver": self.driver,
+                    "registration": str(self.registration_socket_path),
+                    "endpoint": str(self.dra_socket_path),
+                }
+            },
+        )
+        if self._check_interval is not None:
+            self._checker = asyncio.create_task(self._check_forever(self._check_interval))
+
+    async def restore(self) -> None:
+        """Listen again on whichever socket's file was deleted or replaced."""
+        await self._dra.restore()
+        if await self._reg.restore():
+            # The kubelet dropped the old registration with its file; the new
+            # socket is registered only once it says so again.
+            self._registration.status = None
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop listening and remove our socket files (the registration one first)."""
+        if self._checker is not None:
+            self._checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checker
+            self._checker = None
+        await self._reg.close(timeout)
+        await self._dra.close(timeout)
+
+    async def _check_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.restore()
+            except Exception:  # a failed check must not end the checking
+                _log.exception("dra-socket-check-failed")
+
+    def _status_changed(self, status: RegistrationStatus) -> None:
+        if self._on_status is not None:
+            self._on_status(status)

@@ -1,0 +1,149 @@
+"""One listening Unix socket of the DRA front end, kept where the kubelet looks for it.
+
+A socket is known by its identity (inode and modification time): one whose
+file was deleted is listened on again under the same name, which is how the
+kubelet's plugin watcher sees a plugin come back (it re-registers on the
+create event). Only a socket file nobody listens on is ever removed: a live
+socket at our path is another process's, and is left alone with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import stat
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from grpclib.server import Server
+
+__all__ = ["MAX_UNIX_PATH", "SOCKET_MODE", "ForeignSocket", "ServedSocket", "socket_identity"]
+
+_log = logging.getLogger("dp")
+
+#: Linux `sockaddr_un.sun_path` holds 108 bytes with the terminating NUL.
+MAX_UNIX_PATH = 107
+#: The kubelet (root) is the only peer; nobody else has a reason to connect.
+SOCKET_MODE = 0o600
+
+
+class ForeignSocket(OSError):
+    """Our path holds something that is not a stale socket of ours."""
+
+
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """Inode and modification time of a socket file: a file created again differs.
+
+    The inode alone is not enough (a deleted socket's inode is often reused at
+    once); not the change time either, which a chmod or relabel changes.
+    """
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    return (info.st_ino, info.st_mtime_ns) if stat.S_ISSOCK(info.st_mode) else None
+
+
+def _listened_on(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _clear(path: Path) -> None:
+    """Remove a stale socket of ours at `path`; refuse anything else that is there."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ForeignSocket(errno.EEXIST, f"{path} exists and is not a socket; left as it is")
+    if _listened_on(path):
+        raise ForeignSocket(errno.EADDRINUSE, f"another process listens on {path}; left as it is")
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    _log.info("stale-socket-removed", extra={"dp_fields": {"path": str(path)}})
+
+
+class ServedSocket:
+    """A grpclib server of `handlers` on `path`, listened on again when its file goes."""
+
+    def __init__(self, path: Path, handlers: Collection[Any]) -> None:
+        if len(os.fsencode(path)) > MAX_UNIX_PATH:
+            raise ValueError(
+                f"socket path {path} is {len(os.fsencode(path))} bytes, "
+                f"over the {MAX_UNIX_PATH}-byte limit of a Unix socket path"
+            )
+        self.path = path
+        self._handlers = handlers
+        self._server: Server | None = None
+        self._identity: tuple[int, int] | None = None
+        # Servers whose file was deleted: unreachable, closed at close().
+        self._retired: list[Server] = []
+        self._blocked = False  # a foreign file sits at our path: warned once
+
+    @property
+    def listening(self) -> bool:
+        """Whether the file at `path` is the socket we listen on."""
+        return self._server is not None and socket_identity(self.path) == self._identity
+
+    async def start(self) -> None:
+        """Listen on `path`, after removing a stale socket of ours; ForeignSocket otherwise."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _clear(self.path)
+        server = Server(self._handlers)
+        try:
+            await server.start(path=str(self.path))
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise OSError(error.errno, f"cannot listen on {self.path}: {reason}") from None
+        # Between bind and chmod the socket has the umask's mode; the parent
+        # directories are the kubelet's and not world-writable, so nobody
+        # but root can be waiting to race for it.
+        os.chmod(self.path, SOCKET_MODE)
+        if self._server is not None:
+            self._retired.append(self._server)
+        self._server = server
+        self._identity = socket_identity(self.path)
+        self._blocked = False
+
+    async def restore(self) -> bool:
+        """Listen again if our file was deleted or replaced; True if it was."""
+        if self._server is None or self.listening:
+            return False
+        try:
+            await self.start()
+        except OSError as error:
+            if not self._blocked:
+                _log.warning(
+                    "socket-not-restored",
+                    extra={"dp_fields": {"path": str(self.path), "error": str(error)}},
+                )
+            self._blocked = True
+            return False
+        _log.info("socket-recreated", extra={"dp_fields": {"path": str(self.path)}})
+        return True
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop listening, wait up to `timeout` for calls to end, remove our file."""
+        servers = [*self._retired, *([self._server] if self._server else [])]
+        for server in servers:
+            server.close()
+        for server in servers:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), timeout)
+        if self._server is not None and socket_identity(self.path) == self._identity:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        self._server = None
+        self._retired.clear()
