@@ -29,6 +29,8 @@ from .config import (
     PciHostDevice,
     PermittedHostDevices,
     SharedDevice,
+    Vfio,
+    VfioInterface,
 )
 from .effects import (
     AttributeConnection,
@@ -46,7 +48,15 @@ from .effects import (
     UnbindDevice,
 )
 from .errors import StatusCode, UsageError
-from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice, MdevType, ScanProblem
+from .host import (
+    IOMMUFD_NODE,
+    VFIO_DRIVER,
+    HostSnapshot,
+    IommuGroup,
+    MdevDevice,
+    MdevType,
+    ScanProblem,
+)
 from .inputs import (
     AllocateRequested,
     AllocationsObserved,
@@ -71,22 +81,25 @@ from .inputs import (
     WatchStarted,
 )
 from .inventory import (
+    CdevState,
     DeviceKind,
     Inventory,
     Resource,
     SkippedDevice,
     build_inventory,
+    cdev_state,
 )
 from .metrics import MetricFamily, Sample, collect
 from .moves import Move
 from .names import endpoint_name, min_endpoint_length
 from .node import Node, Timing
-from .pci import PciAddress, PciDevice, PciId
+from .pci import PciAddress, PciDevice, PciId, VfioDevEntry
 from .registration import Backoff, Phase, SocketMode
 from .tally import Tally
 
 __all__ = [
     "DEFAULT_SHARED_DEVICES",
+    "IOMMUFD_NODE",
     "VFIO_DRIVER",
     "AdvertisedDevice",
     "AllocateAnswer",
@@ -102,6 +115,7 @@ __all__ = [
     "Binding",
     "BindingBook",
     "BindingFinished",
+    "CdevState",
     "Config",
     "ConfigApplied",
     "ConfigError",
@@ -163,9 +177,13 @@ __all__ = [
     "UnbindDevice",
     "UnbindingFinished",
     "UsageError",
+    "Vfio",
+    "VfioDevEntry",
+    "VfioInterface",
     "WatchEnded",
     "WatchStarted",
     "build_inventory",
+    "cdev_state",
     "collect",
     "container_allocation",
     "endpoint_name",

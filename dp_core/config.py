@@ -27,6 +27,9 @@ __all__ = [
     "PciHostDevice",
     "PermittedHostDevices",
     "SharedDevice",
+    "VFIO_INTERFACES",
+    "Vfio",
+    "VfioInterface",
 ]
 
 
@@ -162,6 +165,35 @@ class Naming:
             raise ConfigError(f"{value!r} is not a usable resource domain: {error}")
 
 
+VfioInterface = Literal["group", "group+cdev", "iommufd"]
+VFIO_INTERFACES: tuple[VfioInterface, ...] = ("group", "group+cdev", "iommufd")
+
+
+@attrs.frozen
+class Vfio:
+    """Which VFIO interface a container is given for a PCI device (DESIGN.md §9).
+
+    - `group`: `/dev/vfio/vfio` and `/dev/vfio/<group>`, the legacy interface;
+    - `group+cdev` (the default, what KubeVirt 1.9's own plugin gives): the
+      group nodes, plus `/dev/vfio/devices/vfioN` of each function whose node
+      exists;
+    - `iommufd`: `/dev/iommu` and `/dev/vfio/devices/vfioN` only, for
+      consumers that open iommufd themselves (Kata; NVIDIA's plugin with
+      iommufd on).
+
+    A device is Healthy only while every node it would be given exists. An
+    mdev always gets the group interface: iommufd cannot take it by descriptor.
+    """
+
+    interface: VfioInterface = attrs.field(default="group+cdev")
+
+    @interface.validator
+    def _check_interface(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in VFIO_INTERFACES:
+            choices = ", ".join(repr(choice) for choice in VFIO_INTERFACES)
+            raise ConfigError(f"{value!r} is not one of {choices}")
+
+
 # Linux driver names are short identifiers; anything else in a config is a typo
 # or a path, and must never reach a sysfs path the server writes to.
 _DRIVER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -221,6 +253,7 @@ class Config:
     )
     naming: Naming = Naming()
     binding: Binding | None = None
+    vfio: Vfio = Vfio()
 
     def __attrs_post_init__(self) -> None:
         if self.binding is not None and (

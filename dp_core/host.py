@@ -14,6 +14,7 @@ import attrs
 from .pci import PciAddress, PciDevice
 
 __all__ = [
+    "IOMMUFD_NODE",
     "VFIO_DRIVER",
     "HostSnapshot",
     "IommuGroup",
@@ -24,6 +25,8 @@ __all__ = [
 ]
 
 VFIO_DRIVER = "vfio-pci"
+# iommufd's own node, present when the kernel has CONFIG_IOMMUFD.
+IOMMUFD_NODE = "/dev/iommu"
 
 
 # attrs' mypy plugin cannot type a generic converter, so each field gets its own.
@@ -152,8 +155,8 @@ class ScanProblem:
 class HostSnapshot:
     """Everything the core needs to know about the host at one moment.
 
-    `dev_nodes` holds the host paths (`/dev/vfio/12`, `/dev/kvm`, ...) that
-    existed when the scan ran. `pci_drivers` names the drivers registered on the
+    `dev_nodes` holds the host paths (`/dev/vfio/12`, `/dev/vfio/devices/vfio0`,
+    `/dev/iommu`, `/dev/kvm`, ...) that existed when the scan ran. `pci_drivers` names the drivers registered on the
     PCI bus (`/sys/bus/pci/drivers/*`), or is None when they were not read.
     """
 
@@ -206,3 +209,8 @@ class HostSnapshot:
 
     def has_dev_node(self, host_path: str) -> bool:
         return host_path in self.dev_nodes
+
+    @property
+    def has_iommufd(self) -> bool:
+        """Whether `/dev/iommu` existed: the kernel has iommufd (CONFIG_IOMMUFD)."""
+        return IOMMUFD_NODE in self.dev_nodes

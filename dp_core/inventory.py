@@ -15,18 +15,20 @@ import attrs
 
 from .advertised import AdvertisedDevice
 from .bind_plan import BindDecision
-from .config import Config, MediatedDevice, PciHostDevice, SharedDevice
-from .host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
+from .config import Config, MediatedDevice, PciHostDevice, SharedDevice, VfioInterface
+from .host import IOMMUFD_NODE, VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
 from .pci import PciAddress, PciDevice, PciId
 
 __all__ = [
     "VFIO_CONTAINER",
+    "CdevState",
     "DeviceKind",
     "Inventory",
     "Resource",
     "SkippedDevice",
     "build_inventory",
+    "cdev_state",
     "shared_groups",
 ]
 
@@ -120,6 +122,7 @@ def build_inventory(
     nodes = {node: node for node in snapshot.dev_nodes}
     groups = {group.number: group for group in snapshot.iommu_groups}
     entries = config.pci_selectors()
+    interface = config.vfio.interface
     for pci in sorted(snapshot.pci_devices, key=_address_key):
         # Most hosts bind nothing: skip hashing 4,096 addresses for an empty plan.
         bind = bindings.get(pci.address) if bindings else None
@@ -130,7 +133,7 @@ def build_inventory(
         if skip_reason:
             skipped.append(SkippedDevice(str(pci.address), skip_reason, name, pci.driver))
             continue
-        device = _pci_device(pci, snapshot, nodes, groups)
+        device = _pci_device(pci, snapshot, nodes, groups, interface)
         if bind is not None:
             reason = f"{_held_by(pci)}; {_bind_outcome(bind)}"
             device = attrs.evolve(device, healthy=False, reason=reason)
@@ -248,17 +251,75 @@ def _group_health(paths: tuple[str, ...], snapshot: HostSnapshot) -> tuple[bool,
     return True, ""
 
 
+@attrs.frozen
+class CdevState:
+    """A function's VFIO character device: the node to hand out, or why there is none."""
+
+    path: str | None
+    reason: str = ""
+
+
+def cdev_state(pci: PciDevice, snapshot: HostSnapshot) -> CdevState:
+    """Whether `/dev/vfio/devices/vfioN` of `pci` can be handed out, and if not, why.
+
+    Only a node that exists is ever handed out: a runtime refuses to create a
+    container given a node that is missing (kubevirt #18895).
+    """
+    entry = pci.vfio_dev
+    if entry is None:
+        return CdevState(None, "no vfio-dev entry in sysfs (not on vfio-pci, or Linux before 6.1)")
+    if entry.problem:
+        return CdevState(None, f"vfio-dev cannot be read: {entry.problem}")
+    path = entry.host_path
+    if path is None:
+        return CdevState(
+            None,
+            f"vfio-dev/{entry.name} has no dev file: the kernel has no VFIO character "
+            "devices (CONFIG_VFIO_DEVICE_CDEV)",
+        )
+    if not snapshot.has_dev_node(path):
+        return CdevState(None, f"{path} does not exist")
+    return CdevState(path, "")
+
+
+def _pci_paths(
+    pci: PciDevice,
+    snapshot: HostSnapshot,
+    nodes: Mapping[str, str],
+    interface: VfioInterface,
+) -> tuple[tuple[str, ...], bool, str]:
+    """(host paths, healthy, reason) as far as the device nodes of `interface` tell."""
+    paths = _group_paths(pci.iommu_group, nodes)
+    if interface == "group":
+        return (paths, *_group_health(paths, snapshot))
+    cdev = cdev_state(pci, snapshot)
+    cdev_node = None if cdev.path is None else nodes.get(cdev.path, cdev.path)
+    if interface == "group+cdev":
+        healthy, reason = _group_health(paths, snapshot)
+        return ((*paths, cdev_node) if cdev_node else paths), healthy, reason
+    iommufd = (nodes.get(IOMMUFD_NODE, IOMMUFD_NODE),)
+    paths = (*iommufd, cdev_node) if cdev_node else iommufd
+    if pci.iommu_group is None:
+        return paths, False, "no IOMMU group (is the IOMMU enabled?)"
+    if not snapshot.has_iommufd:
+        return paths, False, f"{IOMMUFD_NODE} does not exist (is the kernel built with iommufd?)"
+    if cdev_node is None:
+        return paths, False, f"no VFIO character device: {cdev.reason}"
+    return paths, True, ""
+
+
 def _pci_device(
     pci: PciDevice,
     snapshot: HostSnapshot,
     nodes: Mapping[str, str],
     groups: Mapping[int, IommuGroup],
+    interface: VfioInterface,
 ) -> AdvertisedDevice:
-    paths = _group_paths(pci.iommu_group, nodes)
-    healthy, reason = _group_health(paths, snapshot)
+    paths, healthy, reason = _pci_paths(pci, snapshot, nodes, interface)
     if pci.driver is None:
         healthy, reason = False, "not bound to any driver; bind it to vfio-pci"
     elif healthy:
+        # iommufd, too, opens a device only when its whole group is VFIO's.
         group = None if pci.iommu_group is None else groups.get(pci.iommu_group)
         if group is None:
             healthy, reason = False, f"IOMMU group {pci.iommu_group} is not listed in sysfs"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import attrs
 
-__all__ = ["PciAddress", "PciDevice", "PciId"]
+__all__ = ["PciAddress", "PciDevice", "PciId", "VfioDevEntry"]
 
 _ADDRESS = re.compile(
     r"^(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):"
@@ -67,6 +67,29 @@ class PciId:
         return f"{self.vendor:04x}:{self.device:04x}"
 
 
+@attrs.frozen
+class VfioDevEntry:
+    """A function's `vfio-dev/<name>` entry in sysfs: its VFIO character device.
+
+    The kernel adds the entry when vfio-pci takes the function (Linux 6.1 and
+    later), and a `dev` file inside it only when it is built with
+    `CONFIG_VFIO_DEVICE_CDEV`; only then does `/dev/vfio/devices/<name>` exist
+    to be opened. `problem` says why the entry could not be read (then `name`
+    may be empty): the function keeps the group interface.
+    """
+
+    name: str = ""
+    has_dev: bool = False
+    problem: str = ""
+
+    @property
+    def host_path(self) -> str | None:
+        """`/dev/vfio/devices/<name>` when the kernel offers that node, else None."""
+        if not self.name or not self.has_dev or self.problem:
+            return None
+        return f"/dev/vfio/devices/{self.name}"
+
+
 # PCI base class 0x06 is "bridge device"; the kernel puts bridges in the group of
 # the devices behind them, but VFIO does not need them bound to vfio-pci.
 _BRIDGE_BASE_CLASS = 0x06
@@ -90,6 +113,9 @@ class PciDevice:
     # not be read.
     sriov_numvfs: int | None = 0
     boot_vga: bool = False
+    # The `vfio-dev/` entry; None when sysfs shows none (not on vfio-pci, or a
+    # kernel older than 6.1).
+    vfio_dev: VfioDevEntry | None = None
 
     @numa_node.validator
     def _check_numa(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from dp_core import (
+    IOMMUFD_NODE,
     VFIO_DRIVER,
     HostSnapshot,
     IommuGroup,
@@ -34,6 +35,7 @@ from dp_core import (
     MdevType,
     PciAddress,
     PciDevice,
+    VfioDevEntry,
 )
 
 __all__ = [
@@ -55,6 +57,8 @@ MDEV_DRIVER = "vfio_mdev"
 _VGA_CLASS = 0x0300  # base class 0x03, subclass 0x00: only these get `boot_vga`
 _BRIDGE_BASE_CLASS = 0x06
 _GROUP_NODE = re.compile(r"^/dev/vfio/[0-9]+$")
+_CDEV_NODE = re.compile(r"^/dev/vfio/devices/vfio[0-9]+$")
+_CDEV_NAME = re.compile(r"^vfio[0-9]+$")
 
 
 def _is_bridge(class_code: int) -> bool:
@@ -74,6 +78,9 @@ class FakePci:
     nests under `devices/`, as the kernel nests it. A virtual function has the
     same `upstream` as its physical function, because SR-IOV VFs sit on the
     PF's bus (or the next ones) and the kernel places them beside the PF.
+    `vfio_dev` names its `vfio-dev/<name>` entry (`vfio0`), which has a `dev`
+    file when `vfio_dev_file` (a kernel with CONFIG_VFIO_DEVICE_CDEV); whether
+    `/dev/vfio/devices/<name>` exists is up to the topology's `dev_nodes`.
     """
 
     address: PciAddress
@@ -86,6 +93,8 @@ class FakePci:
     physfn: PciAddress | None = None
     boot_vga: bool = False
     upstream: PciAddress | None = None
+    vfio_dev: str | None = None
+    vfio_dev_file: bool = True
 
     @property
     def is_bridge(self) -> bool:
@@ -167,6 +176,12 @@ class Topology:
                     raise ValueError(f"{fn.address}: upstream {fn.upstream} is not a bridge")
             if fn.numa is not None and fn.numa < 0:
                 raise ValueError(f"{fn.address}: numa must be None or >= 0")
+        cdevs = [fn.vfio_dev for fn in self.pci if fn.vfio_dev is not None]
+        for name in cdevs:
+            if _CDEV_NAME.match(name) is None:
+                raise ValueError(f"vfio-dev entry {name!r} is not vfio<N>")
+            if cdevs.count(name) > 1:
+                raise ValueError(f"vfio-dev entry {name} is described twice")
         types = set()
         for mdev_type in self.mdev_types:
             if mdev_type.parent not in by_address:
@@ -199,7 +214,12 @@ class Topology:
 
 
 def _is_vfio_node(path: str) -> bool:
-    return path == VFIO_CONTAINER or _GROUP_NODE.match(path) is not None
+    """Nodes the scanner always reports: VFIO's, its character devices, iommufd's."""
+    return (
+        path in (VFIO_CONTAINER, IOMMUFD_NODE)
+        or _GROUP_NODE.match(path) is not None
+        or _CDEV_NODE.match(path) is not None
+    )
 
 
 # --------------------------------------------------------------------------
@@ -234,6 +254,9 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
             virtfns=tuple(virtfns.get(fn.address, ())),
             sriov_numvfs=len(virtfns.get(fn.address, ())),
             boot_vga=fn.boot_vga,
+            vfio_dev=None
+            if fn.vfio_dev is None
+            else VfioDevEntry(fn.vfio_dev, has_dev=fn.vfio_dev_file),
         )
         for fn in topology.pci
     )
@@ -312,10 +335,26 @@ def fixture_topology() -> Topology:
         fn("0000:5e:00.0", samsung, 0xA808, 0x010802, vfio, 93, 0, upstream=bridge),
         fn("0000:5e:01.0", samsung, 0xA808, 0x010802, vfio, 93, 0, upstream=bridge),
         # QAT 4xxx PF on the host driver with four VFs on vfio-pci, each VF alone.
+        # The first three show the VFIO character device's three shapes: a
+        # `vfio-dev/vfio0` with `dev` and its node; `vfio1` with `dev` but no
+        # /dev/vfio/devices/vfio1; `vfio2` without `dev`, as a kernel without
+        # CONFIG_VFIO_DEVICE_CDEV writes it. (One kernel writes one shape or
+        # the other; the mix is here so every shape is on one node.)
         fn("0000:6b:00.0", intel, 0x4940, 0x0B4000, "4xxx", 107, 0),
-        fn("0000:6b:00.1", intel, 0x4941, 0x0B4000, vfio, 108, 0, physfn=qat_pf),
-        fn("0000:6b:00.2", intel, 0x4941, 0x0B4000, vfio, 109, 0, physfn=qat_pf),
-        fn("0000:6b:00.3", intel, 0x4941, 0x0B4000, vfio, 110, 0, physfn=qat_pf),
+        fn("0000:6b:00.1", intel, 0x4941, 0x0B4000, vfio, 108, 0, physfn=qat_pf, vfio_dev="vfio0"),
+        fn("0000:6b:00.2", intel, 0x4941, 0x0B4000, vfio, 109, 0, physfn=qat_pf, vfio_dev="vfio1"),
+        fn(
+            "0000:6b:00.3",
+            intel,
+            0x4941,
+            0x0B4000,
+            vfio,
+            110,
+            0,
+            physfn=qat_pf,
+            vfio_dev="vfio2",
+            vfio_dev_file=False,
+        ),
         fn("0000:6b:00.4", intel, 0x4941, 0x0B4000, vfio, 111, 0, physfn=qat_pf),
         # Quadro RTX 6000 on the vendor driver, serving vGPUs (mdevs).
         fn("0000:86:00.0", nvidia, quadro, 0x030000, "nvidia", 134, 1),
@@ -339,6 +378,8 @@ def fixture_topology() -> Topology:
     vfio_groups = {p.group for p in pci if p.driver == vfio} | {m.group for m in mdevs}
     vfio_groups.discard(111)  # the last QAT VF's node is missing: its device is Unhealthy
     dev_nodes = {VFIO_CONTAINER, *SHARED_DEV_PATHS} | {f"/dev/vfio/{g}" for g in vfio_groups}
+    # A kernel with VFIO character devices has iommufd too.
+    dev_nodes |= {IOMMUFD_NODE, "/dev/vfio/devices/vfio0"}
     return Topology(pci=pci, mdev_types=mdev_types, mdevs=mdevs, dev_nodes=dev_nodes)
 
 
@@ -382,6 +423,25 @@ class _Tree:
         os.symlink(up + "/".join(parts[common:]), f"{self.root}/{relative}")
 
 
+# The character major the kernel gave VFIO devices on one machine; any will do.
+_VFIO_CDEV_MAJOR = 237
+
+
+def _write_vfio_dev(tree: _Tree, entry: str, dev_file: bool) -> None:
+    """`vfio-dev/vfioN` as the kernel writes it; `dev` only with VFIO character devices."""
+    tree.mkdir(entry)
+    name = entry.rpartition("/")[2]
+    if dev_file:
+        minor = int(name.removeprefix("vfio"))
+        tree.write(f"{entry}/dev", f"{_VFIO_CDEV_MAJOR}:{minor}\n")
+        tree.write(
+            f"{entry}/uevent",
+            f"MAJOR={_VFIO_CDEV_MAJOR}\nMINOR={minor}\nDEVNAME=vfio/devices/{name}\n",
+        )
+    else:
+        tree.write(f"{entry}/uevent", "")
+
+
 def write_sysfs(topology: Topology, root: Path) -> tuple[Path, Path]:
     """Write `topology` as a sysfs tree `root/sys` and a device tree `root/dev`.
 
@@ -390,8 +450,9 @@ def write_sysfs(topology: Topology, root: Path) -> tuple[Path, Path]:
     and `bus/mdev/devices/*` symlinks into them, `driver` links into
     `bus/pci/drivers/<drv>` (whose directories link back), `iommu_group` links
     into `kernel/iommu_groups/<n>` (whose `devices/` link back), `physfn` and
-    `virtfnN` links, and the writable files the kernel offers for rebinding
-    (`driver_override`, `drivers_probe`, `bind`, `unbind`) as plain files.
+    `virtfnN` links, `vfio-dev/vfioN` entries, and the writable files the
+    kernel offers for rebinding (`driver_override`, `drivers_probe`, `bind`,
+    `unbind`) as plain files.
     Device nodes under `dev/` are empty regular files: only existence matters.
     Output is deterministic: same topology, same tree. Returns (sys, dev).
     """
@@ -452,6 +513,8 @@ def write_sysfs(topology: Topology, root: Path) -> tuple[Path, Path]:
             tree.link(f"{directory}/virtfn{index}", path_of(by_address[vf]))
         if fn.address in virtfns:
             tree.write(f"{directory}/sriov_numvfs", f"{len(virtfns[fn.address])}\n")
+        if fn.vfio_dev is not None:
+            _write_vfio_dev(tree, f"{directory}/vfio-dev/{fn.vfio_dev}", fn.vfio_dev_file)
 
     for name in sorted(drivers):
         driver_dir = f"bus/pci/drivers/{name}"

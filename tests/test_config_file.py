@@ -21,6 +21,7 @@ from dp_core import (
     PciId,
     PermittedHostDevices,
     SharedDevice,
+    Vfio,
 )
 from dp_server.config.loader import (
     ConfigFileError,
@@ -127,6 +128,39 @@ def test_full_document() -> None:
         mediated_devices=(MediatedDevice("GRID T4-1Q", "nvidia.com/GRID_T4-1Q"),),
     )
     assert config.naming == Naming("pci-ids", "example.com", "/usr/share/misc/pci.ids")
+
+
+@pytest.mark.parametrize("interface", ["group", "group+cdev", "iommufd"])
+def test_vfio_interface(interface: str) -> None:
+    config = parse_config(f"vfio: {{interface: {interface}}}\n")
+    assert config.vfio == Vfio(interface)  # type: ignore[arg-type]
+    assert parse_config(yaml.safe_dump(dump_config(config))) == config
+
+
+def test_vfio_interface_defaults_to_group_and_cdev() -> None:
+    assert parse_config("").vfio.interface == "group+cdev"
+    assert parse_config("vfio: {}\n").vfio.interface == "group+cdev"
+    assert parse_config("vfio:\n").vfio.interface == "group+cdev"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "vfio: {interface: cdev}",
+            "vfio.interface: 'cdev' is not one of 'group', 'group+cdev', 'iommufd'",
+        ),
+        (
+            "vfio: {interface: Group}",
+            "vfio.interface: 'Group' is not one of 'group', 'group+cdev', 'iommufd'",
+        ),
+        ("vfio: {interface: 3}", "vfio.interface: 3 is not a string"),
+        ("vfio: {interfce: group}", "vfio.interfce: unknown key 'interfce' (did you mean"),
+        ("vfio: iommufd", "vfio: expected a mapping, got a string: 'iommufd'"),
+    ],
+)
+def test_bad_vfio_interface_names_the_field(text: str, expected: str) -> None:
+    assert only_problem(text).startswith(f"test.yaml: {expected}")
 
 
 def test_selector_is_case_insensitive() -> None:
@@ -268,7 +302,7 @@ def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
     line = only_problem("colour: blue\n")
     assert line == (
         "test.yaml: colour: unknown key 'colour'; "
-        "expected one of: binding, naming, permittedHostDevices, sharedDevices"
+        "expected one of: binding, naming, permittedHostDevices, sharedDevices, vfio"
     )
 
 
@@ -577,7 +611,7 @@ def test_every_error_is_reported() -> None:
         "have defaults)",
         "node.yaml: naming.source: 'pciids' is not one of 'vendor-device', 'pci-ids'",
         "node.yaml: extra: unknown key 'extra'; "
-        "expected one of: binding, naming, permittedHostDevices, sharedDevices",
+        "expected one of: binding, naming, permittedHostDevices, sharedDevices, vfio",
         "node.yaml: permittedHostDevices.pciHostDevices[2].pciVendorSelector: "
         "'10DE:1EB8' is listed twice (first at pciHostDevices[1])",
     ]
@@ -770,7 +804,9 @@ def test_example_config_is_the_fixture_node() -> None:
 
 def test_dump_shape() -> None:
     dumped = dump_config(parse_config(FULL))
-    assert list(dumped) == ["permittedHostDevices", "sharedDevices", "naming"]
+    # `vfio` since issue 19: the VFIO interface is dumped, default or not.
+    assert list(dumped) == ["permittedHostDevices", "sharedDevices", "naming", "vfio"]
+    assert dumped["vfio"] == {"interface": "group+cdev"}
     assert dumped["permittedHostDevices"]["pciHostDevices"] == [
         {
             "pciVendorSelector": "10DE:1EB8",

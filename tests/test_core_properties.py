@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ from dp_core import (
     KubeletStarted,
     MediatedDevice,
     Node,
+    PciAddress,
     PciHostDevice,
     PermittedHostDevices,
     Phase,
@@ -38,6 +40,7 @@ from dp_core import (
     Reply,
     SharedDevice,
     SocketMode,
+    Vfio,
     WatchStarted,
     build_inventory,
 )
@@ -92,7 +95,18 @@ def test_healthy_pci_devices_are_safe_to_hand_out(host: HostSnapshot, config: Co
                 assert device.driver == VFIO_DRIVER
                 group = host.group(device.iommu_group)
                 assert group is not None and group.viability.viable
-                assert device.host_paths == ("/dev/vfio/vfio", f"/dev/vfio/{group.number}")
+                # The function's VFIO character device, when its node exists (issue 19).
+                pci = host.device(PciAddress.parse(device.id))
+                assert pci is not None
+                cdev = None if pci.vfio_dev is None else pci.vfio_dev.host_path
+                cdevs = (cdev,) if cdev is not None and host.has_dev_node(cdev) else ()
+                interface = config.vfio.interface
+                if interface == "iommufd":
+                    assert cdevs and device.host_paths == ("/dev/iommu", *cdevs)
+                else:
+                    extra = cdevs if interface == "group+cdev" else ()
+                    group_paths = ("/dev/vfio/vfio", f"/dev/vfio/{group.number}")
+                    assert device.host_paths == (*group_paths, *extra)
 
 
 @settings(max_examples=150, deadline=None)
@@ -385,7 +399,9 @@ def test_server_topologies_invariants(
 @needs_server_strategies
 def test_fixture_host_inventory() -> None:
     host = to_snapshot(fixture_topology())
-    for config in (Config(), select_everything(host)):
+    cases = [Config(), select_everything(host)]
+    cases += [attrs.evolve(c, vfio=Vfio(i)) for c in cases for i in ("group", "iommufd")]
+    for config in cases:
         inventory = build_inventory(host, config)
         assert inventory.resources, "the fixture host serves something"
         for resource in inventory.resources:

@@ -179,13 +179,15 @@ def test_fixture_boot_vga(fixture_scan: HostSnapshot) -> None:
 
 def test_fixture_dev_nodes(fixture_scan: HostSnapshot) -> None:
     groups = {59, 93, 108, 109, 110, 175, 216, 300, 301, 302}
+    # The VFIO character device of 0000:6b:00.1 and iommufd's node, since issue 19.
+    cdev = {"/dev/vfio/devices/vfio0", "/dev/iommu"}
     assert fixture_scan.dev_nodes == frozenset(
-        {"/dev/vfio/vfio", *SHARED_DEV_PATHS} | {f"/dev/vfio/{g}" for g in groups}
+        {"/dev/vfio/vfio", *SHARED_DEV_PATHS} | {f"/dev/vfio/{g}" for g in groups} | cdev
     )
     # Only asked-for shared paths are reported; VFIO nodes always are.
     only_kvm = scan_host(FIXTURE / "sys", FIXTURE / "dev", ["/dev/kvm", "/dev/nope"])
     assert only_kvm.dev_nodes == frozenset(
-        {"/dev/vfio/vfio", "/dev/kvm"} | {f"/dev/vfio/{g}" for g in groups}
+        {"/dev/vfio/vfio", "/dev/kvm"} | {f"/dev/vfio/{g}" for g in groups} | cdev
     )
 
 

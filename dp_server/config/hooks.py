@@ -30,6 +30,7 @@ from dp_core.config import (
     PciHostDevice,
     PermittedHostDevices,
     SharedDevice,
+    Vfio,
 )
 from dp_core.names import resource_name_error
 from dp_core.pci import PciId
@@ -76,7 +77,9 @@ KEYS: dict[type, dict[str, str]] = {
         "shared_devices": "sharedDevices",
         "naming": "naming",
         "binding": "binding",
+        "vfio": "vfio",
     },
+    Vfio: {"interface": "interface"},
     Binding: {"replace_drivers": "replaceDrivers", "bind_unbound": "bindUnbound"},
     SharedDevice: {
         "path": "path",
@@ -353,6 +356,7 @@ def _make_converter() -> cattrs.Converter:
         PermittedHostDevices,
         Naming,
         Binding,
+        Vfio,
         _SharedDevicePatch,
     ):
         _register_class(converter, cls)

@@ -1,9 +1,11 @@
 """Read sysfs and /dev into a `dp_core.HostSnapshot`.
 
 This is the shell's only reader of the host's devices. It turns
-`/sys/bus/pci/devices/*`, `/sys/kernel/iommu_groups/*`, `/sys/bus/mdev/devices/*`
-and `/dev/vfio/*` into plain data and never decides anything: what is healthy,
-what may be allocated or rebound is the core's business.
+`/sys/bus/pci/devices/*` (with each function's `vfio-dev/`),
+`/sys/kernel/iommu_groups/*`, `/sys/bus/mdev/devices/*`, `/dev/vfio/*`,
+`/dev/vfio/devices/*` and `/dev/iommu` into plain data and never decides
+anything: what is healthy, what may be allocated or rebound is the core's
+business.
 
 Two rules shape the code:
 
@@ -46,6 +48,7 @@ from dp_core import (
     ScanProblem,
 )
 from dp_server.host.iommu_groups import cross_checked_groups
+from dp_server.host.vfio_dev import cdev_nodes, read_vfio_dev
 
 __all__ = ["UNKNOWN_CLASS", "UNKNOWN_DRIVER", "scan_host"]
 
@@ -377,6 +380,10 @@ class _Scan:
         if "mdev_supported_types" in present:
             self.mdev_supported_types(address, f"{base}/mdev_supported_types")
 
+        vfio_dev = None
+        if "vfio-dev" in present:
+            vfio_dev = read_vfio_dev(f"{base}/vfio-dev", self.problem)
+
         # Cannot fail: every field was range-checked as it was read.
         return PciDevice(
             address=address,
@@ -390,6 +397,7 @@ class _Scan:
             virtfns=tuple(vf for _, vf in virtfns),
             sriov_numvfs=sriov_numvfs,
             boot_vga=boot_vga,
+            vfio_dev=vfio_dev,
         )
 
     def link_target(
@@ -510,6 +518,7 @@ class _Scan:
         for name in self.optional_listdir(f"{self.dev}/vfio") or ():
             if name == "vfio" or _is_number(name):
                 nodes.add(f"/dev/vfio/{name}")
+        nodes |= cdev_nodes(self.dev, self.optional_listdir)
         for host_path in dev_paths:
             relative = host_path.removeprefix("/dev/")
             if (
