@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,12 +65,72 @@ def test_scan_json_lists_every_resource_with_health(
         "iommu_group": 59,
         "driver": "vfio-pci",
         "host_paths": ["/dev/vfio/vfio", "/dev/vfio/59"],
+        # Since issue 19: every PCI device says which VFIO character device it has.
+        "cdev": None,
+        "cdev_reason": "no vfio-dev entry in sysfs (not on vfio-pci, or Linux before 6.1)",
     }
     assert gpus["0000:d8:00.0"]["health"] == "Unhealthy"
     assert "snd_hda_intel" in gpus["0000:d8:00.0"]["reason"]
     skipped = {s["id"]: s for s in document["skipped"]}
     assert "0000:6b:00.0" not in by_name["intel.com/qat_vf"]  # the PF is not a VF
     assert all(s["reason"] for s in skipped.values())
+
+
+def _scan_json(
+    sysfs: Path, dev: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> Any:
+    args = ["scan", "--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config_file)]
+    assert main([*args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_scan_json_shows_each_vfio_character_device_or_why_none(
+    host: tuple[Path, Path], config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = _scan_json(*host, config_file, capsys)
+    assert document["iommufd"] == {"path": "/dev/iommu", "present": True}
+    (qat,) = [r for r in document["resources"] if r["name"] == "intel.com/qat_vf"]
+    vfs = {d["id"]: d for d in qat["devices"]}
+    assert vfs["0000:6b:00.1"]["cdev"] == "/dev/vfio/devices/vfio0"
+    assert "cdev_reason" not in vfs["0000:6b:00.1"]
+    assert vfs["0000:6b:00.1"]["host_paths"] == [
+        "/dev/vfio/vfio",
+        "/dev/vfio/108",
+        "/dev/vfio/devices/vfio0",
+    ]
+    assert vfs["0000:6b:00.2"]["cdev"] is None
+    assert vfs["0000:6b:00.2"]["cdev_reason"] == "/dev/vfio/devices/vfio1 does not exist"
+    assert vfs["0000:6b:00.2"]["health"] == "Healthy"
+    assert vfs["0000:6b:00.3"]["cdev"] is None
+    assert "vfio-dev/vfio2 has no dev file" in vfs["0000:6b:00.3"]["cdev_reason"]
+    assert vfs["0000:6b:00.3"]["health"] == "Healthy"
+    mdevs = [r for r in document["resources"] if r["kind"] == "mdev"]
+    assert mdevs and all("cdev" not in d for r in mdevs for d in r["devices"])
+
+
+def test_scan_shows_an_absent_dev_iommu_and_an_unreadable_vfio_dev(
+    host: tuple[Path, Path], config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sysfs, dev = host
+    (dev / "iommu").unlink()
+    entry = sysfs / "bus/pci/devices/0000:6b:00.1/vfio-dev"
+    shutil.rmtree(entry.resolve())
+    entry.resolve().write_text("")  # a file where the kernel keeps a directory
+    document = _scan_json(sysfs, dev, config_file, capsys)
+    assert document["iommufd"] == {"path": "/dev/iommu", "present": False}
+    (qat,) = [r for r in document["resources"] if r["name"] == "intel.com/qat_vf"]
+    vf = {d["id"]: d for d in qat["devices"]}["0000:6b:00.1"]
+    assert vf["health"] == "Healthy" and vf["cdev"] is None
+    assert vf["cdev_reason"].startswith("vfio-dev cannot be read: cannot list: ")
+    assert vf["host_paths"] == ["/dev/vfio/vfio", "/dev/vfio/108"]
+    (problem,) = [p for p in document["problems"] if p["path"].endswith("/vfio-dev")]
+    assert "the group interface stays" in problem["reason"]
+    args = ["scan", "--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config_file)]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "/dev/iommu: absent" in table
+    assert "  0000:6b:00.1  Healthy    numa=0  group=108  cdev=-" in table
+    assert "[no cdev: vfio-dev cannot be read: cannot list: " in table
 
 
 def test_scan_changes_nothing_on_the_host(host: tuple[Path, Path], config_file: Path) -> None:

@@ -8,14 +8,17 @@ from typing import Any
 import cattrs
 
 from dp_core import (
+    IOMMUFD_NODE,
     VFIO_DRIVER,
     AdvertisedDevice,
     BindDecision,
+    CdevState,
     DeviceKind,
     HostSnapshot,
     Inventory,
     PciAddress,
     ScanProblem,
+    cdev_state,
 )
 
 __all__ = ["inventory_document", "inventory_table", "report_converter"]
@@ -58,10 +61,42 @@ report_converter.register_unstructure_hook(BindDecision, _binding)
 Plan = Mapping[PciAddress, BindDecision]
 
 
+def _cdev(device: AdvertisedDevice, snapshot: HostSnapshot) -> CdevState | None:
+    """The VFIO character device of an advertised PCI function (None if not a function)."""
+    try:
+        pci = snapshot.device(PciAddress.parse(device.id))
+    except ValueError:
+        return None
+    return None if pci is None else cdev_state(pci, snapshot)
+
+
+def _devices(kind: DeviceKind, devices: Any, snapshot: HostSnapshot) -> list[dict[str, Any]]:
+    documents: list[dict[str, Any]] = report_converter.unstructure(list(devices))
+    if kind is not DeviceKind.PCI:
+        return documents
+    for device, document in zip(devices, documents, strict=True):
+        cdev = _cdev(device, snapshot)
+        if cdev is not None:
+            document["cdev"] = cdev.path
+            if cdev.reason:
+                document["cdev_reason"] = cdev.reason
+    return documents
+
+
+def _iommufd_line(snapshot: HostSnapshot) -> str:
+    if snapshot.has_iommufd:
+        return f"{IOMMUFD_NODE}: present (the kernel has iommufd)"
+    return f"{IOMMUFD_NODE}: absent (no iommufd: the interface `iommufd` cannot serve here)"
+
+
 def inventory_document(
     inventory: Inventory, snapshot: HostSnapshot, plan: Plan | None = None
 ) -> dict[str, Any]:
     """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`.
+
+    A PCI device says which VFIO character device it has (`cdev`, a path or
+    null) and, without one, why (`cdev_reason`); `iommufd` says whether
+    `/dev/iommu` exists.
 
     With a binding plan, `"binding"` lists what `serve` would move to vfio-pci
     and what it refuses to, with the reason.
@@ -72,12 +107,13 @@ def inventory_document(
             "kind": resource.kind.value,
             "capacity": len(resource.devices),
             "allocatable": resource.healthy_count,
-            "devices": report_converter.unstructure(list(resource.devices)),
+            "devices": _devices(resource.kind, resource.devices, snapshot),
         }
         for resource in inventory.resources
     ]
     document = {
         "resources": resources,
+        "iommufd": {"path": IOMMUFD_NODE, "present": snapshot.has_iommufd},
         "skipped": report_converter.unstructure(list(inventory.skipped)),
         "problems": report_converter.unstructure(list(snapshot.problems), list[ScanProblem]),
     }
@@ -104,8 +140,13 @@ def inventory_table(inventory: Inventory, snapshot: HostSnapshot, plan: Plan | N
             numa = "-" if device.numa_node is None else str(device.numa_node)
             group = "-" if device.iommu_group is None else str(device.iommu_group)
             line = f"  {device.id:<{width}}  {device.health:<9}  numa={numa:<2} group={group:<4}"
+            cdev = _cdev(device, snapshot) if resource.kind is DeviceKind.PCI else None
+            if cdev is not None:
+                line += f" cdev={(cdev.path or '-').removeprefix('/dev/vfio/devices/'):<6}"
             if device.reason:
                 line += f"  {device.reason}"
+            if cdev is not None and cdev.reason:
+                line += f"  [no cdev: {cdev.reason}]"
             lines.append(line.rstrip())
     if inventory.skipped:
         lines.append("skipped:")
@@ -117,6 +158,7 @@ def inventory_table(inventory: Inventory, snapshot: HostSnapshot, plan: Plan | N
         lines.append(f"serve would move to {VFIO_DRIVER} (scan changes nothing):")
         for decision in binds:
             lines.append(f"  {decision.address}: from {decision.driver or 'no driver'}")
+    lines.append(_iommufd_line(snapshot))
     if snapshot.problems:
         lines.append("problems reading the host:")
         for problem in snapshot.problems:
