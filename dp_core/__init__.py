@@ -19,6 +19,19 @@ from .answers import (
 )
 from .bind_plan import BindDecision, plan_bindings
 from .binding import BindingBook
+from .cdi import (
+    MIN_CDI_VERSION,
+    SPEC_PREFIX,
+    CdiDevice,
+    CdiSpec,
+    CdiSpecsChanged,
+    CdiSpecsWritten,
+    cdi_kind,
+    device_name_error,
+    minimum_version,
+    qualified_name,
+    spec_name,
+)
 from .config import (
     DEFAULT_SHARED_DEVICES,
     Binding,
@@ -99,6 +112,8 @@ from .tally import Tally
 
 __all__ = [
     "DEFAULT_SHARED_DEVICES",
+    "MIN_CDI_VERSION",
+    "SPEC_PREFIX",
     "IOMMUFD_NODE",
     "VFIO_DRIVER",
     "AdvertisedDevice",
@@ -115,6 +130,10 @@ __all__ = [
     "Binding",
     "BindingBook",
     "BindingFinished",
+    "CdiDevice",
+    "CdiSpec",
+    "CdiSpecsChanged",
+    "CdiSpecsWritten",
     "CdevState",
     "Config",
     "ConfigApplied",
@@ -183,11 +202,16 @@ __all__ = [
     "WatchEnded",
     "WatchStarted",
     "build_inventory",
+    "cdi_kind",
     "cdev_state",
     "collect",
     "container_allocation",
+    "device_name_error",
     "endpoint_name",
     "plan_bindings",
     "min_endpoint_length",
+    "minimum_version",
     "preferred_devices",
+    "qualified_name",
+    "spec_name",
 ]

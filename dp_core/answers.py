@@ -34,6 +34,9 @@ class ContainerAllocation:
     devices: tuple[DeviceSpec, ...] = ()
     mounts: tuple[tuple[str, str, bool], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
+    # Fully qualified CDI names (`vendor/class=name`) of the devices, when the
+    # node keeps CDI specs and theirs are in place (`node_cdi`).
+    cdi_devices: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ import attrs
 
 from .advertised import AdvertisedDevice
 from .answers import Answer, PluginOptions
+from .cdi import CdiSpecsChanged
 from .errors import StatusCode
 from .moves import Move
 from .pci import PciAddress
@@ -175,5 +176,6 @@ Effect = (
     | BindDevice
     | UnbindDevice
     | MovesChanged
+    | CdiSpecsChanged
     | Log
 )

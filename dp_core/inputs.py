@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 import attrs
 
+from .cdi import CdiSpecsWritten
 from .config import Config
 from .host import HostSnapshot
 from .moves import Move
@@ -281,5 +282,6 @@ Input = (
     | BindingFinished
     | UnbindingFinished
     | MovesRecalled
+    | CdiSpecsWritten
     | Tick
 )

@@ -229,6 +229,34 @@ def _node_wide(node: Node) -> list[MetricFamily]:
     ]
 
 
+def _cdi(node: Node) -> list[MetricFamily]:
+    keeper = node.cdi
+    if keeper is None:
+        return []
+    return [
+        _family(
+            "gauge",
+            "dp_cdi_specs_ok",
+            "1 while every CDI spec dp keeps is in place in the spec directory, else 0 "
+            "(Allocate then names no CDI device of a spec not in place).",
+            [((), int(keeper.in_place))],
+        ),
+        _family(
+            "gauge",
+            "dp_cdi_specs",
+            "CDI spec files dp keeps, one per resource with a device whose nodes exist.",
+            [((), len(keeper.specs))],
+        ),
+        _family(
+            "counter",
+            "dp_cdi_spec_errors_total",
+            "Times the spec directory could not be brought in step (each retried at the next "
+            "host scan; logged as cdi-specs-not-written when the reason changes).",
+            [((), keeper.failures)],
+        ),
+    ]
+
+
 def collect(node: Node) -> tuple[MetricFamily, ...]:
     """Every dp metric family of `node`, in a stable order."""
-    return (*_per_resource(node), *_node_wide(node))
+    return (*_per_resource(node), *_node_wide(node), *_cdi(node))

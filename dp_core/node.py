@@ -34,6 +34,7 @@ from .answers import (
 )
 from .bind_plan import BindDecision
 from .binding import BindingBook
+from .cdi import CdiSpecsWritten
 from .config import Config
 from .effects import (
     AttributeConnection,
@@ -81,6 +82,7 @@ from .inventory import (
 )
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .node_binding import Binder
+from .node_cdi import CdiKeeper
 from .pci import PciAddress, PciId
 from .registration import Backoff, Registrar, SocketMode
 from .tally import Tally
@@ -133,6 +135,7 @@ class Node:
         endpoint_max_length: int = NAME_MAX,
         timing: Timing | None = None,
         pci_names: Mapping[PciId, str] | None = None,
+        cdi: bool = False,
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
         self.timing = timing or Timing()
@@ -157,6 +160,8 @@ class Node:
         self.allocations = AllocationBook(self.timing.release_grace)
         self.binder = Binder(self.allocations)
         self.tally = Tally()
+        # With `cdi`, the node keeps a CDI spec per resource (node_cdi).
+        self.cdi = CdiKeeper() if cdi else None
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
         self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
@@ -186,6 +191,7 @@ class Node:
             BindingFinished: self._binding_finished,
             UnbindingFinished: self._unbinding_finished,
             MovesRecalled: self._moves_recalled,
+            CdiSpecsWritten: self._cdi_written,
             Tick: self._tick,
         }
 
@@ -282,6 +288,8 @@ class Node:
         }
         self._group_members = shared_groups(self.inventory.resources)
         effects.extend(self._refresh())
+        if self.cdi is not None:
+            effects.extend(self.cdi.refresh(self.inventory, self.snapshot))
         return effects
 
     def _effective(
@@ -562,7 +570,11 @@ class Node:
                 touched.update(allocation.groups)
                 for replaced in self.allocations.last_replaced:
                     touched.update(replaced.groups)
-                answers.append(container_allocation(resource, devices))
+                answer = container_allocation(resource, devices)
+                if self.cdi is not None:
+                    names = self.cdi.names(resource_name, devices)
+                    answer = attrs.evolve(answer, cdi_devices=names)
+                answers.append(answer)
                 logs.append(allocation_log("allocated", allocation))
             return AllocateAnswer(tuple(answers))
 
@@ -611,6 +623,11 @@ class Node:
 
     def _moves_recalled(self, event: MovesRecalled) -> list[Effect]:
         return self.binder.recalled(event, scanned=self._scanned)
+
+    def _cdi_written(self, event: CdiSpecsWritten) -> list[Effect]:
+        if self.cdi is None:
+            raise UsageError("CdiSpecsWritten for a node made without cdi=True")
+        return self.cdi.written(event)
 
     def _tick(self, event: Tick) -> list[Effect]:
         return []

@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default /run/dp; '' keeps nothing)",
     )
     serve.add_argument(
+        "--cdi-spec-dir",
+        default=None,
+        metavar="DIR",
+        help="keep a CDI spec per resource in DIR and name the devices in Allocate's "
+        "cdi_devices: /var/run/cdi is where runtimes look (default: off)",
+    )
+    serve.add_argument(
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
@@ -161,6 +168,7 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         config_path=args.config,
         metrics_address=metrics_address,
         state_dir=args.state_dir or None,
+        cdi_spec_dir=args.cdi_spec_dir or None,
     )
     try:
         runtime = Runtime(

@@ -89,7 +89,7 @@ def options(options: PluginOptions) -> pb.DevicePluginOptions:
 
 
 def allocate_response(answer: AllocateAnswer) -> bytes:
-    """`AllocateResponse` bytes: envs, mounts, device specs, annotations per container."""
+    """`AllocateResponse` bytes: envs, mounts, device specs, annotations, CDI devices."""
     out = bytearray()
     for container in answer.containers:
         body = bytearray()
@@ -107,6 +107,8 @@ def allocate_response(answer: AllocateAnswer) -> bytes:
             body += _length_delimited(3, device)
         for key, value in container.annotations:
             body += _map_entry(4, key, value)
+        for name in container.cdi_devices:
+            body += _length_delimited(5, _string_field(1, name))  # CDIDevice{name}
         out += _length_delimited(1, bytes(body))
     return bytes(out)
 

@@ -256,11 +256,15 @@ def runtime_health(view: ServerView) -> Check:
     # resources meanwhile; they show in the log and in the scan metrics.
     if view.timer_stopped():
         return Check(False, "the timer loop has stopped: no rescans, ticks or re-registrations")
+    # CDI specs that cannot be written do not fail it either: a restart would
+    # not make the directory writable, and Allocate works without them.
+    cdi = view.node.cdi
+    specs = f"; CDI specs not in place: {cdi.problem}" if cdi is not None and cdi.problem else ""
     if view.last_rescan is None:
-        return Check(True, "ok: starting")
+        return Check(True, f"ok: starting{specs}")
     age = view.now() - view.last_rescan[0]
     failing = f", {view.rescan_failures} failed since start" if view.rescan_failures else ""
-    return Check(True, f"ok: last host scan {age:.1f} s ago{failing}")
+    return Check(True, f"ok: last host scan {age:.1f} s ago{failing}{specs}")
 
 
 def runtime_readiness(view: ServerView) -> Check:

@@ -16,9 +16,12 @@ import attrs
 from dp_core import (
     AttributeConnection,
     BindDevice,
+    CdiSpecsChanged,
+    CdiSpecsWritten,
     Effect,
     EndStream,
     HealthChanged,
+    Input,
     Log,
     MovesChanged,
     Publish,
@@ -30,6 +33,7 @@ from dp_core import (
 )
 from dp_server.binding.moves_file import MovesStore
 from dp_server.binding.queue import BindQueue
+from dp_server.cdi import SpecDirectory
 from dp_server.deviceplugin.pod_resources import PodResourcesPoller
 from dp_server.deviceplugin.register_client import RegisterClient
 from dp_server.deviceplugin.streams import Streams
@@ -49,6 +53,8 @@ class EffectRunner:
         pods: PodResourcesPoller,
         binds: BindQueue,
         moves: MovesStore,
+        cdi: SpecDirectory | None,
+        feed: Callable[[Input], object],
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         now: Callable[[], float],
         stopping: Callable[[], bool],
@@ -58,6 +64,8 @@ class EffectRunner:
         self._pods = pods
         self._binds = binds
         self._moves = moves
+        self._cdi = cdi
+        self._feed = feed
         self._spawn = spawn
         self._now = now
         self._stopping = stopping
@@ -70,6 +78,7 @@ class EffectRunner:
             BindDevice: self._move,
             UnbindDevice: self._move,
             MovesChanged: self._keep_moves,
+            CdiSpecsChanged: self._keep_cdi_specs,
             AttributeConnection: self._log_attribution,
             # Answered by whoever fed the call (Runtime.call).
             Reply: _nothing,
@@ -103,6 +112,13 @@ class EffectRunner:
 
     def _keep_moves(self, effect: MovesChanged) -> None:
         self._moves.keep(effect.moves)
+
+    def _keep_cdi_specs(self, effect: CdiSpecsChanged) -> None:
+        if self._cdi is None:
+            return
+        # In the same turn: an Allocate read after this one names only specs in place.
+        result = self._cdi.sync(effect.specs)
+        self._feed(CdiSpecsWritten(result.in_place, result.problem))
 
     def _log_attribution(self, effect: AttributeConnection) -> None:
         _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})

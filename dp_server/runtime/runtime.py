@@ -48,6 +48,7 @@ from dp_core import (
 from dp_server.binding.binder import Binder
 from dp_server.binding.moves_file import MovesStore
 from dp_server.binding.queue import BindQueue
+from dp_server.cdi import SpecDirectory
 from dp_server.deviceplugin.pod_resources import PodResourcesPoller
 from dp_server.deviceplugin.register_client import RegisterClient
 from dp_server.deviceplugin.service import DevicePluginService
@@ -99,6 +100,7 @@ class Runtime:
             endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
             timing=settings.timing,
             pci_names=pci_names,
+            cdi=settings.cdi_spec_dir is not None,
         )
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
@@ -155,6 +157,8 @@ class Runtime:
             pods=self._pods,
             binds=self._binds,
             moves=self._moves,
+            cdi=SpecDirectory(settings.cdi_spec_dir) if settings.cdi_spec_dir else None,
+            feed=self.feed,
             spawn=self._tasks.spawn,
             now=self.now,
             stopping=self.stopping,

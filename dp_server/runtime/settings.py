@@ -37,6 +37,8 @@ class Settings:
     metrics_address: tuple[str | None, int] | None = None  # host None: every address
     # Where what dp moved to vfio-pci is kept across restarts (moves_file); None: nowhere.
     state_dir: str | None = None
+    # Where dp keeps a CDI spec per resource (dp_server.cdi); None: no CDI.
+    cdi_spec_dir: str | None = None
 
 
 class SettingsError(ValueError):
