@@ -14,7 +14,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 
-from dp_core import HostSnapshot, PciAddress
+from dp_core import HostSnapshot, PciAddress, VfioDevEntry
 from dp_server.host import scanner
 from dp_server.host.scanner import UNKNOWN_CLASS, UNKNOWN_DRIVER, scan_host
 from dp_testing.generator import generate_topology
@@ -554,3 +554,103 @@ def test_unlistable_groups_still_see_a_member_the_scan_skipped(
     result = _scan(tree)
     assert result.group(216) is None
     assert str(tree[0] / "kernel/iommu_groups/216/devices/0000:d8:00.1") in _problem_paths(result)
+
+
+# --------------------------------------------------------------------------
+# VFIO character devices: vfio-dev/ entries, /dev/vfio/devices, /dev/iommu (issue 19)
+
+
+def test_fixture_vfio_dev_shapes(fixture_scan: HostSnapshot) -> None:
+    entries = {str(d.address): d.vfio_dev for d in fixture_scan.pci_devices}
+    assert entries["0000:6b:00.1"] == VfioDevEntry("vfio0", has_dev=True)
+    assert entries["0000:6b:00.2"] == VfioDevEntry("vfio1", has_dev=True)
+    assert entries["0000:6b:00.3"] == VfioDevEntry("vfio2", has_dev=False)
+    assert entries["0000:3b:00.0"] is None  # no vfio-dev/ at all
+    assert "/dev/vfio/devices/vfio0" in fixture_scan.dev_nodes
+    assert "/dev/vfio/devices/vfio1" not in fixture_scan.dev_nodes
+    assert fixture_scan.has_iommufd
+
+
+def _vfio_dev(sysfs: Path, address: str) -> Path:
+    return _dir(sysfs, address) / "vfio-dev"
+
+
+def test_missing_dev_iommu_and_cdev_directory(tree: tuple[Path, Path]) -> None:
+    sysfs, dev = tree
+    (dev / "iommu").unlink()
+    shutil.rmtree(dev / "vfio" / "devices")
+    result = _scan(tree)
+    assert not result.has_iommufd
+    assert not any(n.startswith("/dev/vfio/devices/") for n in result.dev_nodes)
+    assert result.problems == ()  # a kernel without them is no problem
+
+
+def test_cdev_directory_ignores_names_that_are_not_vfio_nodes(tree: tuple[Path, Path]) -> None:
+    _, dev = tree
+    (dev / "vfio" / "devices" / "vfioX").write_text("")
+    (dev / "vfio" / "devices" / "vfio7").write_text("")
+    nodes = _scan(tree).dev_nodes
+    assert "/dev/vfio/devices/vfio7" in nodes and "/dev/vfio/devices/vfioX" not in nodes
+
+
+@pytest.mark.parametrize(
+    ("breakage", "reason"),
+    [
+        ("file", "cannot list: Not a directory"),
+        ("dangling", "cannot list: missing (or gone during the scan)"),
+        ("empty", "holds nothing, not one vfio<N> entry"),
+        ("two", "holds 'vfio0', 'vfio9', not one vfio<N> entry"),
+        ("stray", "holds 'vfio0', 'x', not one vfio<N> entry"),
+    ],
+)
+def test_odd_vfio_dev_keeps_the_group_interface(
+    tree: tuple[Path, Path], breakage: str, reason: str
+) -> None:
+    sysfs, _ = tree
+    entry = _vfio_dev(sysfs, "0000:6b:00.1")
+    if breakage in ("file", "dangling", "empty"):
+        shutil.rmtree(entry)
+        if breakage == "file":
+            entry.write_text("")
+        elif breakage == "dangling":
+            entry.symlink_to("nowhere")
+        else:
+            entry.mkdir()
+    elif breakage == "two":
+        (entry / "vfio9").mkdir()
+    else:
+        (entry / "x").write_text("")
+    result = _scan(tree)
+    (vf,) = [d for d in result.pci_devices if str(d.address) == "0000:6b:00.1"]
+    assert vf.vfio_dev is not None and vf.vfio_dev.problem == reason
+    assert vf.vfio_dev.host_path is None
+    (problem,) = result.problems
+    assert problem.path == f"{sysfs}/bus/pci/devices/0000:6b:00.1/vfio-dev"
+    assert (
+        problem.reason
+        == f"{reason}; no VFIO character device is offered; the group interface stays"
+    )
+    # Everything else about the function is read as before.
+    assert attrs.evolve(vf, vfio_dev=None) == attrs.evolve(
+        _expected().device(A("0000:6b:00.1")), vfio_dev=None
+    )
+
+
+def test_unlistable_vfio_dev_entry(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sysfs, _ = tree
+    real = os.listdir
+
+    def listdir(path: str | int = ".") -> list[str]:
+        if isinstance(path, str) and path.endswith("/vfio-dev/vfio1"):
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(scanner.os, "listdir", listdir)
+    result = _scan(tree)
+    (vf,) = [d for d in result.pci_devices if str(d.address) == "0000:6b:00.2"]
+    assert vf.vfio_dev == VfioDevEntry("vfio1", problem="cannot list vfio1: permission denied")
+    (problem,) = result.problems
+    assert problem.path.endswith("0000:6b:00.2/vfio-dev/vfio1")
+    assert problem.reason.startswith("cannot list: permission denied; ")
