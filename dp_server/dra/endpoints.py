@@ -21,6 +21,7 @@ from dp_server.dra.preparer import ClaimPreparer
 from dp_server.dra.registration import RegistrationService, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS, DraPluginService
 from dp_server.dra.sockets import ServedSocket
+from dp_server.dra.wire import StrictCodec
 
 __all__ = ["DRA_SOCKET", "DraEndpoints", "registration_socket_name"]
 
@@ -63,8 +64,8 @@ class DraEndpoints:
         self._registration = RegistrationService(
             driver, str(self.dra_socket_path), SUPPORTED_VERSIONS, self._status_changed
         )
-        self._dra = ServedSocket(self.dra_socket_path, [DraPluginService(preparer)])
-        self._reg = ServedSocket(self.registration_socket_path, [self._registration])
+        self._dra = ServedSocket(self.dra_socket_path, [DraPluginService(preparer)], StrictCodec())
+        self._reg = ServedSocket(self.registration_socket_path, [self._registration], StrictCodec())
         self._check_interval = check_interval
         self._checker: asyncio.Task[None] | None = None
 

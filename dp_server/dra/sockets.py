@@ -20,6 +20,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from grpclib.encoding.base import CodecBase
 from grpclib.server import Server
 
 __all__ = ["MAX_UNIX_PATH", "SOCKET_MODE", "ForeignSocket", "ServedSocket", "socket_identity"]
@@ -78,7 +79,9 @@ def _clear(path: Path) -> None:
 class ServedSocket:
     """A grpclib server of `handlers` on `path`, listened on again when its file goes."""
 
-    def __init__(self, path: Path, handlers: Collection[Any]) -> None:
+    def __init__(
+        self, path: Path, handlers: Collection[Any], codec: CodecBase | None = None
+    ) -> None:
         if len(os.fsencode(path)) > MAX_UNIX_PATH:
             raise ValueError(
                 f"socket path {path} is {len(os.fsencode(path))} bytes, "
@@ -86,6 +89,7 @@ class ServedSocket:
             )
         self.path = path
         self._handlers = handlers
+        self._codec = codec
         self._server: Server | None = None
         self._identity: tuple[int, int] | None = None
         # Servers whose file was deleted: unreachable, closed at close().
@@ -101,7 +105,7 @@ class ServedSocket:
         """Listen on `path`, after removing a stale socket of ours; ForeignSocket otherwise."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _clear(self.path)
-        server = Server(self._handlers)
+        server = Server(self._handlers, codec=self._codec)
         try:
             await server.start(path=str(self.path))
         except OSError as error:

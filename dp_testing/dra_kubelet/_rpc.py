@@ -1,0 +1,108 @@
+"""The DRA and plugin-registration RPCs as the kubelet spells them, and its messages' shapes.
+
+Like the device-plugin emulator, no grpcio-generated stubs: protobuf's
+runtime messages (`dp_testing.emulator.pb`) and method paths only. The
+constants are the kubelet's (Kubernetes 1.34/1.35), read from
+pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go and
+pkg/kubelet/cm/dra/plugin/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from dp_testing.emulator.pb.dra.v1 import api_pb2 as dra_v1
+from dp_testing.emulator.pb.dra.v1beta1 import api_pb2 as dra_v1beta1
+from dp_testing.emulator.pb.pluginregistration.v1 import api_pb2 as reg
+
+#: `registerapi.DRAPlugin`: the only plugin type this kubelet has a handler for.
+DRA_PLUGIN_TYPE = "DRAPlugin"
+#: What the kubelet supports, newest first (`servicesSupportedByKubelet`).
+KUBELET_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+#: The plugin watcher's dial (blocking), GetInfo and NotifyRegistrationStatus deadlines.
+DIAL_TIMEOUT = 10.0
+GET_INFO_TIMEOUT = 1.0
+NOTIFY_TIMEOUT = 5.0
+#: `defaultClientCallTimeout` for NodePrepareResources and NodeUnprepareResources.
+CALL_TIMEOUT = 45.0
+
+GET_INFO = "/pluginregistration.Registration/GetInfo"
+NOTIFY = "/pluginregistration.Registration/NotifyRegistrationStatus"
+
+#: "<proto package's last element>.DRAPlugin" (what plugins advertise) -> messages.
+SERVICE_MESSAGES: dict[str, ModuleType] = {
+    "v1.DRAPlugin": dra_v1,
+    "v1beta1.DRAPlugin": dra_v1beta1,
+}
+
+
+def method_path(service: str, method: str) -> str:
+    """`v1.DRAPlugin` + `NodePrepareResources` -> the full gRPC path."""
+    module = SERVICE_MESSAGES[service]
+    return f"/{module.DESCRIPTOR.package}.DRAPlugin/{method}"
+
+
+class Claim(NamedTuple):
+    """A claim as the kubelet names it in a request (any object with these fields will do)."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Device:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """One claim's entry in a NodePrepareResources reply."""
+
+    devices: tuple[Device, ...]
+    error: str
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A registered DRA plugin as the kubelet keeps it."""
+
+    name: str
+    endpoint: str
+    service: str  # the chosen one, e.g. "v1.DRAPlugin"
+    socket: str  # the registration socket it was found through
+    versions: tuple[str, ...]
+
+
+def device(message: Any) -> Device:
+    return Device(
+        tuple(message.request_names),
+        message.pool_name,
+        message.device_name,
+        tuple(message.cdi_device_ids),
+    )
+
+
+__all__ = [
+    "CALL_TIMEOUT",
+    "DIAL_TIMEOUT",
+    "DRA_PLUGIN_TYPE",
+    "GET_INFO",
+    "GET_INFO_TIMEOUT",
+    "KUBELET_SERVICES",
+    "NOTIFY",
+    "NOTIFY_TIMEOUT",
+    "SERVICE_MESSAGES",
+    "Claim",
+    "Device",
+    "Plugin",
+    "PrepareResult",
+    "device",
+    "method_path",
+    "reg",
+]
