@@ -18,7 +18,7 @@ SOURCE = Path(__file__).parent / "gokubelet" / "main.go"
 GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their source
 PACKAGES = "golang-go golang-google-grpc-dev"
 
-__all__ = ["PACKAGES", "awaiting_change", "build", "missing", "report", "start"]
+__all__ = ["PACKAGES", "awaiting_change", "build", "missing", "report", "start", "start_dra"]
 
 
 def missing() -> str | None:
@@ -42,7 +42,7 @@ def build(directory: Path) -> Path:
         "CGO_ENABLED": "0",
     }
     result = subprocess.run(
-        ["go", "build", "-o", str(binary), str(SOURCE)],
+        ["go", "build", "-o", str(binary), *map(str, sorted(SOURCE.parent.glob("*.go")))],
         env=env,
         capture_output=True,
         text=True,
@@ -81,6 +81,35 @@ def start(
             *("-allocs", str(allocs), "-restarts", str(restarts), "-timeout", f"{timeout}s"),
             *("-await-change", f"{await_change}s", "-linger", f"{linger}s"),
             *(("-break",) if break_connection else ()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def start_dra(
+    binary: Path,
+    registry_dir: Path,
+    claims: list[tuple[str, str, str]],
+    *,
+    restarts: int = 0,
+    services: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+    timeout: float = 30.0,
+) -> subprocess.Popen[str]:
+    """Run gokubelet as the kubelet's DRA side (tests/gokubelet/dra.go) on `registry_dir`.
+
+    It registers the first DRA plugin whose socket appears there, prepares and
+    unprepares `claims` (namespace, name, uid), then for each restart forgets
+    the plugin, registers it again and prepares the claims again; the report
+    comes on stdout at the end (`report`).
+    """
+    return subprocess.Popen(
+        [
+            str(binary),
+            *("-dra-registry", str(registry_dir), "-timeout", f"{timeout}s"),
+            *("-dra-claims", ",".join("/".join(claim) for claim in claims)),
+            *("-dra-restarts", str(restarts), "-dra-services", ",".join(services)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

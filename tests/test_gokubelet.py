@@ -15,10 +15,13 @@ DP_REQUIRE_GO_KUBELET=1 (as in CI), where that is a failure.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +29,15 @@ from typing import Any
 
 import pytest
 
+from dp_core.claims import ClaimRef, PreparedDevice
 from dp_server.cli.demo import DEMO_CONFIG
+from dp_server.dra import (
+    DraEndpoints,
+    Prepared,
+    PrepareFailed,
+    PrepareOutcome,
+    RegistrationStatus,
+)
 from dp_testing.topology import fixture_topology, write_sysfs
 
 import go_kubelet
@@ -235,3 +246,69 @@ def test_a_grpc_go_kubelet_still_holding_a_lost_client_gets_it_back_at_once(
     assert listed[first]["registrations"] == 2
     assert 0.3 <= report["break_s"] < 3.0, report["break_s"]
     assert all(r["registrations"] == 1 for name, r in listed.items() if name != first)
+
+
+class _DraPreparer:
+    """Prepares any claim but one named "bad", which names the group holding it."""
+
+    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
+        if claim.name == "bad":
+            return PrepareFailed("IOMMU group 7 is held by claim ns/other")
+        return Prepared(
+            (
+                PreparedDevice(
+                    ("gpu",), "node-a", f"dev-{claim.name}", (f"x.example.com/pci={claim.uid}",)
+                ),
+            )
+        )
+
+    async def unprepare(self, claim: ClaimRef) -> str | None:
+        return "cannot release group 7" if claim.name == "bad" else None
+
+
+@pytest.mark.parametrize(
+    "services", [("v1.DRAPlugin", "v1beta1.DRAPlugin"), ("v1beta1.DRAPlugin",)]
+)
+async def test_a_grpc_go_kubelet_registers_the_dra_driver_prepares_and_restarts(
+    gokubelet: Path, processes: list[subprocess.Popen[str]], services: tuple[str, ...]
+) -> None:
+    """The DRA front end's sockets against grpc-go: registration, per-claim replies, restart."""
+    root = Path(tempfile.mkdtemp(prefix="dp-godra-"))  # short: Unix socket paths
+    endpoints = DraEndpoints("x.example.com", root / "registry", root / "plugins", _DraPreparer())
+    await endpoints.start()
+    try:
+        kubelet = go_kubelet.start_dra(
+            gokubelet,
+            root / "registry",
+            [("ns", "vm", "u-good"), ("ns", "bad", "u-bad")],
+            restarts=1,
+            services=services,
+        )
+        processes.append(kubelet)
+        result = await asyncio.to_thread(go_kubelet.report, kubelet, 60)
+        assert result["exit_code"] == 0, result
+        (plugin,) = result["plugins"]
+        assert plugin["name"] == "x.example.com"
+        assert plugin["endpoint"] == str(root / "plugins" / "x.example.com" / "dra.sock")
+        assert plugin["versions"] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert plugin["service"] == services[0]
+        assert result["registrations"] == 2  # once, and again after the restart
+        good = {
+            "devices": [
+                {
+                    "request_names": ["gpu"],
+                    "pool_name": "node-a",
+                    "device_name": "dev-vm",
+                    "cdi_device_ids": ["x.example.com/pci=u-good"],
+                }
+            ],
+            "error": "",
+        }
+        bad = {"devices": [], "error": "IOMMU group 7 is held by claim ns/other"}
+        assert result["prepare"] == {"u-good": good, "u-bad": bad}
+        assert result["unprepare"] == {"u-good": "", "u-bad": "cannot release group 7"}
+        assert result["after_restart"] == [{"u-good": good, "u-bad": bad}]
+        assert endpoints.registration_status == RegistrationStatus(True, "")
+    finally:
+        await endpoints.close()
+        shutil.rmtree(root, ignore_errors=True)

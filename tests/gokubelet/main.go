@@ -687,6 +687,9 @@ func main() {
 	breakConn := flag.Bool("break", false, "after the calls, close the first resource's connection as a transport failure would, and time its return")
 	linger := flag.Duration("linger", 0, "how long a client whose stream ended is still held (a Register meanwhile is answered without a dial)")
 	flag.Parse()
+	if *draRegistry != "" {
+		os.Exit(runDRA(*timeout)) // dra.go
+	}
 	if *podResources != "" {
 		if err := servePodResources(*podResources); err != nil {
 			fmt.Fprintln(os.Stderr, "gokubelet:", err)
