@@ -1,0 +1,174 @@
+"""A pool's content as ResourceSlice objects (lightkube's models), and what counts as a change.
+
+`cut` splits a `PoolContent` into the specs of its slices, within the limits
+of `resource.k8s.io/v1` (`k8s.io/api/resource/v1/types.go` and
+`pkg/apis/resource/validation/validation.go`): at most 128 devices in a
+slice, 64 if any of them has taints or consumes counters; since 1.35 a slice
+holds either devices or shared counter sets, never both, and at most 8 sets.
+Devices are cut in name order, so the same content always gives the same
+slices.
+
+`content_key` is what a slice says apart from its pool generation, count and
+server-set fields: two slices with the same key need no write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.models.resource_v1 import (
+    Counter,
+    CounterSet,
+    Device,
+    DeviceAttribute,
+    DeviceCounterConsumption,
+    DeviceTaint,
+    ResourcePool,
+    ResourceSliceSpec,
+)
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from dp_core.slices import (
+    MAX_COUNTER_SETS_PER_SLICE,
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_ADVANCED,
+    AttributeValue,
+    PoolContent,
+    PoolDevice,
+    Version,
+)
+from dp_core.slices import CounterSet as CoreCounterSet
+
+__all__ = ["SliceBody", "content_key", "cut", "generate_name", "node_owner", "slice_object"]
+
+# What one slice carries besides the pool: its devices or its counter sets.
+SliceBody = tuple[tuple[PoolDevice, ...], tuple[CoreCounterSet, ...]]
+
+_NAME_MAX = 253
+_GENERATED_SUFFIX = 5
+
+
+def cut(content: PoolContent) -> list[SliceBody]:
+    """The slices `content` is published as: counter sets first, then devices in name order."""
+    bodies: list[SliceBody] = []
+    sets = sorted(content.shared_counters, key=lambda s: s.name)
+    for start in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE):
+        bodies.append(((), tuple(sets[start : start + MAX_COUNTER_SETS_PER_SLICE])))
+    chunk: list[PoolDevice] = []
+    advanced = False
+    for device in sorted(content.devices, key=lambda d: d.name):
+        limit = (
+            MAX_DEVICES_PER_SLICE_ADVANCED if advanced or device.advanced else MAX_DEVICES_PER_SLICE
+        )
+        if len(chunk) + 1 > limit:
+            bodies.append((tuple(chunk), ()))
+            chunk, advanced = [], False
+        chunk.append(device)
+        advanced = advanced or device.advanced
+    if chunk:
+        bodies.append((tuple(chunk), ()))
+    return bodies
+
+
+def generate_name(content: PoolContent) -> str:
+    """`metadata.generateName` of a new slice: `<node>-<driver>-`, within a name's length."""
+    prefix = f"{content.node_name}-{content.driver}"[: _NAME_MAX - _GENERATED_SUFFIX - 1]
+    return prefix.rstrip(".-") + "-"
+
+
+def node_owner(node: str, uid: str) -> OwnerReference:
+    """The Node as controller of the slice: deleting the Node deletes its slices."""
+    return OwnerReference(apiVersion="v1", kind="Node", name=node, uid=uid, controller=True)
+
+
+def _attribute(value: AttributeValue) -> DeviceAttribute:
+    # bool before int: a bool is an int to Python, not to Kubernetes.
+    if isinstance(value, bool):
+        return DeviceAttribute(bool=value)
+    if isinstance(value, int):
+        return DeviceAttribute(int=value)
+    if isinstance(value, Version):
+        return DeviceAttribute(version=value.text)
+    return DeviceAttribute(string=value)
+
+
+def _counters(pairs: Sequence[tuple[str, int]]) -> dict[str, Counter]:
+    return {name: Counter(value=str(value)) for name, value in pairs}
+
+
+def _device(device: PoolDevice) -> Device:
+    return Device(
+        name=device.name,
+        attributes={key: _attribute(value) for key, value in device.attributes} or None,
+        consumesCounters=[
+            DeviceCounterConsumption(counterSet=c.counter_set, counters=_counters(c.counters))
+            for c in device.consumes_counters
+        ]
+        or None,
+        taints=[
+            DeviceTaint(key=t.key, value=t.value or None, effect=t.effect) for t in device.taints
+        ]
+        or None,
+    )
+
+
+def slice_object(
+    content: PoolContent,
+    body: SliceBody,
+    *,
+    generation: int,
+    count: int,
+    owner: OwnerReference,
+    name: str | None = None,
+    resource_version: str | None = None,
+) -> ResourceSlice:
+    """One slice of the pool at `generation` of `count` slices: named `name` (an update,
+    with `resource_version` as its precondition) or to be named by the server (a create)."""
+    devices, sets = body
+    spec = ResourceSliceSpec(
+        driver=content.driver,
+        pool=ResourcePool(name=content.pool, generation=generation, resourceSliceCount=count),
+        nodeName=content.node_name,
+        devices=[_device(d) for d in devices] if devices else None,
+        sharedCounters=[CounterSet(name=s.name, counters=_counters(s.counters)) for s in sets]
+        or None,
+    )
+    metadata = ObjectMeta(
+        name=name,
+        generateName=None if name else generate_name(content),
+        resourceVersion=resource_version,
+        ownerReferences=[owner],
+    )
+    return ResourceSlice(
+        apiVersion="resource.k8s.io/v1", kind="ResourceSlice", metadata=metadata, spec=spec
+    )
+
+
+def _strip(spec: dict[str, Any]) -> dict[str, Any]:
+    spec = dict(spec)
+    spec.pop("pool", None)
+    devices = []
+    for device in spec.get("devices") or ():
+        device = dict(device)
+        if device.get("taints"):
+            # The API server stamps timeAdded on a taint that has none.
+            device["taints"] = [
+                {k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]
+            ]
+        devices.append(device)
+    if devices:
+        spec["devices"] = devices
+    return spec
+
+
+def content_key(obj: ResourceSlice) -> str:
+    """What `obj` offers and to whom: its spec without the pool, and its owners."""
+    assert obj.spec is not None and obj.metadata is not None
+    owners = [
+        {"kind": o.kind, "name": o.name, "uid": o.uid, "controller": bool(o.controller)}
+        for o in obj.metadata.ownerReferences or ()
+    ]
+    return json.dumps([_strip(obj.spec.to_dict()), owners], sort_keys=True)

@@ -1,0 +1,314 @@
+"""Publishing this node's DRA pool as ResourceSlices, and keeping them as published.
+
+`SlicePublisher` takes the pool's whole content from the core (`publish`,
+which never waits) and, in its own task (`run`), makes the API server hold
+exactly that: one pool per node, named after the node, cut into slices by
+`slice_objects.cut`, each owned by the Node object. It works like the Go
+helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
+
+- it lists this node's slices of its driver (field selectors `spec.nodeName`
+  and `spec.driver`) and watches them from the list's resourceVersion, so what
+  it knows of the server is never older than the last event;
+- it writes only when the server's slices differ from the wanted content;
+  then the pool generation goes one past the highest on the server, every
+  slice of the pool is rewritten with it (updates with the slice's
+  resourceVersion as precondition, creates with `generateName`), and slices
+  of another pool, an older generation or beyond the wanted count are deleted;
+  so slices left by an earlier run are cleaned up at start, and a slice that
+  someone else changed or deleted is put back;
+- a 409 Conflict or a 404 on an update means its view was stale: it lists
+  again and retries at once; a 410 Gone on the watch means its version is too
+  old: it lists again; anything else (refused, reset, timed out, 5xx) ends the
+  session, and it starts again after an exponential backoff with jitter, for
+  as long as it runs. The rest of dp is never held up by any of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Iterable
+
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from dp_core import MetricFamily, Sample
+from dp_core.slices import PoolContent
+from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
+from dp_server.dra.slice_objects import content_key, cut, node_owner, slice_object
+
+__all__ = ["Backoff", "SlicePublisher"]
+
+_log = logging.getLogger("dp.dra")
+
+# Conflicts in a row before the publisher backs off instead of retrying at once.
+_MAX_IMMEDIATE_RETRIES = 5
+
+
+class Backoff:
+    """Exponential delays from `first` to `cap` seconds, each scaled by a random 0.5-1."""
+
+    def __init__(self, first: float = 0.5, cap: float = 30.0, rng: random.Random | None = None):
+        self.first = first
+        self.cap = cap
+        self._rng = rng or random.Random()
+
+    def delay(self, failures: int) -> float:
+        base = min(self.cap, self.first * 2.0 ** max(0, failures - 1))
+        return base * self._rng.uniform(0.5, 1.0)
+
+
+class _Stale(Exception):
+    """The view of the server was out of date; list again."""
+
+
+class SlicePublisher:
+    """Keeps this node's ResourceSlices of one driver equal to the last `publish`ed content.
+
+    `watch_period` bounds each watch request, in seconds (a random value in
+    the range, as client-go's reflector does, so that many nodes do not
+    reconnect at once).
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        watch_period: tuple[float, float] = (300.0, 600.0),
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.api = api
+        self.watch_period = watch_period
+        self.backoff = backoff or Backoff()
+        self._rng = rng or random.Random()
+        self._wanted: PoolContent | None = None
+        self._changed = asyncio.Event()
+        self._node_uid: str | None = None
+        self._cache: dict[str, ResourceSlice] = {}
+        self._version = ""
+        self.generation = 0
+        self.synced = False
+        self.conflicts = 0
+        self.relists = 0
+        self.failures = 0
+
+    def publish(self, content: PoolContent) -> None:
+        """Make `content` the pool's wanted content; the running task writes it when it can."""
+        if content == self._wanted:
+            return
+        if self._wanted is not None and (content.driver, content.node_name) != (
+            self._wanted.driver,
+            self._wanted.node_name,
+        ):
+            raise ValueError("a publisher serves one driver on one node")
+        self._wanted = content
+        self.synced = False
+        self._changed.set()
+
+    async def run(self) -> None:
+        """Publish until cancelled; the first content must come from `publish`."""
+        while self._wanted is None:
+            await self._changed.wait()
+        failures = 0
+        while True:
+            try:
+                await self._session()
+            except ApiError as error:
+                if is_status(error, 410):
+                    _log.info("resourceslice-watch-expired", extra=_fields(relist=True))
+                    self.relists += 1
+                    continue
+                failures = await self._failed(error, failures)
+            except TRANSIENT_ERRORS as error:
+                failures = await self._failed(error, failures)
+
+    async def _failed(self, error: BaseException, failures: int) -> int:
+        failures += 1
+        self.failures += 1
+        self.synced = False
+        delay = self.backoff.delay(failures)
+        _log.warning(
+            "kube-api-unavailable",
+            extra=_fields(error=_describe(error), retry_in=round(delay, 3), failures=failures),
+        )
+        await asyncio.sleep(delay)
+        return failures
+
+    async def _session(self) -> None:
+        wanted = self._wanted
+        assert wanted is not None
+        if self._node_uid is None:
+            self._node_uid = await self.api.node_uid(wanted.node_name)
+        await self._list()
+        watcher = asyncio.create_task(self._watch(), name="dp-resourceslice-watch")
+        try:
+            conflicts = 0
+            while True:
+                self._changed.clear()
+                try:
+                    await self._reconcile()
+                    conflicts = 0
+                except _Stale:
+                    conflicts += 1
+                    if conflicts > _MAX_IMMEDIATE_RETRIES:
+                        raise
+                    await self._list()
+                    continue
+                self.synced = True
+                changed = asyncio.ensure_future(self._changed.wait())
+                await asyncio.wait({changed, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if watcher.done():
+                    watcher.result()  # raises what ended the watch
+                    raise _Stale  # pragma: no cover - the watch loop never returns
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _list(self) -> None:
+        wanted = self._wanted
+        assert wanted is not None
+        items, version = await self.api.list_slices(wanted.node_name, wanted.driver)
+        self._cache = {_name(s): s for s in items}
+        self._version = version
+
+    async def _watch(self) -> None:
+        wanted = self._wanted
+        assert wanted is not None
+        while True:
+            period = self._rng.uniform(*self.watch_period)
+            events = self.api.watch_slices(wanted.node_name, wanted.driver, self._version, period)
+            async for kind, obj in events:
+                name = _name(obj)
+                if kind == "DELETED":
+                    self._cache.pop(name, None)
+                else:
+                    self._cache[name] = obj
+                if obj.metadata is not None and obj.metadata.resourceVersion:
+                    self._version = obj.metadata.resourceVersion
+                self._changed.set()
+
+    async def _reconcile(self) -> None:
+        """One pass: nothing if the server holds the wanted content, else a new generation."""
+        wanted = self._wanted
+        uid = self._node_uid
+        assert wanted is not None and uid is not None
+        owner = node_owner(wanted.node_name, uid)
+        bodies = cut(wanted)
+        desired = sorted(
+            content_key(slice_object(wanted, body, generation=0, count=0, owner=owner))
+            for body in bodies
+        )
+        # Slices the field selectors should not have given us are never touched.
+        mine = [s for s in self._cache.values() if _spec_ok(s, wanted)]
+        in_pool = [s for s in mine if _pool(s)[0] == wanted.pool]
+        other_pools = [s for s in mine if _pool(s)[0] != wanted.pool]
+        top = max((_pool(s)[1] for s in in_pool), default=0)
+        current = [s for s in in_pool if _pool(s)[1] == top]
+        if (
+            not other_pools
+            and len(current) == len(in_pool) == len(bodies)
+            and all(_pool(s)[2] == len(bodies) for s in current)
+            and sorted(content_key(s) for s in current) == desired
+        ):
+            self.generation = top
+            return
+        generation = top + 1
+        reuse = sorted(in_pool, key=_name)
+        for index, body in enumerate(bodies):
+            if index < len(reuse):
+                old = reuse[index]
+                assert old.metadata is not None
+                obj = slice_object(
+                    wanted,
+                    body,
+                    generation=generation,
+                    count=len(bodies),
+                    owner=owner,
+                    name=old.metadata.name,
+                    resource_version=old.metadata.resourceVersion,
+                )
+                try:
+                    written = await self.api.replace_slice(obj)
+                except ApiError as error:
+                    if is_status(error, 409, 404):
+                        self.conflicts += 1
+                        raise _Stale from error
+                    raise
+            else:
+                obj = slice_object(
+                    wanted, body, generation=generation, count=len(bodies), owner=owner
+                )
+                written = await self.api.create_slice(obj)
+            self._cache[_name(written)] = written
+        for stale in reuse[len(bodies) :] + other_pools:
+            await self.api.delete_slice(_name(stale))
+            self._cache.pop(_name(stale), None)
+        self.generation = generation
+        _log.info(
+            "resourceslices-published",
+            extra=_fields(
+                pool=wanted.pool,
+                generation=generation,
+                slices=len(bodies),
+                devices=len(wanted.devices),
+                deleted=len(reuse[len(bodies) :]) + len(other_pools),
+            ),
+        )
+
+    def families(self) -> Iterable[MetricFamily]:
+        yield from self.api.calls.families()
+        yield MetricFamily(
+            "gauge",
+            "dp_dra_pool_generation",
+            "The generation of this node's DRA pool last written or found on the API server.",
+            (Sample((), self.generation),),
+        )
+        yield MetricFamily(
+            "gauge",
+            "dp_dra_slices_synced",
+            "1 when the API server holds the pool content dp last computed, else 0.",
+            (Sample((), 1 if self.synced and not self._changed.is_set() else 0),),
+        )
+        yield MetricFamily(
+            "counter",
+            "dp_dra_slice_conflicts_total",
+            "ResourceSlice updates refused as stale (409 or 404), each followed by a list.",
+            (Sample((), self.conflicts),),
+        )
+        yield MetricFamily(
+            "counter",
+            "dp_dra_api_failures_total",
+            "Times the API server could not be reached or failed, each followed by a backoff.",
+            (Sample((), self.failures),),
+        )
+
+
+def _name(obj: ResourceSlice) -> str:
+    assert obj.metadata is not None and obj.metadata.name is not None
+    return obj.metadata.name
+
+
+def _pool(obj: ResourceSlice) -> tuple[str, int, int]:
+    assert obj.spec is not None
+    pool = obj.spec.pool
+    return pool.name, pool.generation, pool.resourceSliceCount
+
+
+def _spec_ok(obj: ResourceSlice, wanted: PoolContent) -> bool:
+    return (
+        obj.spec is not None
+        and obj.spec.nodeName == wanted.node_name
+        and obj.spec.driver == wanted.driver
+    )
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiError):
+        return f"{error.status.code} {error.status.reason}: {error.status.message}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _fields(**fields: object) -> dict[str, dict[str, object]]:
+    return {"dp_fields": fields}

@@ -1,0 +1,7 @@
+"""An emulated Kubernetes API server for the DRA front end's tests and benchmarks."""
+
+from dp_testing.apiserver.rules import Validator
+from dp_testing.apiserver.server import ApiServerEmulator
+from dp_testing.apiserver.store import ApiFailure, Store
+
+__all__ = ["ApiFailure", "ApiServerEmulator", "Store", "Validator"]

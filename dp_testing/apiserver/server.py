@@ -1,0 +1,392 @@
+"""An emulated Kubernetes API server for what dp's DRA front end asks of a real one.
+
+It serves, over HTTP/1.1 (h11) on the running asyncio loop, with the REST
+conventions of the real server:
+
+- `GET /api/v1/nodes/<name>` (nodes are added with `add_node`);
+- `resource.k8s.io/v1` `resourceslices` (cluster-scoped) and `resourceclaims`
+  (namespaced, with the `status` subresource): get, list, watch, create, update
+  and delete;
+- list and watch with field selectors (`metadata.name`, `spec.nodeName`,
+  `spec.driver` for slices; `metadata.name`, `metadata.namespace` for claims)
+  and `resourceVersion`; watch events as JSON lines in a chunked answer,
+  ended after `timeoutSeconds`;
+- `generateName`, `uid`, `generation`, `creationTimestamp`; ownerReferences
+  kept as given; an update with a stale `resourceVersion` is a 409 Conflict;
+  a watch from a version no longer in the history (`compact`, or
+  `expire_watches` for the open ones) gets a 410 Gone ERROR event;
+- every object written is checked against the published schema and the rules
+  in code (`rules.Validator`, 422 Invalid when it fails) and rejects are kept
+  in `rejected`.
+
+Faults for tests: `delay` (seconds before every answer), `unavailable`
+(503 to everything), `fail_next(verb, resource, code)`, and `stop`/`start`
+(nothing listening). `requests` counts what was asked, by (verb, resource).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import h11
+
+from dp_testing.apiserver.rules import Validator, default_slice
+from dp_testing.apiserver.store import (
+    ApiFailure,
+    Event,
+    Store,
+    field_value,
+    parse_field_selector,
+)
+
+__all__ = ["ApiServerEmulator"]
+
+Obj = dict[str, Any]
+
+_GROUP = "/apis/resource.k8s.io/v1"
+_ROUTES = [
+    (re.compile(r"/api/v1/nodes(?:/(?P<name>[^/]+))?"), "nodes", False),
+    (re.compile(_GROUP + r"/resourceslices(?:/(?P<name>[^/]+))?"), "resourceslices", False),
+    (
+        re.compile(
+            _GROUP
+            + r"/namespaces/(?P<ns>[^/]+)/resourceclaims(?:/(?P<name>[^/]+)(?P<status>/status)?)?"
+        ),
+        "resourceclaims",
+        False,
+    ),
+]
+_KINDS = {
+    "nodes": ("v1", "Node"),
+    "resourceslices": ("resource.k8s.io/v1", "ResourceSlice"),
+    "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim"),
+}
+_FIELDS = {
+    "nodes": {"metadata.name"},
+    "resourceslices": {"metadata.name", "spec.nodeName", "spec.driver"},
+    "resourceclaims": {"metadata.name", "metadata.namespace"},
+}
+_MAX_BODY = 3 * 1024 * 1024
+
+
+class ApiServerEmulator:
+    """The emulated server; `start()` listens on 127.0.0.1 (a free port unless given)."""
+
+    def __init__(self, *, schema: Path | None = None, history: int = 1000) -> None:
+        self.store = Store(history=history)
+        self.validator = Validator(schema) if schema is not None else None
+        self.delay = 0.0
+        self.unavailable = False
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.rejected: list[tuple[str, str]] = []
+        self.port = 0
+        self._faults: list[tuple[str, str, int]] = []
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._watches: set[asyncio.Queue[Event | None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def writes(self) -> int:
+        return sum(
+            n for (verb, _), n in self.requests.items() if verb in {"create", "update", "delete"}
+        )
+
+    async def start(self, port: int | None = None) -> None:
+        self._server = await asyncio.start_server(
+            self._connection, "127.0.0.1", self.port if port is None else port
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening and drop every connection, open watches included."""
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    def add_node(self, name: str) -> Obj:
+        return self.store.create(
+            "nodes", "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        )
+
+    def fail_next(self, verb: str, resource: str, code: int) -> None:
+        """Answer the next `verb` on `resource` with `code` (409, 500, 503...)."""
+        self._faults.append((verb, resource, code))
+
+    def expire_watches(self) -> None:
+        """End every open watch with a 410 Gone, and forget the history (a compaction)."""
+        self.store.compact()
+        for queue in list(self._watches):
+            queue.put_nowait(None)
+
+    def slices(self) -> list[Obj]:
+        return self.store.objects("resourceslices")
+
+    # -- HTTP ---------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = await _read_request(conn, reader)
+                if request is None:
+                    return
+                keep = await self._answer(conn, writer, request, body)
+                if not keep or conn.our_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.transport.abort()
+
+    async def _answer(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
+    ) -> bool:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        target = urllib.parse.urlsplit(request.target.decode())
+        query = dict(urllib.parse.parse_qsl(target.query))
+        method = request.method.decode()
+        try:
+            if self.unavailable:
+                raise ApiFailure(503, "ServiceUnavailable", "the server is currently unavailable")
+            resource, namespace, name, status = _route(target.path)
+            verb = _verb(method, name, query)
+            self.requests[(verb, resource)] += 1
+            for fault in self._faults:
+                if fault[:2] == (verb, resource):
+                    self._faults.remove(fault)
+                    raise ApiFailure(fault[2], "Injected", f"injected {fault[2]} for {verb}")
+            if verb == "watch":
+                await self._watch(conn, writer, resource, namespace, query)
+                return False
+            code, answer = self._serve(verb, resource, namespace, name, status, query, body)
+        except ApiFailure as failure:
+            code, answer = failure.code, failure.status()
+        await _send_json(conn, writer, code, answer)
+        return True
+
+    def _serve(
+        self,
+        verb: str,
+        resource: str,
+        namespace: str,
+        name: str,
+        status: bool,
+        query: dict[str, str],
+        body: bytes,
+    ) -> tuple[int, Obj]:
+        api_version, kind = _KINDS[resource]
+        if verb == "get":
+            return 200, _typed(resource, self.store.get(resource, namespace, name))
+        if verb == "list":
+            selector = _selector(resource, query)
+            items = [o for o in self.store.objects(resource, namespace) if _matches(o, selector)]
+            listing = {
+                "kind": f"{kind}List",
+                "apiVersion": api_version,
+                "metadata": {"resourceVersion": str(self.store.version)},
+                "items": items,
+            }
+            return 200, listing
+        if verb == "delete":
+            return 200, _typed(resource, self.store.delete(resource, namespace, name))
+        obj = _decode(body)
+        if obj.get("kind", kind) != kind or obj.get("apiVersion", api_version) != api_version:
+            raise ApiFailure(400, "BadRequest", f"expected {api_version} {kind}")
+        if resource == "resourceslices":
+            obj = default_slice(obj)
+        if self.validator is not None:
+            try:
+                self.validator.check(resource, {**obj, "kind": kind, "apiVersion": api_version})
+            except ApiFailure as failure:
+                self.rejected.append((resource, failure.message))
+                raise
+        if verb == "create":
+            return 201, _typed(resource, self.store.create(resource, namespace, obj))
+        return 200, _typed(
+            resource, self.store.update(resource, namespace, name, obj, status=status)
+        )
+
+    async def _watch(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        resource: str,
+        namespace: str,
+        query: dict[str, str],
+    ) -> None:
+        selector = _selector(resource, query)
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+
+        def wanted(event: Event) -> bool:
+            return (
+                event.resource == resource
+                and (not namespace or event.namespace == namespace)
+                and _matches(event.object, selector)
+            )
+
+        unlisten = self.store.listen(lambda e: queue.put_nowait(e) if wanted(e) else None)
+        self._watches.add(queue)
+        try:
+            since = query.get("resourceVersion", "")
+            backlog: list[Event] | ApiFailure
+            if since in ("", "0"):
+                backlog = [
+                    Event("ADDED", resource, namespace, o, self.store.version)
+                    for o in self.store.objects(resource, namespace)
+                    if _matches(o, selector)
+                ]
+            else:
+                try:
+                    backlog = [e for e in self.store.events_since(int(since)) if wanted(e)]
+                except ApiFailure as failure:
+                    backlog = failure
+            headers = [("Content-Type", "application/json"), ("Transfer-Encoding", "chunked")]
+            await _send(conn, writer, h11.Response(status_code=200, headers=headers))
+            if isinstance(backlog, ApiFailure):
+                await _send(conn, writer, h11.Data(data=_line("ERROR", backlog.status())))
+                await _send(conn, writer, h11.EndOfMessage())
+                return
+            for event in backlog:
+                await _send(conn, writer, h11.Data(data=_event_line(event)))
+            timeout = float(query["timeoutSeconds"]) if "timeoutSeconds" in query else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    while True:
+                        event = await queue.get()
+                        if event is None:
+                            gone = ApiFailure(410, "Expired", "too old resource version")
+                            await _send(conn, writer, h11.Data(data=_line("ERROR", gone.status())))
+                            break
+                        await _send(conn, writer, h11.Data(data=_event_line(event)))
+            await _send(conn, writer, h11.EndOfMessage())
+        finally:
+            unlisten()
+            self._watches.discard(queue)
+
+
+def _route(path: str) -> tuple[str, str, str, bool]:
+    for pattern, resource, _ in _ROUTES:
+        match = pattern.fullmatch(path)
+        if match:
+            groups = match.groupdict()
+            return (
+                resource,
+                groups.get("ns") or "",
+                groups.get("name") or "",
+                bool(groups.get("status")),
+            )
+    raise ApiFailure(404, "NotFound", f"the server could not find the requested resource {path}")
+
+
+def _verb(method: str, name: str, query: dict[str, str]) -> str:
+    if method == "GET":
+        if name:
+            return "get"
+        return "watch" if query.get("watch") in ("true", "1") else "list"
+    verbs = {"POST": "create", "PUT": "update", "DELETE": "delete"}
+    if method not in verbs or (method == "POST") == bool(name):
+        raise ApiFailure(405, "MethodNotAllowed", f"{method} is not allowed here")
+    return verbs[method]
+
+
+def _selector(resource: str, query: dict[str, str]) -> list[tuple[str, str, bool]]:
+    terms = parse_field_selector(query.get("fieldSelector", ""))
+    for field, _, _ in terms:
+        if field not in _FIELDS[resource]:
+            raise ApiFailure(
+                400, "BadRequest", f'field label not supported: "{field}" for {resource}'
+            )
+    return terms
+
+
+def _matches(obj: Obj, selector: list[tuple[str, str, bool]]) -> bool:
+    return all((field_value(obj, f) == v) == equal for f, v, equal in selector)
+
+
+def _typed(resource: str, obj: Obj) -> Obj:
+    api_version, kind = _KINDS[resource]
+    return {"apiVersion": api_version, "kind": kind, **obj}
+
+
+def _decode(body: bytes) -> Obj:
+    try:
+        obj = json.loads(body)
+    except ValueError as error:
+        raise ApiFailure(400, "BadRequest", f"the body is not JSON: {error}") from None
+    if not isinstance(obj, dict):
+        raise ApiFailure(400, "BadRequest", "the body is not a JSON object")
+    return obj
+
+
+def _line(kind: str, obj: Obj) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+def _event_line(event: Event) -> bytes:
+    return _line(event.type, _typed(event.resource, event.object))
+
+
+async def _read_request(
+    conn: h11.Connection, reader: asyncio.StreamReader
+) -> tuple[h11.Request | None, bytes]:
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await reader.read(65536)
+            conn.receive_data(data)
+            if not data and request is None:
+                return None, b""
+            continue
+        if isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > _MAX_BODY:
+                raise h11.LocalProtocolError("body too large")
+        elif isinstance(event, h11.EndOfMessage):
+            return request, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            return None, b""
+
+
+async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: h11.Event) -> None:
+    data = conn.send(event)
+    if data:
+        writer.write(data)
+        await writer.drain()
+
+
+async def _send_json(
+    conn: h11.Connection, writer: asyncio.StreamWriter, code: int, obj: Obj
+) -> None:
+    data = json.dumps(obj).encode()
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    await _send(conn, writer, h11.Response(status_code=code, headers=headers))
+    await _send(conn, writer, h11.Data(data=data))
+    await _send(conn, writer, h11.EndOfMessage())
