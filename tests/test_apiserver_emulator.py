@@ -1,0 +1,278 @@
+"""The API-server emulator's REST conventions, over plain HTTP (httpx2, not dp's client)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from dp_testing.apiserver import ApiServerEmulator
+
+SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims"
+
+
+def a_slice(
+    node: str = "node-a", driver: str = "vfio.dp.example.com", **spec: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "driver": driver,
+        "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "gpu-0", "attributes": {"numa": {"int": 0}}}],
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-"},
+        "spec": body,
+    }
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ApiServerEmulator]:
+    emulator = ApiServerEmulator(schema=SCHEMA)
+    await emulator.start()
+    yield emulator
+    await emulator.stop()
+
+
+@pytest.fixture
+async def http(server: ApiServerEmulator) -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient(base_url=server.url, timeout=5) as client:
+        yield client
+
+
+async def test_generate_name_uid_version_and_generation(http: httpx2.AsyncClient) -> None:
+    created = await http.post(SLICES, json=a_slice())
+    assert created.status_code == 201
+    meta = created.json()["metadata"]
+    assert meta["name"].startswith("node-a-") and len(meta["name"]) == len("node-a-") + 5
+    assert meta["uid"] and meta["generation"] == 1 and int(meta["resourceVersion"]) > 0
+    again = await http.get(f"{SLICES}/{meta['name']}")
+    assert again.json()["metadata"] == meta
+
+
+async def test_an_update_with_a_stale_resource_version_is_a_conflict(
+    http: httpx2.AsyncClient,
+) -> None:
+    obj = (await http.post(SLICES, json=a_slice())).json()
+    url = f"{SLICES}/{obj['metadata']['name']}"
+    obj["spec"]["pool"]["generation"] = 2
+    updated = await http.put(url, json=obj)
+    assert updated.status_code == 200
+    assert updated.json()["metadata"]["generation"] == 2  # the spec changed
+
+    stale = await http.put(url, json=obj)  # still the old resourceVersion
+    assert stale.status_code == 409
+    assert stale.json()["reason"] == "Conflict" and stale.json()["kind"] == "Status"
+
+    same = await http.put(url, json=updated.json())
+    assert same.json()["metadata"]["generation"] == 2  # no spec change, no new generation
+    assert (
+        same.json()["metadata"]["resourceVersion"] != updated.json()["metadata"]["resourceVersion"]
+    )
+
+
+async def test_list_by_field_selector(http: httpx2.AsyncClient) -> None:
+    await http.post(SLICES, json=a_slice("node-a"))
+    await http.post(SLICES, json=a_slice("node-b"))
+    await http.post(SLICES, json=a_slice("node-a", driver="gpu.example.com"))
+
+    listed = await http.get(
+        SLICES, params={"fieldSelector": "spec.nodeName=node-a,spec.driver=vfio.dp.example.com"}
+    )
+    assert listed.json()["kind"] == "ResourceSliceList"
+    assert int(listed.json()["metadata"]["resourceVersion"]) == 3
+    assert [(i["spec"]["nodeName"], i["spec"]["driver"]) for i in listed.json()["items"]] == [
+        ("node-a", "vfio.dp.example.com")
+    ]
+    others = await http.get(SLICES, params={"fieldSelector": "spec.nodeName!=node-a"})
+    assert [i["spec"]["nodeName"] for i in others.json()["items"]] == ["node-b"]
+    bad = await http.get(SLICES, params={"fieldSelector": "spec.pool.name=node-a"})
+    assert bad.status_code == 400 and "field label not supported" in bad.json()["message"]
+
+
+async def _events(
+    http: httpx2.AsyncClient, params: dict[str, str], count: int
+) -> list[dict[str, Any]]:
+    events = []
+    async with http.stream("GET", SLICES, params={"watch": "true", **params}) as answer:
+        assert answer.status_code == 200
+        async for line in answer.aiter_lines():
+            events.append(json.loads(line))
+            if len(events) == count:
+                break
+    return events
+
+
+async def test_watch_from_a_version_and_from_now(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    first = (await http.post(SLICES, json=a_slice("node-a"))).json()
+    version = first["metadata"]["resourceVersion"]
+    await http.post(SLICES, json=a_slice("node-b"))
+    await http.delete(f"{SLICES}/{first['metadata']['name']}")
+
+    after = await _events(http, {"resourceVersion": version}, 2)
+    assert [(e["type"], e["object"]["spec"]["nodeName"]) for e in after] == [
+        ("ADDED", "node-b"),
+        ("DELETED", "node-a"),
+    ]
+    assert after[0]["object"]["kind"] == "ResourceSlice"
+
+    # No version: what exists now, as ADDED, then what follows.
+    watching = asyncio.create_task(_events(http, {"fieldSelector": "spec.nodeName=node-b"}, 2))
+    await asyncio.sleep(0.1)
+    current = (await http.get(SLICES)).json()["items"][0]
+    current["spec"]["pool"]["generation"] = 5
+    await http.put(f"{SLICES}/{current['metadata']['name']}", json=current)
+    events = await asyncio.wait_for(watching, 5)
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED"]
+    assert events[1]["object"]["spec"]["pool"]["generation"] == 5
+
+
+async def test_watch_ends_after_timeout_seconds(http: httpx2.AsyncClient) -> None:
+    start = time.monotonic()
+    async with http.stream("GET", SLICES, params={"watch": "1", "timeoutSeconds": "0.3"}) as answer:
+        lines = [line async for line in answer.aiter_lines()]
+    assert lines == []
+    assert 0.25 < time.monotonic() - start < 3
+
+
+async def test_a_compacted_version_is_gone_and_open_watches_expire(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    obj = (await http.post(SLICES, json=a_slice())).json()
+    watching = asyncio.create_task(
+        _events(http, {"resourceVersion": obj["metadata"]["resourceVersion"]}, 2)
+    )
+    await asyncio.sleep(0.1)
+    await http.post(SLICES, json=a_slice("node-b"))  # the watch's next event...
+    server.expire_watches()  # ...is forgotten
+    added, gone = await asyncio.wait_for(watching, 5)
+    assert added["type"] == "ADDED"
+    assert gone["type"] == "ERROR" and gone["object"]["code"] == 410
+
+    (old,) = await _events(http, {"resourceVersion": "1"}, 1)
+    assert old["type"] == "ERROR" and old["object"]["reason"] == "Expired"
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (
+            lambda s: s["spec"].update(devices=[{"name": f"d{i}"} for i in range(129)]),
+            "129 devices",
+        ),
+        (
+            lambda s: s["spec"].update(
+                devices=[
+                    {"name": f"d{i}", "taints": [{"key": "k", "effect": "NoSchedule"}]}
+                    for i in range(65)
+                ]
+            ),
+            "at most 64",
+        ),
+        (
+            lambda s: s["spec"].update(sharedCounters=[{"name": "g", "counters": {}}]),
+            "only one of `sharedCounters` or `devices`",
+        ),
+        (lambda s: s["spec"]["devices"][0].update(name="GPU_0"), "is not a DNS label"),
+        (lambda s: s["spec"]["devices"][0].update(colour="red"), "colour"),
+        (lambda s: s["spec"]["pool"].pop("generation"), "'generation' is a required property"),
+        (lambda s: s["spec"].update(allNodes=True), "exactly one of"),
+    ],
+)
+async def test_objects_are_checked_against_the_schema_and_the_rules(
+    server: ApiServerEmulator, http: httpx2.AsyncClient, change: Any, complaint: str
+) -> None:
+    obj = a_slice()
+    change(obj)
+    answer = await http.post(SLICES, json=obj)
+    assert answer.status_code == 422, answer.text
+    assert complaint in answer.json()["message"]
+    assert server.rejected and complaint in server.rejected[0][1]
+    assert server.slices() == []
+
+
+async def test_taints_get_their_time_added(http: httpx2.AsyncClient) -> None:
+    obj = a_slice()
+    obj["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    created = (await http.post(SLICES, json=obj)).json()
+    assert created["spec"]["devices"][0]["taints"][0]["timeAdded"].endswith("Z")
+
+
+async def test_faults_delay_unavailability_and_injected_codes(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    server.delay = 0.3
+    start = time.monotonic()
+    assert (await http.get(SLICES)).status_code == 200
+    assert time.monotonic() - start >= 0.3
+    server.delay = 0
+
+    server.unavailable = True
+    assert (await http.get(SLICES)).status_code == 503
+    server.unavailable = False
+
+    server.fail_next("create", "resourceslices", 500)
+    assert (await http.post(SLICES, json=a_slice())).status_code == 500
+    assert (await http.post(SLICES, json=a_slice())).status_code == 201
+    assert server.requests[("create", "resourceslices")] == 2
+    # The 503 came from in front of the API: it was never served as a list.
+    assert server.requests[("list", "resourceslices")] == 1
+
+    await server.stop()
+    with pytest.raises(httpx2.ConnectError):
+        await http.get(SLICES)
+    await server.start()
+    assert (await http.get(SLICES)).status_code == 200
+
+
+async def test_nodes_and_claims(server: ApiServerEmulator, http: httpx2.AsyncClient) -> None:
+    node = server.add_node("node-a")
+    got = await http.get("/api/v1/nodes/node-a")
+    assert got.json()["metadata"]["uid"] == node["metadata"]["uid"]
+    assert got.json()["kind"] == "Node"
+    assert (await http.get("/api/v1/nodes/node-z")).status_code == 404
+
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "gpu"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "t4"}}]}},
+    }
+    created = (await http.post(CLAIMS, json=claim)).json()
+    assert created["metadata"]["namespace"] == "vms"
+    created["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "r",
+                        "driver": "vfio.dp.example.com",
+                        "pool": "node-a",
+                        "device": "gpu-0",
+                    }
+                ]
+            }
+        }
+    }
+    created["spec"] = {"devices": {}}  # the status subresource ignores the spec
+    status = await http.put(f"{CLAIMS}/gpu/status", json=created)
+    assert status.status_code == 200, status.text
+    got_claim = (await http.get(f"{CLAIMS}/gpu")).json()
+    assert got_claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    assert got_claim["spec"]["devices"]["requests"][0]["name"] == "r"
+    assert (
+        await http.get("/apis/resource.k8s.io/v1/namespaces/other/resourceclaims/gpu")
+    ).status_code == 404

@@ -1,0 +1,352 @@
+"""The ResourceSlice publisher against the API-server emulator: what lands there, and when."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dp_core.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
+from dp_server.dra.api import KubeApi
+from dp_server.dra.slices import Backoff, SlicePublisher
+from dp_testing.apiserver import ApiServerEmulator
+
+SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
+DRIVER = "vfio.dp.example.com"
+NODE = "node-a"
+
+
+def device(i: int, *, advanced: bool = False, numa: int = 0) -> PoolDevice:
+    return PoolDevice(
+        f"pci-0000-3b-{i:02x}-0" if not advanced else f"vf-{i:03d}",
+        attributes=[
+            ("resource.kubernetes.io/pciBusID", f"0000:3b:{i % 256:02x}.0"),
+            (f"{DRIVER}/numaNode", numa),
+            (f"{DRIVER}/resourceName", "nvidia.com/TU104GL_Tesla_T4"),
+        ],
+        consumes_counters=[CounterConsumption(f"group-{i}", [("members", 1)])] if advanced else (),
+        taints=[DeviceTaint(f"{DRIVER}/unhealthy")] if advanced and i % 2 else (),
+    )
+
+
+def pool(plain: int, advanced: int = 0, numa: int = 0, node: str = NODE) -> PoolContent:
+    devices = [device(i, numa=numa) for i in range(plain)]
+    devices += [device(i, advanced=True) for i in range(advanced)]
+    sets = [CounterSet(f"group-{i}", [("members", 1)]) for i in range(advanced)]
+    return PoolContent(
+        driver=DRIVER, pool=node, node_name=node, devices=devices, shared_counters=sets
+    )
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def ours(emulator: ApiServerEmulator) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in emulator.slices()
+        if s["spec"].get("nodeName") == NODE and s["spec"]["driver"] == DRIVER
+    ]
+
+
+def matches(emulator: ApiServerEmulator, content: PoolContent) -> bool:
+    """The server holds exactly `content`, in one complete generation."""
+    slices = ours(emulator)
+    if not slices:
+        return not content.devices and not content.shared_counters
+    generations = {s["spec"]["pool"]["generation"] for s in slices}
+    counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
+    if len(generations) != 1 or counts != {len(slices)}:
+        return False
+    names = sorted(d["name"] for s in slices for d in s["spec"].get("devices") or ())
+    sets = sorted(c["name"] for s in slices for c in s["spec"].get("sharedCounters") or ())
+    attributes = {
+        d["name"]: d.get("attributes", {}) for s in slices for d in s["spec"].get("devices") or ()
+    }
+    wanted = {d.name: {k: _attr(v) for k, v in d.attributes} for d in content.devices}
+    return (
+        names == sorted(wanted)
+        and sets == sorted(c.name for c in content.shared_counters)
+        and attributes == wanted
+    )
+
+
+def _attr(value: object) -> dict[str, object]:
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    return {"string": value}
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[ApiServerEmulator]:
+    server = ApiServerEmulator(schema=SCHEMA)
+    await server.start()
+    server.add_node(NODE)
+    yield server
+    await server.stop()
+    assert server.rejected == [], "dp wrote an object the API server would refuse"
+
+
+class Running:
+    def __init__(self, emulator: ApiServerEmulator, **kwargs: Any) -> None:
+        self.api = KubeApi.connect(server=emulator.url, timeout=kwargs.pop("timeout", 2.0))
+        kwargs.setdefault("watch_period", (0.3, 0.5))
+        kwargs.setdefault("backoff", Backoff(0.02, 0.1))
+        self.publisher = SlicePublisher(self.api, **kwargs)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> SlicePublisher:
+        self.task = asyncio.create_task(self.publisher.run())
+        return self.publisher
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            # The publisher only ends by cancellation: any other end is a bug.
+            assert self.task.cancelled()
+        await self.api.close()
+
+
+@pytest.fixture
+async def running(emulator: ApiServerEmulator) -> AsyncIterator[Running]:
+    run = Running(emulator)
+    yield run
+    await run.close()
+
+
+async def test_a_pool_is_cut_into_owned_slices_within_the_limits(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    content = pool(plain=200, advanced=70)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+
+    slices = ours(emulator)
+    node_uid = emulator.store.get("nodes", "", NODE)["metadata"]["uid"]
+    for s in slices:
+        spec = s["spec"]
+        assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": len(slices)}
+        assert s["metadata"]["name"].startswith(f"{NODE}-{DRIVER}-")
+        assert s["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+        ]
+        devices = spec.get("devices") or []
+        # Counter sets live in slices of their own (1.35).
+        assert not (devices and spec.get("sharedCounters"))
+        advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+        assert len(devices) <= (64 if advanced else 128)
+    # 70 counter sets in 9 slices of at most 8, 200 plain devices in 2, 70 advanced in 2.
+    assert sorted(len(s["spec"].get("devices") or []) for s in slices) == [0] * 9 + [6, 64, 72, 128]
+    assert emulator.writes == len(slices) == publisher.generation + 12
+    assert publisher.synced
+
+
+async def test_nothing_is_written_while_nothing_changes(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    content = pool(plain=10, advanced=3)  # taints: the server stamps their timeAdded
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    writes = emulator.writes
+    watches = emulator.requests[("watch", "resourceslices")]
+
+    publisher.publish(pool(plain=10, advanced=3))  # equal content, a new value
+    await asyncio.sleep(1.5)  # several watch periods
+
+    assert emulator.writes == writes
+    assert emulator.requests[("watch", "resourceslices")] >= watches + 2
+    assert publisher.generation == 1
+    families = {f.name: f for f in publisher.families()}
+    assert families["dp_kube_api_writes_total"].samples[0].value == writes
+    assert families["dp_dra_slices_synced"].samples[0].value == 1
+
+
+async def test_a_change_bumps_the_generation_of_every_slice(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    publisher = running.start()
+    publisher.publish(pool(plain=300))
+    await until(lambda: matches(emulator, pool(plain=300)))
+    assert len(ours(emulator)) == 3
+    writes = emulator.writes
+
+    changed = pool(plain=300, numa=1)
+    publisher.publish(changed)
+    await until(lambda: matches(emulator, changed))
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
+    assert emulator.writes == writes + 3  # three updates, nothing created or deleted
+
+    fewer = pool(plain=100, numa=1)
+    publisher.publish(fewer)
+    await until(lambda: matches(emulator, fewer))
+    assert [s["spec"]["pool"]["generation"] for s in ours(emulator)] == [3]
+    assert emulator.writes == writes + 3 + 3  # one update, two deletes
+    assert emulator.requests[("create", "resourceslices")] == 3
+
+
+async def test_stale_slices_of_this_node_and_driver_are_cleaned_at_start(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    def left(name: str, pool_name: str, generation: int, *, node: str = NODE, driver: str = DRIVER):
+        spec = {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool_name, "generation": generation, "resourceSliceCount": 2},
+            "devices": [{"name": "old-device"}],
+        }
+        emulator.store.create("resourceslices", "", {"metadata": {"name": name}, "spec": spec})
+
+    left("old-a", NODE, 7)
+    left("old-b", NODE, 6)
+    left("renamed-pool", "node-a-before", 1)
+    left("other-driver", NODE, 1, driver="gpu.example.com")
+    emulator.add_node("node-b")
+    left("other-node", "node-b", 1, node="node-b")
+
+    content = pool(plain=5)
+    running.start().publish(content)
+    await until(lambda: matches(emulator, content))
+
+    assert [s["spec"]["pool"]["generation"] for s in ours(emulator)] == [8]
+    names = sorted(s["metadata"]["name"] for s in emulator.slices())
+    # One left-over slice reused for the new generation; the rest of ours deleted.
+    assert names in (
+        ["old-a", "other-driver", "other-node"],
+        ["old-b", "other-driver", "other-node"],
+    )
+
+
+async def test_a_conflict_is_answered_by_listing_again_and_retrying(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    publisher = running.start()
+    publisher.publish(pool(plain=3))
+    await until(lambda: matches(emulator, pool(plain=3)))
+    lists = emulator.requests[("list", "resourceslices")]
+
+    emulator.fail_next("update", "resourceslices", 409)
+    publisher.publish(pool(plain=4))
+    await until(lambda: matches(emulator, pool(plain=4)))
+
+    assert publisher.conflicts == 1
+    assert emulator.requests[("list", "resourceslices")] == lists + 1
+    assert publisher.failures == 0
+
+
+async def test_an_expired_watch_lists_again_and_sees_what_changed(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    content = pool(plain=3)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    lists = emulator.requests[("list", "resourceslices")]
+
+    emulator.expire_watches()  # open watches get 410; older versions are forgotten
+    await until(lambda: emulator.requests[("list", "resourceslices")] > lists)
+    (only,) = ours(emulator)
+    emulator.store.delete("resourceslices", "", only["metadata"]["name"])
+
+    await until(lambda: matches(emulator, content))
+    assert publisher.relists >= 1
+    assert publisher.failures == 0
+
+
+async def test_slices_changed_or_deleted_by_someone_else_are_put_back(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    content = pool(plain=200)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+
+    first, second = ours(emulator)
+    emulator.store.delete("resourceslices", "", first["metadata"]["name"])
+    await until(lambda: matches(emulator, content))
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
+
+    victim = ours(emulator)[0]
+    victim["spec"]["devices"] = victim["spec"]["devices"][:1]
+    emulator.store.update("resourceslices", "", victim["metadata"]["name"], victim, status=False)
+    await until(lambda: matches(emulator, content))
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {3}
+    assert publisher.generation == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def test_an_api_server_down_at_start_gets_the_pool_when_it_returns() -> None:
+    emulator = ApiServerEmulator(schema=SCHEMA)
+    emulator.port = _free_port()  # nothing listens there yet
+    run = Running(emulator)
+    try:
+        publisher = run.start()
+        publisher.publish(pool(plain=3))
+        await until(lambda: publisher.failures >= 2)
+        assert not publisher.synced
+
+        await emulator.start()
+        emulator.add_node(NODE)
+        await until(lambda: matches(emulator, pool(plain=3)))
+        assert publisher.synced
+    finally:
+        await run.close()
+        await emulator.stop()
+    assert emulator.rejected == []
+
+
+async def test_an_api_server_that_fails_later_is_written_when_it_recovers(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    publisher = running.start()
+    publisher.publish(pool(plain=3))
+    await until(lambda: matches(emulator, pool(plain=3)))
+
+    emulator.unavailable = True  # 503 to everything
+    await emulator.stop()  # and the open watch cut
+    await emulator.start()
+    publisher.publish(pool(plain=5))
+    await until(lambda: publisher.failures >= 2)
+    assert not matches(emulator, pool(plain=5))
+
+    emulator.unavailable = False
+    await until(lambda: matches(emulator, pool(plain=5)))
+
+
+async def test_answers_slower_than_the_timeout_are_retried(emulator: ApiServerEmulator) -> None:
+    run = Running(emulator, timeout=0.2)
+    try:
+        emulator.delay = 0.5
+        publisher = run.start()
+        publisher.publish(pool(plain=3))
+        await until(lambda: publisher.failures >= 2)
+        assert ours(emulator) == []
+
+        emulator.delay = 0.05
+        await until(lambda: matches(emulator, pool(plain=3)))
+    finally:
+        await run.close()
+
+
+async def test_publish_keeps_to_one_driver_and_node(running: Running) -> None:
+    publisher = running.start()
+    publisher.publish(pool(plain=1))
+    with pytest.raises(ValueError, match="one driver on one node"):
+        publisher.publish(pool(plain=1, node="node-b"))
