@@ -191,8 +191,9 @@ def test_scan_agrees_with_the_kernel_on_groups_drivers_and_viability(
             bind_to_vfio("0x1af4:0x1001"),
             SCAN,
             TRUTH_STEP,
+            CDEV_STEP,
         ],
-        files={"config.yaml": CONFIG, "truth.py": TRUTH},
+        files={"config.yaml": CONFIG, "truth.py": TRUTH, "cdev.py": CDEV},
     )
     assert steps[0][0] == 0, steps[0][1]
     before = check_against_kernel(parsed(steps[1]), parsed(steps[2]))
@@ -230,6 +231,58 @@ def test_scan_agrees_with_the_kernel_on_groups_drivers_and_viability(
     after = check_against_kernel(parsed(steps[4]), parsed(steps[5]))
     assert parsed(steps[5])["viable"][str(e1000["iommu_group"])] is True
     assert after[e1000["id"]]["health"] == "Healthy"
+
+    # Debian's kernel has no iommufd: dp offers no character device and every
+    # device stays on the group interface, Healthy as the kernel's word says.
+    check_group_interface_only(parsed(steps[4]), parsed(steps[6]))
+
+
+# What the kernel shows of VFIO character devices, read with nothing of dp's.
+CDEV = """
+import json, os
+
+entries = {}
+for address in sorted(os.listdir("/sys/bus/pci/devices")):
+    base = f"/sys/bus/pci/devices/{address}/vfio-dev"
+    if os.path.isdir(base):
+        entries[address] = {n: sorted(os.listdir(f"{base}/{n}")) for n in os.listdir(base)}
+print(json.dumps({
+    "vfio_dev": entries,
+    "cdev_nodes": os.listdir("/dev/vfio/devices") if os.path.isdir("/dev/vfio/devices") else None,
+    "dev_iommu": os.path.exists("/dev/iommu"),
+    "kernel": os.uname().release,
+}, indent=1))
+"""
+CDEV_STEP = "py /scenario/cdev.py"
+
+
+def check_group_interface_only(scan: dict[str, Any], cdev: dict[str, Any]) -> None:
+    print("VFIO character devices in the guest:", json.dumps(cdev))
+    assert cdev["dev_iommu"] is False and scan["iommufd"] == {
+        "path": "/dev/iommu",
+        "present": False,
+    }
+    assert not cdev["cdev_nodes"]
+    # Without CONFIG_VFIO_DEVICE_CDEV no entry has a `dev` file.
+    assert not any("dev" in files for e in cdev["vfio_dev"].values() for files in e.values())
+    for resource in scan["resources"]:
+        for device in resource["devices"]:
+            assert device["cdev"] is None, device
+            assert not any(p.startswith("/dev/vfio/devices/") for p in device["host_paths"])
+            if device["health"] == "Healthy":
+                group = f"/dev/vfio/{device['iommu_group']}"
+                assert device["host_paths"] == ["/dev/vfio/vfio", group], device
+            entry = cdev["vfio_dev"].get(device["id"])
+            if entry is None:
+                assert device["cdev_reason"].startswith("no vfio-dev entry in sysfs"), device
+            else:
+                (name,) = entry
+                assert device["cdev_reason"].startswith(f"vfio-dev/{name} has no dev file"), device
+    # Every function on vfio-pci has its vfio-dev entry from Linux 6.1 on.
+    on_vfio = [
+        d["id"] for r in scan["resources"] for d in r["devices"] if d.get("driver") == "vfio-pci"
+    ]
+    assert on_vfio and all(a in cdev["vfio_dev"] for a in on_vfio), (on_vfio, cdev)
 
 
 SERVE = """
