@@ -45,6 +45,15 @@ from .config import (
     Vfio,
     VfioInterface,
 )
+from .dra_effects import ClaimPrepared, ClaimRefused, ClaimsChanged, ClaimUnprepared, PoolChanged
+from .dra_frontend import DraFrontend
+from .dra_inputs import (
+    AllocatedDevice,
+    ClaimPrepareRequested,
+    ClaimsRecalled,
+    ClaimUnprepareRequested,
+)
+from .dra_prepared import ClaimDevice, PreparedClaim
 from .effects import (
     AttributeConnection,
     BindDevice,
@@ -111,6 +120,18 @@ from .registration import Backoff, Phase, SocketMode
 from .tally import Tally
 
 __all__ = [
+    "AllocatedDevice",
+    "ClaimDevice",
+    "ClaimPrepareRequested",
+    "ClaimPrepared",
+    "ClaimRefused",
+    "ClaimUnprepareRequested",
+    "ClaimUnprepared",
+    "ClaimsChanged",
+    "ClaimsRecalled",
+    "DraFrontend",
+    "PoolChanged",
+    "PreparedClaim",
     "DEFAULT_SHARED_DEVICES",
     "MIN_CDI_VERSION",
     "SPEC_PREFIX",

@@ -17,7 +17,9 @@ import attrs
 
 from .advertised import AdvertisedDevice
 from .answers import ContainerAllocation, DeviceSpec
+from .claims import ClaimRef
 from .effects import Log
+from .errors import UsageError
 from .inventory import DeviceKind, Resource
 from .names import env_var_name
 
@@ -40,8 +42,14 @@ class Allocation:
     device_ids: tuple[str, ...]
     groups: tuple[int, ...]  # sorted, each once
     at: float
+    # Set for a DRA claim's hold: `resource` is then the driver and
+    # `device_ids` the pool's device names (`AllocationBook.hold_claim`).
+    claim: ClaimRef | None = attrs.field(default=None, kw_only=True)
 
     def describe(self) -> str:
+        if self.claim is not None:
+            claim = self.claim
+            return f"claim {claim.namespace}/{claim.name} (UID {claim.uid})"
         return f"allocation #{self.serial} of {self.resource} ({', '.join(self.device_ids)})"
 
 
@@ -113,6 +121,9 @@ class AllocationBook:
         self._by_device: dict[str, dict[str, int]] = {}
         self._serial = 0
         self.last_replaced: tuple[Allocation, ...] = ()
+        # DRA claims' holds, by claim UID: released by NodeUnprepareResources
+        # alone, never by what PodResources says.
+        self._claims: dict[str, Allocation] = {}
 
     def __len__(self) -> int:
         return len(self._allocations)
@@ -219,6 +230,37 @@ class AllocationBook:
                 continue
             adopted.append(self.record(resource, members, now))
         return adopted, split
+
+    def hold_claim(
+        self,
+        claim: ClaimRef,
+        driver: str,
+        device_names: Sequence[str],
+        groups: Sequence[int],
+        now: float,
+    ) -> Allocation:
+        """Reserve `groups` for a DRA claim; the caller has checked that they are free."""
+        wanted = tuple(sorted(set(groups)))
+        taken = [g for g in wanted if g in self._by_group]
+        if taken or claim.uid in self._claims:
+            raise UsageError(f"claim {claim.uid} cannot hold IOMMU groups {taken}: held already")
+        hold = Allocation(0, driver, tuple(device_names), wanted, now, claim=claim)
+        self._claims[claim.uid] = hold
+        for group in wanted:
+            self._by_group[group] = hold
+        return hold
+
+    def release_claim(self, uid: str) -> Allocation | None:
+        """Free a claim's groups at once; None when the claim holds nothing here."""
+        hold = self._claims.pop(uid, None)
+        if hold is not None:
+            for group in hold.groups:
+                if self._by_group.get(group) is hold:
+                    del self._by_group[group]
+        return hold
+
+    def claim_holds(self) -> tuple[Allocation, ...]:
+        return tuple(self._claims.values())
 
     def next_release_check(self) -> float | None:
         for allocation in self._allocations.values():

@@ -19,9 +19,12 @@ from .pci import PciId
 
 __all__ = [
     "DEFAULT_SHARED_DEVICES",
+    "FRONTENDS",
     "Binding",
     "Config",
     "ConfigError",
+    "Dra",
+    "Frontend",
     "MediatedDevice",
     "Naming",
     "PciHostDevice",
@@ -50,6 +53,25 @@ def _optional_resource_name(
         _valid_resource_name(instance, attribute, value)  # type: ignore[arg-type]
 
 
+# Which front end offers an entry's devices: the kubelet's device-plugin API,
+# or DRA (ResourceSlices and NodePrepareResources) when `dra` is configured.
+Frontend = Literal["device-plugin", "dra"]
+FRONTENDS: tuple[Frontend, ...] = ("device-plugin", "dra")
+
+
+def _check_frontend(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in FRONTENDS:
+        raise ConfigError(f"{value!r} is not one of {', '.join(repr(f) for f in FRONTENDS)}")
+
+
+def _check_entry_frontend(entry: PciHostDevice | MediatedDevice) -> None:
+    if entry.frontend == "dra" and entry.external_resource_provider:
+        raise ConfigError(
+            "frontend: dra and externalResourceProvider: true contradict each other: "
+            "another plugin serves the device"
+        )
+
+
 @attrs.frozen
 class PciHostDevice:
     """KubeVirt's `permittedHostDevices.pciHostDevices[]` entry."""
@@ -57,6 +79,10 @@ class PciHostDevice:
     pci_vendor_selector: PciId
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
     external_resource_provider: bool = False
+    frontend: Frontend = attrs.field(default="device-plugin", validator=_check_frontend)
+
+    def __attrs_post_init__(self) -> None:
+        _check_entry_frontend(self)
 
 
 @attrs.frozen
@@ -66,11 +92,15 @@ class MediatedDevice:
     mdev_name_selector: str = attrs.field()
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
     external_resource_provider: bool = False
+    frontend: Frontend = attrs.field(default="device-plugin", validator=_check_frontend)
 
     @mdev_name_selector.validator
     def _check_selector(self, attribute: attrs.Attribute[str], value: str) -> None:
         if not value.strip():
             raise ConfigError(f"{value!r} is empty; give an mdev type name such as 'GRID T4-1Q'")
+
+    def __attrs_post_init__(self) -> None:
+        _check_entry_frontend(self)
 
 
 # attrs' mypy plugin cannot type a generic converter, so each field gets its own.
@@ -194,6 +224,29 @@ class Vfio:
             raise ConfigError(f"{value!r} is not one of {choices}")
 
 
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@attrs.frozen
+class Dra:
+    """The DRA front end (DESIGN.md §10), on when a config has this section.
+
+    `driver_name` names the driver in ResourceSlices, claims and the kubelet's
+    plugin registry: a DNS subdomain of at most 63 characters (the API's
+    DriverNameMaxLength), such as `vfio.dp.example.com`.
+    """
+
+    driver_name: str = attrs.field()
+
+    @driver_name.validator
+    def _check_driver_name(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if len(value) > 63 or not _DNS_SUBDOMAIN.fullmatch(value):
+            raise ConfigError(
+                f"{value!r} is not a DNS subdomain of at most 63 characters "
+                "(lower-case letters, digits, '-' and '.'), such as 'vfio.dp.example.com'"
+            )
+
+
 # Linux driver names are short identifiers; anything else in a config is a typo
 # or a path, and must never reach a sysfs path the server writes to.
 _DRIVER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -254,8 +307,10 @@ class Config:
     naming: Naming = Naming()
     binding: Binding | None = None
     vfio: Vfio = Vfio()
+    dra: Dra | None = None
 
     def __attrs_post_init__(self) -> None:
+        self._check_frontends()
         if self.binding is not None and (
             self.permitted_host_devices is None or not self.permitted_host_devices.pci_host_devices
         ):
@@ -288,6 +343,25 @@ class Config:
                     f"suffix {folded!r}"
                 )
             seen[folded] = name
+
+    def _check_frontends(self) -> None:
+        if self.permitted_host_devices is None:
+            return
+        entries: tuple[PciHostDevice | MediatedDevice, ...] = (
+            *self.permitted_host_devices.pci_host_devices,
+            *self.permitted_host_devices.mediated_devices,
+        )
+        if self.dra is None and any(e.frontend == "dra" for e in entries):
+            raise ConfigError("frontend: dra needs the dra section with its driverName")
+        fronts: dict[str, set[str]] = {}
+        for entry in entries:
+            if entry.resource_name:
+                fronts.setdefault(entry.resource_name, set()).add(entry.frontend)
+        for name, used in sorted(fronts.items()):
+            if len(used) > 1:
+                raise ConfigError(
+                    f"resource {name!r} is on both front ends: a device is offered by one"
+                )
 
     def pci_selectors(self) -> dict[tuple[int, int], PciHostDevice]:
         """(vendor, device) -> the pciHostDevices entry selecting it; selectors are unique.

@@ -9,6 +9,7 @@ import attrs
 from .advertised import AdvertisedDevice
 from .answers import Answer, PluginOptions
 from .cdi import CdiSpecsChanged
+from .dra_effects import DraEffect
 from .errors import StatusCode
 from .moves import Move
 from .pci import PciAddress
@@ -177,5 +178,6 @@ Effect = (
     | UnbindDevice
     | MovesChanged
     | CdiSpecsChanged
+    | DraEffect
     | Log
 )

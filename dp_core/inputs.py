@@ -13,6 +13,7 @@ import attrs
 
 from .cdi import CdiSpecsWritten
 from .config import Config
+from .dra_inputs import DraInput
 from .host import HostSnapshot
 from .moves import Move
 from .pci import PciAddress, PciId
@@ -283,5 +284,6 @@ Input = (
     | UnbindingFinished
     | MovesRecalled
     | CdiSpecsWritten
+    | DraInput
     | Tick
 )

@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 VFIO_CONTAINER = "/dev/vfio/vfio"
+# Why the device-plugin front end skips a device its entry gives to DRA.
+DRA_FRONTEND = "frontend is dra: the DRA front end offers it"
 # KubeVirt hands out VFIO nodes with mknod rights too.
 VFIO_PERMISSIONS = "mrw"
 
@@ -168,18 +170,22 @@ def build_inventory(
     return Inventory(resources, tuple(skipped))
 
 
-def shared_groups(resources: Iterable[Resource]) -> dict[int, list[tuple[str, int]]]:
+def shared_groups(
+    resources: Iterable[Resource], also: Collection[int] = ()
+) -> dict[int, list[tuple[str, int]]]:
     """IOMMU group -> (resource, index) of each advertised member, for groups of two or more.
 
     A device alone in its group is only ever held by its own allocations,
     which leave it as it is; most groups are such, and there are thousands.
+    Groups in `also` are kept with one member: another front end offers a
+    sibling, whose holder changes how this member is advertised.
     """
     members: dict[int, list[tuple[str, int]]] = {}
     for resource in resources:
         for index, device in enumerate(resource.devices):
             if device.iommu_group is not None:
                 members.setdefault(device.iommu_group, []).append((resource.name, index))
-    return {group: found for group, found in members.items() if len(found) > 1}
+    return {group: found for group, found in members.items() if len(found) > 1 or group in also}
 
 
 def _address_key(pci: PciDevice) -> tuple[int, int, int, int]:
@@ -215,6 +221,8 @@ def _select_pci(
     name = entry.resource_name or _derived_pci_name(pci, config, pci_names)
     if entry.external_resource_provider:
         return name, "externalResourceProvider is true: another plugin serves it"
+    if entry.frontend == "dra":
+        return name, DRA_FRONTEND
     if pci.driver not in (VFIO_DRIVER, None):
         if bind is None:
             return name, f"{_held_by(pci)}; no binding policy moves it to vfio-pci"
@@ -358,6 +366,8 @@ def _select_mdev(
     name = entry.resource_name or f"{config.naming.domain}/{mdev_resource_suffix(type_name)}"
     if entry.external_resource_provider:
         return name, "externalResourceProvider is true: another plugin serves it"
+    if entry.frontend == "dra":
+        return name, DRA_FRONTEND
     return name, ""
 
 

@@ -36,6 +36,9 @@ from .bind_plan import BindDecision
 from .binding import BindingBook
 from .cdi import CdiSpecsWritten
 from .config import Config
+from .dra_frontend import DraFrontend
+from .dra_inputs import ClaimPrepareRequested, ClaimsRecalled, ClaimUnprepareRequested
+from .dra_pool import dra_config
 from .effects import (
     AttributeConnection,
     Effect,
@@ -136,6 +139,9 @@ class Node:
         timing: Timing | None = None,
         pci_names: Mapping[PciId, str] | None = None,
         cdi: bool = False,
+        node_name: str | None = None,
+        dra_partitionable: bool = True,
+        dra_device_taints: bool = False,
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
         self.timing = timing or Timing()
@@ -162,6 +168,14 @@ class Node:
         self.tally = Tally()
         # With `cdi`, the node keeps a CDI spec per resource (node_cdi).
         self.cdi = CdiKeeper() if cdi else None
+        # The DRA front end (config `dra`) shares the allocation ledger: one
+        # IOMMU group, one holder, whichever front end it came through.
+        self.dra = DraFrontend(
+            self.allocations,
+            node_name or "",
+            partitionable=dra_partitionable,
+            device_taints=dra_device_taints,
+        )
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
         self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
@@ -192,6 +206,9 @@ class Node:
             UnbindingFinished: self._unbinding_finished,
             MovesRecalled: self._moves_recalled,
             CdiSpecsWritten: self._cdi_written,
+            ClaimPrepareRequested: self._claim_prepare,
+            ClaimUnprepareRequested: self._claim_unprepare,
+            ClaimsRecalled: self._claims_recalled,
             Tick: self._tick,
         }
 
@@ -286,11 +303,31 @@ class Node:
         self._inventory_ids = {
             r.name: {d.id: d for d in r.devices} for r in self.inventory.resources
         }
-        self._group_members = shared_groups(self.inventory.resources)
         effects.extend(self._refresh())
         if self.cdi is not None:
             effects.extend(self.cdi.refresh(self.inventory, self.snapshot))
+        effects.extend(self._rebuild_dra())
+        dra_groups = {d.iommu_group for d in self.dra.devices() if d.iommu_group is not None}
+        self._group_members = shared_groups(self.inventory.resources, also=dra_groups)
         return effects
+
+    def _rebuild_dra(self) -> list[Effect]:
+        view = dra_config(self.config)
+        if view is None:
+            return self.dra.rebuild(None, Inventory(), self.snapshot)
+        if not self.dra.node_name:
+            raise UsageError("the config turns DRA on, but the Node was made without node_name")
+        inventory = build_inventory(
+            self.snapshot,
+            view,
+            self.pci_names,
+            self.bindings,
+            self.bind_book.leaving,
+            self.bind_book.moving_groups,
+        )
+        return self.dra.rebuild(
+            self.config.dra.driver_name if self.config.dra else None, inventory, self.snapshot
+        )
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
@@ -582,6 +619,7 @@ class Node:
         effects.extend(logs)
         if any(isinstance(e, Reply) for e in effects):
             effects.extend(self._refresh_groups(touched))
+            effects.extend(self.dra.refresh())
         return effects
 
     def _prestart_requested(self, event: PreStartRequested) -> list[Effect]:
@@ -607,6 +645,7 @@ class Node:
         self._splits = splits  # logged once each, while it lasts
         if touched:
             effects.extend(self._refresh_groups(touched))
+            effects.extend(self.dra.refresh())
         first, self._holders_known = not self._holders_known, True
         if (released or first) and self.config.binding is not None:
             # Binds waiting for this first answer, and binds and give-backs put
@@ -628,6 +667,21 @@ class Node:
         if self.cdi is None:
             raise UsageError("CdiSpecsWritten for a node made without cdi=True")
         return self.cdi.written(event)
+
+    def _claim_prepare(self, event: ClaimPrepareRequested) -> list[Effect]:
+        effects, touched = self.dra.prepare(event)
+        return effects + self._refresh_groups(touched)
+
+    def _claim_unprepare(self, event: ClaimUnprepareRequested) -> list[Effect]:
+        effects, touched = self.dra.unprepare(event)
+        effects += self._refresh_groups(touched)
+        if touched and self.config.binding is not None:
+            effects += self._rebuild()  # binds put off while the claim held a group
+        return effects
+
+    def _claims_recalled(self, event: ClaimsRecalled) -> list[Effect]:
+        effects, touched = self.dra.recalled(event, self._now)
+        return effects + self._refresh_groups(touched)
 
     def _tick(self, event: Tick) -> list[Effect]:
         return []

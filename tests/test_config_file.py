@@ -302,7 +302,7 @@ def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
     line = only_problem("colour: blue\n")
     assert line == (
         "test.yaml: colour: unknown key 'colour'; "
-        "expected one of: binding, naming, permittedHostDevices, sharedDevices, vfio"
+        "expected one of: binding, dra, naming, permittedHostDevices, sharedDevices, vfio"
     )
 
 
@@ -611,7 +611,7 @@ def test_every_error_is_reported() -> None:
         "have defaults)",
         "node.yaml: naming.source: 'pciids' is not one of 'vendor-device', 'pci-ids'",
         "node.yaml: extra: unknown key 'extra'; "
-        "expected one of: binding, naming, permittedHostDevices, sharedDevices, vfio",
+        "expected one of: binding, dra, naming, permittedHostDevices, sharedDevices, vfio",
         "node.yaml: permittedHostDevices.pciHostDevices[2].pciVendorSelector: "
         "'10DE:1EB8' is listed twice (first at pciHostDevices[1])",
     ]
@@ -812,8 +812,13 @@ def test_dump_shape() -> None:
             "pciVendorSelector": "10DE:1EB8",
             "resourceName": "nvidia.com/TU104GL_Tesla_T4",
             "externalResourceProvider": False,
+            "frontend": "device-plugin",
         },
-        {"pciVendorSelector": "8086:4941", "externalResourceProvider": True},
+        {
+            "pciVendorSelector": "8086:4941",
+            "externalResourceProvider": True,
+            "frontend": "device-plugin",
+        },
     ]
     assert dumped["sharedDevices"]["devices.kubevirt.io/kvm"] == {
         "path": "/dev/kvm",

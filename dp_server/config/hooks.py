@@ -25,6 +25,7 @@ from dp_core.config import (
     DEFAULT_SHARED_DEVICES,
     Binding,
     Config,
+    Dra,
     MediatedDevice,
     Naming,
     PciHostDevice,
@@ -61,11 +62,13 @@ KEYS: dict[type, dict[str, str]] = {
         "pci_vendor_selector": "pciVendorSelector",
         "resource_name": "resourceName",
         "external_resource_provider": "externalResourceProvider",
+        "frontend": "frontend",
     },
     MediatedDevice: {
         "mdev_name_selector": "mdevNameSelector",
         "resource_name": "resourceName",
         "external_resource_provider": "externalResourceProvider",
+        "frontend": "frontend",
     },
     PermittedHostDevices: {
         "pci_host_devices": "pciHostDevices",
@@ -78,8 +81,10 @@ KEYS: dict[type, dict[str, str]] = {
         "naming": "naming",
         "binding": "binding",
         "vfio": "vfio",
+        "dra": "dra",
     },
     Vfio: {"interface": "interface"},
+    Dra: {"driver_name": "driverName"},
     Binding: {"replace_drivers": "replaceDrivers", "bind_unbound": "bindUnbound"},
     SharedDevice: {
         "path": "path",
@@ -357,6 +362,7 @@ def _make_converter() -> cattrs.Converter:
         Naming,
         Binding,
         Vfio,
+        Dra,
         _SharedDevicePatch,
     ):
         _register_class(converter, cls)

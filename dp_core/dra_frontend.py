@@ -1,0 +1,259 @@
+"""The DRA front end's state: its devices, its prepared claims and its pool.
+
+It shares the node's one `AllocationBook` with the device-plugin front end:
+preparing a claim reserves the IOMMU groups of its devices there, so a claim
+can never take a group a device-plugin allocation holds, nor the other way
+round; unpreparing frees them at once. What it prepared is reported as the
+checkpoint (`ClaimsChanged`) and taken back at start (`ClaimsRecalled`), so
+a restarted dp holds the same groups and an Unprepare for a claim deleted
+from the API meanwhile still frees its group.
+
+A claim the core cannot prepare (a device it does not offer, another node's
+pool, a group held elsewhere) is the peer's problem and gets `ClaimRefused`
+with a message naming what; nothing held is released. `UsageError` is kept
+for the shell's mistakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .allocation import AllocationBook, container_allocation
+from .dra_effects import (
+    ClaimPrepared,
+    ClaimRefused,
+    ClaimsChanged,
+    ClaimUnprepared,
+    DraEffect,
+    PoolChanged,
+)
+from .dra_inputs import ClaimPrepareRequested, ClaimsRecalled, ClaimUnprepareRequested
+from .dra_pool import DraDevice, PoolOptions, dra_catalogue, pool_content
+from .dra_prepared import ClaimDevice, PreparedClaim
+from .effects import Effect, Log
+from .errors import UsageError
+from .host import HostSnapshot
+from .inventory import Inventory, Resource
+from .slices import PoolContent
+
+__all__ = ["DraFrontend"]
+
+Effects = list[Effect | DraEffect]
+
+
+class _Refusal(Exception):
+    pass
+
+
+def _claim_name(prepared: PreparedClaim) -> str:
+    return f"{prepared.claim.namespace}/{prepared.claim.name}"
+
+
+class DraFrontend:
+    """One node's DRA front end. `driver` is None while the config has no `dra`."""
+
+    def __init__(
+        self,
+        book: AllocationBook,
+        node_name: str,
+        *,
+        partitionable: bool = True,
+        device_taints: bool = False,
+    ) -> None:
+        self._book = book
+        self.node_name = node_name
+        self.partitionable = partitionable
+        self.device_taints = device_taints
+        self.driver: str | None = None
+        self._devices: dict[str, DraDevice] = {}
+        self._resources: dict[str, Resource] = {}
+        self._prepared: dict[str, PreparedClaim] = {}
+        self._published: PoolContent | None = None
+        self._problems: set[str] = set()
+
+    # -- what it offers --------------------------------------------------------
+
+    def devices(self) -> tuple[DraDevice, ...]:
+        return tuple(self._devices.values())
+
+    @property
+    def pool(self) -> PoolContent | None:
+        """The pool content last reported with `PoolChanged`."""
+        return self._published
+
+    def rebuild(self, driver: str | None, inventory: Inventory, snapshot: HostSnapshot) -> Effects:
+        """Take the DRA front end's inventory again (after a scan or a config)."""
+        effects: Effects = []
+        if driver != self.driver and self.driver is not None and self._published is not None:
+            # The driver was renamed or turned off: its pool empties.
+            effects.append(PoolChanged(PoolContent(self.driver, self.node_name, self.node_name)))
+            self._published = None
+        self.driver = driver
+        catalogue: tuple[DraDevice, ...] = ()
+        problems: tuple[str, ...] = ()
+        if driver is not None:
+            catalogue, problems = dra_catalogue(inventory, snapshot)
+        self._devices = {device.name: device for device in catalogue}
+        self._resources = {resource.name: resource for resource in inventory.resources}
+        effects.extend(
+            Log.warning("dra-device-problem", detail=p) for p in problems if p not in self._problems
+        )
+        self._problems = set(problems)
+        effects.extend(self.refresh())
+        return effects
+
+    def refresh(self) -> Effects:
+        """`PoolChanged` if the pool's content differs from what was last reported."""
+        if self.driver is None:
+            return []
+        options = PoolOptions(self.driver, self.node_name, self.partitionable, self.device_taints)
+        content = pool_content(self._devices.values(), self._book.reserved_groups(), options)
+        if content == self._published:
+            return []
+        self._published = content
+        return [PoolChanged(content)]
+
+    # -- claims ------------------------------------------------------------------
+
+    def prepared(self) -> tuple[PreparedClaim, ...]:
+        """Every prepared claim, sorted by UID: the checkpoint."""
+        return tuple(self._prepared[uid] for uid in sorted(self._prepared))
+
+    def prepare(self, event: ClaimPrepareRequested) -> tuple[Effects, set[int]]:
+        """Prepare one claim; the effects, and the IOMMU groups whose holder changed."""
+        known = self._prepared.get(event.claim.uid)
+        if known is not None:
+            return [ClaimPrepared(event.call, known)], set()
+        claim = event.claim
+        try:
+            devices = self._claim_devices(event)
+        except _Refusal as refusal:
+            reason = str(refusal)
+            return [
+                ClaimRefused(event.call, claim, reason),
+                Log.warning(
+                    "claim-refused",
+                    claim=f"{claim.namespace}/{claim.name}",
+                    uid=claim.uid,
+                    reason=reason,
+                ),
+            ], set()
+        prepared = PreparedClaim(claim, devices, event.pod_claim_name)
+        names = [device.name for device in devices]
+        self._book.hold_claim(claim, self.driver or "", names, prepared.groups, event.now)
+        self._prepared[claim.uid] = prepared
+        effects: Effects = [
+            ClaimPrepared(event.call, prepared),
+            Log.info(
+                "claim-prepared",
+                claim=_claim_name(prepared),
+                uid=claim.uid,
+                devices=",".join(names),
+                groups=",".join(str(g) for g in prepared.groups),
+            ),
+            ClaimsChanged(self.prepared()),
+        ]
+        effects.extend(self.refresh())
+        return effects, set(prepared.groups)
+
+    def _claim_devices(self, event: ClaimPrepareRequested) -> tuple[ClaimDevice, ...]:
+        driver = self.driver
+        if driver is None:
+            raise _Refusal("the DRA front end is off: the config has no dra.driverName")
+        requests: dict[str, list[str]] = {}  # device -> the requests it serves, in order
+        for result in event.results:
+            if result.driver != driver:
+                continue
+            if result.pool != self.node_name:
+                raise _Refusal(
+                    f"request {result.request!r}: device {result.device!r} is in pool "
+                    f"{result.pool!r}, not this node's pool {self.node_name!r}"
+                )
+            if result.device not in self._devices:
+                raise _Refusal(
+                    f"request {result.request!r}: device {result.device!r} is not offered "
+                    f"by {driver} in pool {self.node_name!r}"
+                )
+            requests.setdefault(result.device, []).append(result.request)
+        devices = []
+        for name, served in requests.items():
+            device = self._devices[name]
+            if not device.advertised.healthy:
+                raise _Refusal(f"device {name} is unhealthy: {device.advertised.reason}")
+            group = device.iommu_group
+            holder = self._book.group_holder(group) if group is not None else None
+            if holder is not None:
+                raise _Refusal(
+                    f"IOMMU group {group} of device {name} is held by {holder.describe()}; "
+                    "VFIO cannot split a group between holders"
+                )
+            resource = self._resources[device.resource]
+            edits = container_allocation(resource, [device.advertised])
+            devices.append(
+                ClaimDevice(
+                    served,
+                    self.node_name,
+                    name,
+                    device.advertised.id,
+                    device.resource,
+                    group,
+                    edits,
+                    device.attributes,
+                )
+            )
+        return tuple(devices)
+
+    def unprepare(self, event: ClaimUnprepareRequested) -> tuple[Effects, set[int]]:
+        """Unprepare one claim, known or not; the effects, and the groups freed."""
+        claim = event.claim
+        self._book.release_claim(claim.uid)
+        prepared = self._prepared.pop(claim.uid, None)
+        effects: Effects = [ClaimUnprepared(event.call, claim, prepared)]
+        if prepared is None:
+            return effects, set()
+        effects += [
+            Log.info(
+                "claim-unprepared",
+                claim=_claim_name(prepared),
+                uid=claim.uid,
+                groups=",".join(str(g) for g in prepared.groups),
+            ),
+            ClaimsChanged(self.prepared()),
+        ]
+        effects.extend(self.refresh())
+        return effects, set(prepared.groups)
+
+    def recalled(self, event: ClaimsRecalled, now: float) -> tuple[Effects, set[int]]:
+        """Hold again what the checkpoint says was prepared; report groups found held."""
+        if self._prepared:
+            raise UsageError("ClaimsRecalled after claims were prepared: recall them first")
+        effects: Effects = []
+        touched: set[int] = set()
+        for prepared in event.prepared:
+            free, split = _free_groups(self._book, prepared.groups)
+            for group in split:
+                holder = self._book.group_holder(group)
+                held_by = holder.describe() if holder is not None else "another holder"
+                effects.append(
+                    Log.error(
+                        "group-split",
+                        detail=f"IOMMU group {group} is split: {prepared.describe()} was "
+                        f"prepared with it, and {held_by} holds it",
+                    )
+                )
+            names = [device.name for device in prepared.devices]
+            self._book.hold_claim(prepared.claim, self.driver or "", names, free, now)
+            self._prepared[prepared.claim.uid] = prepared
+            touched.update(free)
+        if event.prepared:
+            effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
+        effects.extend(self.refresh())
+        return effects, touched
+
+
+def _free_groups(book: AllocationBook, groups: Iterable[int]) -> tuple[list[int], list[int]]:
+    free: list[int] = []
+    held: list[int] = []
+    for group in groups:
+        (held if book.group_holder(group) is not None else free).append(group)
+    return free, held

@@ -1,0 +1,87 @@
+"""What can happen to the DRA front end, as frozen inputs (`Node.handle`).
+
+The shell reads the claim (`GET resourceclaims/<ns>/<name>`), checks its UID
+and hands over its allocation results as they are, every driver's; the core
+keeps those of its own driver and judges the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from .claims import ClaimRef
+from .dra_prepared import PreparedClaim
+
+__all__ = [
+    "AllocatedDevice",
+    "ClaimPrepareRequested",
+    "ClaimUnprepareRequested",
+    "ClaimsRecalled",
+    "DraInput",
+]
+
+
+@attrs.frozen
+class AllocatedDevice:
+    """One `status.allocation.devices.results[]` entry of a claim."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+def _results(value: Iterable[AllocatedDevice]) -> tuple[AllocatedDevice, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class ClaimPrepareRequested:
+    """NodePrepareResources for one claim; `call` pairs it with its answer.
+
+    `pod_claim_name` is the claim's `resource.kubernetes.io/pod-claim-name`
+    annotation, when it was made from a template.
+    """
+
+    call: int
+    claim: ClaimRef
+    results: tuple[AllocatedDevice, ...] = attrs.field(converter=_results)
+    now: float
+    pod_claim_name: str | None = None
+
+
+@attrs.frozen
+class ClaimUnprepareRequested:
+    """NodeUnprepareResources for one claim, which may be gone from the API by now."""
+
+    call: int
+    claim: ClaimRef
+    now: float
+
+
+def _claims(value: Iterable[PreparedClaim]) -> tuple[PreparedClaim, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class ClaimsRecalled:
+    """At start, before any Prepare: the claims an earlier run reported last
+    (`ClaimsChanged`), read back from the checkpoint."""
+
+    prepared: tuple[PreparedClaim, ...] = attrs.field(converter=_claims)
+
+    @prepared.validator
+    def _once_each(
+        self,
+        attribute: attrs.Attribute[tuple[PreparedClaim, ...]],
+        value: tuple[PreparedClaim, ...],
+    ) -> None:
+        uids = [p.claim.uid for p in value]
+        twice = sorted({uid for uid in uids if uids.count(uid) > 1})
+        if twice:
+            raise ValueError(f"claim UID recalled twice: {', '.join(twice)}")
+
+
+DraInput = ClaimPrepareRequested | ClaimUnprepareRequested | ClaimsRecalled

@@ -1,0 +1,238 @@
+"""Which devices the DRA front end offers, and the content of the node's pool.
+
+The DRA front end offers the devices whose config entry says `frontend: dra`;
+`build_inventory` judges their health exactly as it does the device-plugin
+front end's, and `dra_catalogue` names them (`dra_names`). `pool_content` is
+then a pure function of that catalogue, the IOMMU groups the one ledger
+(`AllocationBook`) holds, and the cluster's features:
+
+- a device that is unhealthy, or whose group another holder has, is left
+  out, or with `device_taints` published with a `NoSchedule` taint;
+- with `partitionable` (KEP-4815), every group with two or more published
+  members gets a counter set `iommu-group-<n>` with one counter `slot` of 1,
+  which each member consumes whole, so the scheduler never puts two of them
+  in two claims; without it only one member of such a group is published
+  (the one a claim holds, else the first healthy one by name), since nothing
+  else could keep the scheduler from splitting the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from .advertised import AdvertisedDevice
+from .allocation import Allocation
+from .config import Config, PermittedHostDevices
+from .dra_names import (
+    Attributes,
+    dns_label_error,
+    mdev_attributes,
+    mdev_device_name,
+    pci_attributes,
+    pci_device_name,
+)
+from .host import HostSnapshot
+from .inventory import DeviceKind, Inventory
+from .pci import PciAddress
+from .slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
+
+__all__ = [
+    "COUNTER",
+    "DraDevice",
+    "PoolOptions",
+    "dra_catalogue",
+    "dra_config",
+    "group_counter_set",
+    "pool_content",
+]
+
+COUNTER = "slot"
+
+
+@attrs.frozen
+class PoolOptions:
+    """The pool's driver and node, and which DRA features the cluster has.
+
+    `partitionable`: shared counters (KEP-4815; beta, on by default, from
+    1.36). `device_taints`: device taints (KEP-5055; the same).
+    """
+
+    driver: str
+    node_name: str
+    partitionable: bool = True
+    device_taints: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        # The pool is named after the node, and a node name is a DNS subdomain.
+        if not self.node_name or len(self.node_name) > 253:
+            raise ValueError(f"{self.node_name!r} is not a node name")
+
+
+@attrs.frozen
+class DraDevice:
+    """One device the DRA front end offers: its pool name, the device-plugin
+    resource it would belong to, and what `build_inventory` says of it."""
+
+    name: str
+    resource: str
+    kind: DeviceKind
+    advertised: AdvertisedDevice
+    attributes: Attributes = ()
+
+    @property
+    def iommu_group(self) -> int | None:
+        return self.advertised.iommu_group
+
+
+def dra_catalogue(
+    inventory: Inventory, snapshot: HostSnapshot
+) -> tuple[tuple[DraDevice, ...], tuple[str, ...]]:
+    """The DRA front end's devices from its inventory, sorted by name, and
+    what could not be offered or described, and why."""
+    mdevs = {mdev.uuid: mdev for mdev in snapshot.mdevs}
+    devices: list[DraDevice] = []
+    problems: list[str] = []
+    for resource in inventory.resources:
+        for advertised in resource.devices:
+            if resource.kind is DeviceKind.PCI:
+                pci = snapshot.device(PciAddress.parse(advertised.id))
+                if pci is None:
+                    continue
+                name = pci_device_name(pci.address)
+                attributes, issues = pci_attributes(pci, resource.name)
+            elif resource.kind is DeviceKind.MDEV and advertised.id in mdevs:
+                mdev_name = mdev_device_name(advertised.id)
+                if mdev_name is None:
+                    error = dns_label_error(f"mdev-{advertised.id.lower()}")
+                    problems.append(f"mdev {advertised.id}: not offered: {error}")
+                    continue
+                name = mdev_name
+                attributes, issues = mdev_attributes(mdevs[advertised.id], snapshot, resource.name)
+            else:
+                continue
+            problems += (f"device {name}: {issue}" for issue in issues)
+            devices.append(DraDevice(name, resource.name, resource.kind, advertised, attributes))
+    devices.sort(key=lambda device: device.name)
+    return tuple(devices), tuple(problems)
+
+
+def group_counter_set(group: int) -> str:
+    return f"iommu-group-{group}"
+
+
+def _held_elsewhere(device: DraDevice, reserved: Mapping[int, Allocation]) -> Allocation | None:
+    """The holder of the device's group, unless that holder is a claim holding the device."""
+    group = device.iommu_group
+    holder = reserved.get(group) if group is not None else None
+    if holder is None:
+        return None
+    if holder.claim is not None and device.name in holder.device_ids:
+        return None
+    return holder
+
+
+def _held_here(device: DraDevice, reserved: Mapping[int, Allocation]) -> bool:
+    group = device.iommu_group
+    holder = reserved.get(group) if group is not None else None
+    return holder is not None and holder.claim is not None and device.name in holder.device_ids
+
+
+def _representatives(devices: Sequence[DraDevice], reserved: Mapping[int, Allocation]) -> set[str]:
+    """One member per group of two or more: the one a claim holds, else the
+    first healthy one, else the first (all sorted by name)."""
+    by_group: dict[int, list[DraDevice]] = {}
+    for device in devices:
+        if device.iommu_group is not None:
+            by_group.setdefault(device.iommu_group, []).append(device)
+    chosen = set()
+    for members in by_group.values():
+        if len(members) < 2:
+            continue
+        held = [d for d in members if _held_here(d, reserved)]
+        healthy = [d for d in members if d.advertised.healthy]
+        chosen.add((held or healthy or members)[0].name)
+    return chosen
+
+
+def _taint_key(driver: str, what: str) -> str:
+    return f"{driver}/{what}"
+
+
+def pool_content(
+    devices: Iterable[DraDevice], reserved: Mapping[int, Allocation], options: PoolOptions
+) -> PoolContent:
+    """The node's pool: what the scheduler may allocate now (module docstring)."""
+    catalogue = sorted(devices, key=lambda device: device.name)
+    keep: set[str] | None = None
+    if not options.partitionable:
+        keep = _representatives(catalogue, reserved)
+        grouped = {
+            d.name
+            for d in catalogue
+            if d.iommu_group is not None
+            and sum(1 for o in catalogue if o.iommu_group == d.iommu_group) > 1
+        }
+        catalogue = [d for d in catalogue if d.name not in grouped or d.name in keep]
+    published: list[tuple[DraDevice, tuple[DeviceTaint, ...]]] = []
+    for device in catalogue:
+        taints: list[DeviceTaint] = []
+        if not device.advertised.healthy:
+            taints.append(DeviceTaint(_taint_key(options.driver, "unhealthy")))
+        if _held_elsewhere(device, reserved) is not None:
+            taints.append(DeviceTaint(_taint_key(options.driver, "iommu-group-held")))
+        if taints and not options.device_taints:
+            continue
+        published.append((device, tuple(taints)))
+    members: dict[int, int] = {}
+    for device, _ in published:
+        if device.iommu_group is not None:
+            members[device.iommu_group] = members.get(device.iommu_group, 0) + 1
+    shared = sorted(g for g, count in members.items() if count > 1) if options.partitionable else []
+    counter_sets = tuple(CounterSet(group_counter_set(g), ((COUNTER, 1),)) for g in shared)
+    shared_groups = set(shared)
+    pool_devices = []
+    for device, marks in published:
+        consumes: tuple[CounterConsumption, ...] = ()
+        group = device.iommu_group
+        if group is not None and group in shared_groups:
+            consumes = (CounterConsumption(group_counter_set(group), ((COUNTER, 1),)),)
+        pool_devices.append(PoolDevice(device.name, device.attributes, consumes, marks))
+    return PoolContent(
+        options.driver,
+        options.node_name,
+        options.node_name,
+        tuple(pool_devices),
+        tuple(sorted(counter_sets, key=lambda s: s.name)),
+    )
+
+
+def dra_config(config: Config) -> Config | None:
+    """The config the DRA front end builds its inventory from, or None when DRA is off.
+
+    Only the entries with `frontend: dra`, as `build_inventory` would serve
+    them on the device-plugin front end, and no shared devices: the same
+    selection and health rules, for the other front end's devices.
+    """
+    permitted = config.permitted_host_devices
+    if config.dra is None or permitted is None:
+        return None
+    return attrs.evolve(
+        config,
+        permitted_host_devices=PermittedHostDevices(
+            tuple(
+                attrs.evolve(entry, frontend="device-plugin")
+                for entry in permitted.pci_host_devices
+                if entry.frontend == "dra"
+            ),
+            tuple(
+                attrs.evolve(entry, frontend="device-plugin")
+                for entry in permitted.mediated_devices
+                if entry.frontend == "dra"
+            ),
+        ),
+        shared_devices=(),
+        binding=None,
+        dra=None,
+    )

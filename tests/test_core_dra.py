@@ -1,0 +1,549 @@
+"""The DRA front end of the core: names, attributes, pool content, claims (tables)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from dp_core import (
+    AllocationsObserved,
+    Config,
+    ConfigError,
+    HostObserved,
+    KubeletStarted,
+    MdevDevice,
+    MdevType,
+    MediatedDevice,
+    Node,
+    PciAddress,
+    PciHostDevice,
+    PciId,
+    PermittedHostDevices,
+    Reply,
+)
+from dp_core.claims import ClaimRef
+from dp_core.config import Dra
+from dp_core.dra_effects import (
+    ClaimPrepared,
+    ClaimRefused,
+    ClaimsChanged,
+    ClaimUnprepared,
+    PoolChanged,
+)
+from dp_core.dra_inputs import (
+    AllocatedDevice,
+    ClaimPrepareRequested,
+    ClaimsRecalled,
+    ClaimUnprepareRequested,
+)
+from dp_core.dra_metadata import prepared_devices, request_metadata
+from dp_core.dra_names import attribute_name_error, mdev_device_name, pci_device_name
+from dp_core.effects import HealthChanged
+from dp_core.slices import PoolContent, Version
+
+from core_builders import AUDIO, GPU, GPU_RESOURCE, Kubelet, effects_of, one, pci, snapshot
+
+DRIVER = "vfio.dp.example.com"
+NODE = "worker-1"
+NIC = "intel.com/nic"
+NIC_ID = PciAddress.parse("0000:5e:00.0")
+VGPU_UUID = "8a3b9c1e-1f7a-4c55-9d0e-2b6f4a7e8c11"
+NIC_PCI = PciId(0x8086, 0x1593)
+
+
+def host():
+    """GPU+audio in group 10 (both DRA), GPU+audio in 20 (GPU DRA, audio on the
+    device plugin), a NIC alone in 30 (DRA), and a vGPU mdev (DRA) in 40."""
+    return snapshot(
+        [
+            pci("0000:3b:00.0", GPU, 10, numa=0),
+            pci("0000:3b:00.1", AUDIO, 10, numa=0, class_code=0x040300),
+            pci("0000:af:00.0", GPU, 20, numa=1),
+            pci("0000:af:00.1", AUDIO, 20, numa=1, class_code=0x040300),
+            pci("0000:5e:00.0", NIC_PCI, 30, numa=None, class_code=0x020000),
+        ],
+        mdev_types=(MdevType(PciAddress.parse("0000:3b:00.0"), "nvidia-222", "GRID T4-1Q"),),
+        mdevs=(MdevDevice(VGPU_UUID, PciAddress.parse("0000:3b:00.0"), "nvidia-222", 40),),
+    )
+
+
+def config(*, audio_frontend: str = "device-plugin", dra: bool = True) -> Config:
+    return Config(
+        permitted_host_devices=PermittedHostDevices(
+            pci_host_devices=(
+                PciHostDevice(GPU, GPU_RESOURCE, frontend="dra"),
+                PciHostDevice(AUDIO, "nvidia.com/audio", frontend=audio_frontend),  # type: ignore[arg-type]
+                PciHostDevice(NIC_PCI, NIC, frontend="dra"),
+            ),
+            mediated_devices=(
+                MediatedDevice("GRID T4-1Q", "nvidia.com/GRID_T4-1Q", frontend="dra"),
+            ),
+        ),
+        shared_devices=(),
+        dra=Dra(DRIVER) if dra else None,
+    )
+
+
+def started(cfg: Config | None = None, **kwargs: object) -> tuple[Node, list[object]]:
+    node = Node(cfg or config(), node_name=NODE, **kwargs)  # type: ignore[arg-type]
+    effects: list[object] = list(node.handle(HostObserved(host(), 0.0)))
+    effects += node.handle(KubeletStarted(0.0))
+    return node, effects
+
+
+CLAIM_A = ClaimRef("vms", "uid-a", "vm-a")
+CLAIM_B = ClaimRef("vms", "uid-b", "vm-b")
+
+
+def prepare(
+    node: Node, claim: ClaimRef, *devices: str, pool: str = NODE, call: int = 1, now: float = 1.0
+):
+    results = [AllocatedDevice(f"req{i}", DRIVER, pool, name) for i, name in enumerate(devices)]
+    return node.handle(ClaimPrepareRequested(call, claim, results, now))
+
+
+def unprepare(node: Node, claim: ClaimRef, call: int = 2, now: float = 2.0):
+    return node.handle(ClaimUnprepareRequested(call, claim, now))
+
+
+def pool_names(node: Node) -> list[str]:
+    assert node.dra.pool is not None
+    return [d.name for d in node.dra.pool.devices]
+
+
+# -- names and attributes ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "name"),
+    [
+        ("0000:3b:00.0", "pci-0000-3b-00-0"),
+        ("0000:af:1f.7", "pci-0000-af-1f-7"),
+        ("10000:00:02.1", "pci-10000-00-02-1"),
+    ],
+)
+def test_pci_device_name(address: str, name: str) -> None:
+    assert pci_device_name(PciAddress.parse(address)) == name
+
+
+@pytest.mark.parametrize(
+    ("uuid", "name"),
+    [
+        (VGPU_UUID, f"mdev-{VGPU_UUID}"),
+        (VGPU_UUID.upper(), f"mdev-{VGPU_UUID}"),
+        ("not a uuid", None),
+        ("a" * 60, None),
+    ],
+)
+def test_mdev_device_name(uuid: str, name: str | None) -> None:
+    assert mdev_device_name(uuid) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("resource.kubernetes.io/pciBusID", True),
+        ("mdevUUID", True),
+        ("iommuGroup", True),
+        ("x" * 33, False),
+        ("Bad.Domain/name", False),
+        ("example.com/9lives", False),
+        ("/name", False),
+    ],
+)
+def test_attribute_names(name: str, ok: bool) -> None:
+    assert (attribute_name_error(name) is None) is ok
+
+
+def test_attributes_of_a_pci_function_and_an_mdev() -> None:
+    node, _ = started()
+    gpu = {d.name: d for d in node.dra.devices()}["pci-0000-3b-00-0"]
+    assert dict(gpu.attributes) == {
+        "resource.kubernetes.io/pciBusID": "0000:3b:00.0",
+        "resourceName": GPU_RESOURCE,
+        "vendorID": "10de",
+        "deviceID": "1eb8",
+        "classID": "030200",
+        "numaNode": 0,
+        "iommuGroup": 10,
+    }
+    mdev = {d.name: d for d in node.dra.devices()}[f"mdev-{VGPU_UUID}"]
+    assert dict(mdev.attributes)["mdevUUID"] == VGPU_UUID
+    assert dict(mdev.attributes)["parentPciBusID"] == "0000:3b:00.0"
+    assert dict(mdev.attributes)["iommuGroup"] == 40
+    nic = {d.name: d for d in node.dra.devices()}["pci-0000-5e-00-0"]
+    assert "numaNode" not in dict(nic.attributes)  # unknown NUMA is left out, not -1
+
+
+def test_a_vf_names_its_pf() -> None:
+    vf = attrs.evolve(pci("0000:5e:01.0", NIC_PCI, 31), physfn=PciAddress.parse("0000:5e:00.0"))
+    node = Node(config(), node_name=NODE)
+    node.handle(HostObserved(snapshot([vf]), 0.0))
+    (device,) = node.dra.devices()
+    assert dict(device.attributes)["pfPciBusID"] == "0000:5e:00.0"
+
+
+def test_a_long_resource_name_is_left_out_of_the_attributes_and_logged() -> None:
+    long_name = "example.com/" + "x" * 60
+    cfg = Config(
+        permitted_host_devices=PermittedHostDevices(
+            pci_host_devices=(PciHostDevice(NIC_PCI, long_name, frontend="dra"),)
+        ),
+        shared_devices=(),
+        dra=Dra(DRIVER),
+    )
+    node, effects = started(cfg)
+    (device,) = node.dra.devices()
+    assert "resourceName" not in dict(device.attributes)
+    logged = [e for e in effects if getattr(e, "event", "") == "dra-device-problem"]
+    assert len(logged) == 1 and "longer than 64" in str(logged[0].fields)  # type: ignore[attr-defined]
+
+
+# -- which front end offers what ------------------------------------------------------
+
+
+def test_devices_go_to_exactly_one_front_end() -> None:
+    node, _ = started()
+    assert node.resource_names() == ("nvidia.com/audio",)
+    assert [d.id for d in node.advertised("nvidia.com/audio")] == ["0000:3b:00.1", "0000:af:00.1"]
+    assert sorted(d.name for d in node.dra.devices()) == [
+        f"mdev-{VGPU_UUID}",
+        "pci-0000-3b-00-0",
+        "pci-0000-5e-00-0",
+        "pci-0000-af-00-0",
+    ]
+    skipped = {s.id: s.reason for s in node.inventory.skipped}
+    assert "DRA front end" in skipped["0000:3b:00.0"]
+
+
+def test_without_dra_there_is_no_pool() -> None:
+    cfg = Config(
+        permitted_host_devices=PermittedHostDevices(pci_host_devices=(PciHostDevice(GPU),)),
+        shared_devices=(),
+    )
+    node = Node(cfg)
+    effects = node.handle(HostObserved(host(), 0.0))
+    assert effects_of(effects, PoolChanged) == []
+    assert node.dra.pool is None
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Dra("Not_A_Domain"), "is not a DNS subdomain"),
+        (lambda: Dra("x" * 64 + ".com"), "is not a DNS subdomain"),
+        (lambda: PciHostDevice(GPU, frontend="gpu"), "is not one of 'device-plugin', 'dra'"),
+        (
+            lambda: PciHostDevice(GPU, external_resource_provider=True, frontend="dra"),
+            "contradict",
+        ),
+        (lambda: config(dra=False), "frontend: dra needs the dra section"),
+        (
+            lambda: Config(
+                permitted_host_devices=PermittedHostDevices(
+                    pci_host_devices=(
+                        PciHostDevice(GPU, "nvidia.com/gpu", frontend="dra"),
+                        PciHostDevice(AUDIO, "nvidia.com/gpu"),
+                    )
+                ),
+                dra=Dra(DRIVER),
+            ),
+            "on both front ends",
+        ),
+    ],
+)
+def test_config_errors(build, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+# -- pool content --------------------------------------------------------------------------
+
+
+def test_pool_with_counters_for_a_multi_device_group() -> None:
+    node, effects = started(config(audio_frontend="dra"))
+    content = one(effects, PoolChanged).content
+    assert (content.driver, content.pool, content.node_name) == (DRIVER, NODE, NODE)
+    assert [s.name for s in content.shared_counters] == ["iommu-group-10", "iommu-group-20"]
+    assert content.shared_counters[0].counters == (("slot", 1),)
+    gpu = content.device("pci-0000-3b-00-0")
+    audio = content.device("pci-0000-3b-00-1")
+    nic = content.device("pci-0000-5e-00-0")
+    assert gpu is not None and audio is not None and nic is not None
+    assert gpu.consumes_counters == audio.consumes_counters
+    assert gpu.consumes_counters[0].counter_set == "iommu-group-10"
+    assert nic.consumes_counters == ()
+
+
+def test_pool_without_partitionable_devices_has_one_member_per_group() -> None:
+    node, effects = started(config(audio_frontend="dra"), dra_partitionable=False)
+    content = one(effects, PoolChanged).content
+    assert content.shared_counters == ()
+    assert [d.name for d in content.devices] == [
+        f"mdev-{VGPU_UUID}",
+        "pci-0000-3b-00-0",
+        "pci-0000-5e-00-0",
+        "pci-0000-af-00-0",
+    ]
+
+
+def test_an_unhealthy_device_leaves_the_pool_and_returns() -> None:
+    node, _ = started()
+    gone = snapshot(
+        list(host().pci_devices),
+        mdev_types=host().mdev_types,
+        mdevs=host().mdevs,
+        missing_nodes=("/dev/vfio/30",),
+    )
+    effects = node.handle(HostObserved(gone, 1.0))
+    assert "pci-0000-5e-00-0" not in [d.name for d in one(effects, PoolChanged).content.devices]
+    effects = node.handle(HostObserved(host(), 2.0))
+    assert "pci-0000-5e-00-0" in [d.name for d in one(effects, PoolChanged).content.devices]
+    assert node.handle(HostObserved(host(), 3.0)) == []  # nothing changed, nothing published
+
+
+def test_with_device_taints_an_unhealthy_device_is_tainted_instead() -> None:
+    node, _ = started(dra_device_taints=True)
+    gone = snapshot(
+        list(host().pci_devices),
+        mdev_types=host().mdev_types,
+        mdevs=host().mdevs,
+        missing_nodes=("/dev/vfio/30",),
+    )
+    content = one(node.handle(HostObserved(gone, 1.0)), PoolChanged).content
+    nic = content.device("pci-0000-5e-00-0")
+    assert nic is not None
+    assert [(t.key, t.effect) for t in nic.taints] == [(f"{DRIVER}/unhealthy", "NoSchedule")]
+
+
+# -- claims -----------------------------------------------------------------------------------
+
+
+def test_prepare_holds_the_group_and_unprepare_frees_it_at_once() -> None:
+    node, _ = started()
+    effects = prepare(node, CLAIM_A, "pci-0000-af-00-0")
+    prepared = one(effects, ClaimPrepared).prepared
+    assert prepared.groups == (20,)
+    (device,) = prepared.devices
+    assert [(d.container_path, d.permissions) for d in device.edits.devices] == [
+        ("/dev/vfio/vfio", "mrw"),
+        ("/dev/vfio/20", "mrw"),
+    ]
+    assert one(effects, ClaimsChanged).prepared == (prepared,)
+    # The audio sibling on the device-plugin front end turns Unhealthy, naming the claim.
+    change = one(effects, HealthChanged)
+    assert (change.device_id, change.healthy) == ("0000:af:00.1", False)
+    assert "claim vms/vm-a (UID uid-a)" in change.reason
+    effects = unprepare(node, CLAIM_A)
+    assert one(effects, ClaimUnprepared).prepared == prepared
+    assert one(effects, ClaimsChanged).prepared == ()
+    assert one(effects, HealthChanged).healthy is True
+    assert node.allocations.reserved_groups() == {}
+
+
+def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None:
+    node, _ = started(config(audio_frontend="dra"))
+    prepare(node, CLAIM_A, "pci-0000-3b-00-0")
+    effects = prepare(node, CLAIM_B, "pci-0000-3b-00-1", call=7)
+    refused = one(effects, ClaimRefused)
+    assert (refused.call, refused.claim) == (7, CLAIM_B)
+    assert refused.error == (
+        "IOMMU group 10 of device pci-0000-3b-00-1 is held by claim vms/vm-a (UID uid-a); "
+        "VFIO cannot split a group between holders"
+    )
+    assert effects_of(effects, ClaimsChanged) == []
+    assert node.allocations.group_holder(10).claim == CLAIM_A  # type: ignore[union-attr]
+
+
+def test_a_claim_against_a_device_plugin_allocation_is_refused() -> None:
+    node, effects = started()
+    kubelet = Kubelet(node)
+    kubelet.register_all(effects)  # type: ignore[arg-type]
+    # The device plugin gives the group-20 audio function to a container.
+    reply = kubelet.allocate("nvidia.com/audio", ("0000:af:00.1",))
+    assert effects_of(reply, Reply)
+    assert "pci-0000-af-00-0" not in [d.name for d in one(reply, PoolChanged).content.devices]
+    effects = prepare(node, CLAIM_A, "pci-0000-af-00-0")
+    assert "IOMMU group 20 of device pci-0000-af-00-0 is held by allocation #1 of " in (
+        one(effects, ClaimRefused).error
+    )
+
+
+def test_device_plugin_allocate_is_refused_while_a_claim_holds_the_group() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0")
+    conflict = node.allocations.conflict(
+        "nvidia.com/audio",
+        [node.inventory.resource("nvidia.com/audio").devices[1]],  # type: ignore[union-attr]
+    )
+    assert conflict is not None and "claim vms/vm-a (UID uid-a)" in conflict
+
+
+def test_adopted_pod_holding_the_sibling_takes_the_dra_device_out_of_the_pool() -> None:
+    node, _ = started()
+    assert "pci-0000-af-00-0" in pool_names(node)
+    effects = node.handle(
+        AllocationsObserved({"nvidia.com/audio": frozenset({"0000:af:00.1"})}, 1.0)
+    )
+    assert "pci-0000-af-00-0" not in [d.name for d in one(effects, PoolChanged).content.devices]
+    effects = node.handle(AllocationsObserved({}, 100.0))
+    assert "pci-0000-af-00-0" in [d.name for d in one(effects, PoolChanged).content.devices]
+
+
+@pytest.mark.parametrize(
+    ("results", "error"),
+    [
+        (
+            [AllocatedDevice("gpu", DRIVER, NODE, "pci-0000-99-00-0")],
+            "request 'gpu': device 'pci-0000-99-00-0' is not offered by vfio.dp.example.com "
+            "in pool 'worker-1'",
+        ),
+        (
+            [AllocatedDevice("gpu", DRIVER, "worker-2", "pci-0000-3b-00-0")],
+            "request 'gpu': device 'pci-0000-3b-00-0' is in pool 'worker-2', not this node's "
+            "pool 'worker-1'",
+        ),
+    ],
+)
+def test_unknown_device_or_other_pool_is_refused_and_nothing_is_released(
+    results: list[AllocatedDevice], error: str
+) -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0")
+    effects = node.handle(ClaimPrepareRequested(3, CLAIM_B, results, 2.0))
+    assert one(effects, ClaimRefused).error == error
+    assert node.allocations.group_holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+
+
+def test_other_drivers_results_are_not_ours() -> None:
+    node, _ = started()
+    results = [
+        AllocatedDevice("gpu", DRIVER, NODE, "pci-0000-3b-00-0"),
+        AllocatedDevice("net", "sriov.example.com", "elsewhere", "vf-1"),
+    ]
+    prepared = one(node.handle(ClaimPrepareRequested(1, CLAIM_A, results, 1.0)), ClaimPrepared)
+    assert [d.name for d in prepared.prepared.devices] == ["pci-0000-3b-00-0"]
+
+
+def test_prepare_and_unprepare_are_idempotent() -> None:
+    node, _ = started()
+    first = one(prepare(node, CLAIM_A, "pci-0000-3b-00-0"), ClaimPrepared).prepared
+    again = prepare(node, CLAIM_A, "pci-0000-3b-00-0", call=5, now=3.0)
+    assert again == [ClaimPrepared(5, first)]
+    unprepare(node, CLAIM_A, now=3.5)
+    assert unprepare(node, CLAIM_A, call=9, now=4.0) == [ClaimUnprepared(9, CLAIM_A, None)]
+
+
+def test_unprepare_of_an_unknown_claim_is_fine() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-3b-00-0")
+    assert unprepare(node, CLAIM_B) == [ClaimUnprepared(2, CLAIM_B, None)]
+    assert node.allocations.group_holder(10) is not None
+
+
+def test_a_restart_recalls_the_claims_and_an_unprepare_still_frees_the_group() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-3b-00-0", f"mdev-{VGPU_UUID}")
+    checkpoint = node.dra.prepared()
+    restarted = Node(config(), node_name=NODE)
+    restarted.handle(ClaimsRecalled(checkpoint))
+    effects = restarted.handle(HostObserved(host(), 0.0))
+    held = {g: h.claim for g, h in restarted.allocations.reserved_groups().items()}
+    assert held == {10: CLAIM_A, 40: CLAIM_A}
+    assert restarted.dra.prepared() == checkpoint
+    assert one(effects, PoolChanged).content == node.dra.pool
+    # The claim was deleted from the API meanwhile: the kubelet still unprepares it by UID.
+    effects = restarted.handle(ClaimUnprepareRequested(1, CLAIM_A, 1.0))
+    assert one(effects, ClaimUnprepared).prepared == checkpoint[0]
+    assert restarted.allocations.reserved_groups() == {}
+
+
+def test_a_device_gone_after_prepare_stays_held() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-5e-00-0")
+    gone = snapshot([d for d in host().pci_devices if d.iommu_group != 30])
+    node.handle(HostObserved(gone, 3.0))
+    assert node.allocations.group_holder(30).claim == CLAIM_A  # type: ignore[union-attr]
+    again = prepare(node, CLAIM_A, "pci-0000-5e-00-0", now=4.0)
+    assert one(again, ClaimPrepared).prepared.devices[0].device_id == str(NIC_ID)
+
+
+# -- what the container gets ------------------------------------------------------------------
+
+
+def test_cdi_ids_and_metadata_for_a_prepared_claim() -> None:
+    node, _ = started()
+    claim = ClaimRef("vms", "1234", "vm-a")
+    results = [
+        AllocatedDevice("gpu", DRIVER, NODE, "pci-0000-3b-00-0"),
+        AllocatedDevice("vgpu/small", DRIVER, NODE, f"mdev-{VGPU_UUID}"),
+    ]
+    prepared = one(
+        node.handle(ClaimPrepareRequested(1, claim, results, 1.0, pod_claim_name="gpus")),
+        ClaimPrepared,
+    ).prepared
+    answer = prepared_devices(DRIVER, prepared)
+    assert [(d.request_names, d.device_name, d.cdi_device_ids) for d in answer] == [
+        (
+            ("gpu",),
+            "pci-0000-3b-00-0",
+            (f"{DRIVER}/claim=1234-pci-0000-3b-00-0", f"{DRIVER}/metadata=1234_gpu"),
+        ),
+        (
+            ("vgpu/small",),
+            f"mdev-{VGPU_UUID}",
+            (f"{DRIVER}/claim=1234-mdev-{VGPU_UUID}", f"{DRIVER}/metadata=1234_vgpu"),
+        ),
+    ]
+    gpu_file, vgpu_file = request_metadata(DRIVER, prepared)
+    assert gpu_file.container_path == (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpus/gpu/"
+        f"{DRIVER}-metadata.json"
+    )
+    assert [o["apiVersion"] for o in gpu_file.objects] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    v1alpha1 = gpu_file.objects[1]
+    assert v1alpha1["kind"] == "DeviceMetadata"
+    assert v1alpha1["metadata"] == {
+        "name": "vm-a",
+        "namespace": "vms",
+        "uid": "1234",
+        "generation": 1,
+    }
+    assert v1alpha1["podClaimName"] == "gpus"
+    (request,) = v1alpha1["requests"]  # type: ignore[misc]
+    assert request["name"] == "gpu"
+    (device,) = request["devices"]
+    assert (device["driver"], device["pool"], device["name"]) == (DRIVER, NODE, "pci-0000-3b-00-0")
+    assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+    assert device["attributes"]["iommuGroup"] == {"int": 10}
+    assert vgpu_file.request == "vgpu"
+    vgpu = vgpu_file.objects[1]["requests"][0]  # type: ignore[index]
+    assert vgpu["name"] == "vgpu/small"
+    assert vgpu["devices"][0]["attributes"]["mdevUUID"] == {"string": VGPU_UUID}
+
+
+def test_attribute_json_of_each_kind() -> None:
+    from dp_core.dra_metadata import attribute_json
+
+    assert attribute_json("x") == {"string": "x"}
+    assert attribute_json(3) == {"int": 3}
+    assert attribute_json(True) == {"bool": True}
+    assert attribute_json(Version("1.2.3")) == {"version": "1.2.3"}
+
+
+def test_a_claim_from_a_resource_claim_has_its_own_metadata_path() -> None:
+    node, _ = started()
+    prepared = one(prepare(node, CLAIM_A, "pci-0000-3b-00-0"), ClaimPrepared).prepared
+    (meta,) = request_metadata(DRIVER, prepared)
+    assert meta.container_path == (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm-a/req0/"
+        f"{DRIVER}-metadata.json"
+    )
+    assert "podClaimName" not in meta.objects[0]
+
+
+def test_pool_content_is_a_value() -> None:
+    assert PoolContent(DRIVER, NODE, NODE) == PoolContent(DRIVER, NODE, NODE, (), ())
