@@ -156,8 +156,9 @@ class HostSnapshot:
     """Everything the core needs to know about the host at one moment.
 
     `dev_nodes` holds the host paths (`/dev/vfio/12`, `/dev/vfio/devices/vfio0`,
-    `/dev/iommu`, `/dev/kvm`, ...) that existed when the scan ran. `pci_drivers` names the drivers registered on the
-    PCI bus (`/sys/bus/pci/drivers/*`), or is None when they were not read.
+    `/dev/iommu`, `/dev/kvm`, ...) that existed when the scan ran.
+    `pci_drivers` names the drivers registered on the PCI bus
+    (`/sys/bus/pci/drivers/*`), or is None when they were not read.
     """
 
     pci_devices: tuple[PciDevice, ...] = attrs.field(default=(), converter=_pci_devices)
