@@ -351,8 +351,18 @@ class Config:
             *self.permitted_host_devices.pci_host_devices,
             *self.permitted_host_devices.mediated_devices,
         )
-        if self.dra is None and any(e.frontend == "dra" for e in entries):
-            raise ConfigError("frontend: dra needs the dra section with its driverName")
+        if self.dra is None:
+            lists: tuple[tuple[str, tuple[PciHostDevice | MediatedDevice, ...]], ...] = (
+                ("pciHostDevices", self.permitted_host_devices.pci_host_devices),
+                ("mediatedDevices", self.permitted_host_devices.mediated_devices),
+            )
+            for key, listed in lists:
+                for index, entry in enumerate(listed):
+                    if entry.frontend == "dra":
+                        raise ConfigError(
+                            f"permittedHostDevices.{key}[{index}].frontend is dra, which "
+                            "needs the dra section with its driverName"
+                        )
         fronts: dict[str, set[str]] = {}
         for entry in entries:
             if entry.resource_name:

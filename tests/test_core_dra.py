@@ -237,7 +237,7 @@ def test_without_dra_there_is_no_pool() -> None:
             lambda: PciHostDevice(GPU, external_resource_provider=True, frontend="dra"),
             "contradict",
         ),
-        (lambda: config(dra=False), "frontend: dra needs the dra section"),
+        (lambda: config(dra=False), "frontend is dra, which needs the dra section"),
         (
             lambda: Config(
                 permitted_host_devices=PermittedHostDevices(
