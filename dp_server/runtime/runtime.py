@@ -317,8 +317,13 @@ class Runtime:
     async def _watch_files(self) -> None:
         # watchfiles reports absolute paths, whatever the flags said.
         plugin_dir, vfio = self.plugin_dir.absolute(), Path(self.settings.dev).absolute() / "vfio"
+        # The VFIO character devices live one level down, and the watch is
+        # not recursive. (/dev/iommu comes and goes only with the iommufd
+        # module: the periodic rescan sees it.)
+        cdevs = vfio / "devices"
         config = self._config_version.path.parent if self._config_version else None
-        directories = list(dict.fromkeys(d for d in (plugin_dir, vfio, config) if d is not None))
+        watched = (plugin_dir, vfio, cdevs, config)
+        directories = list(dict.fromkeys(d for d in watched if d is not None))
         self._watcher = DirectoryWatcher(directories)
         async for changed in self._watcher.changes():
             # An entry changed, or the directory itself (removed, made again);
@@ -330,7 +335,7 @@ class Runtime:
             try:
                 if plugin_dir in touched:
                     await self._check_sockets()
-                if vfio in touched:
+                if vfio in touched or cdevs in touched:
                     self.try_rescan()
                 if config in touched:
                     self._notice_config()
