@@ -66,7 +66,9 @@ def run_once(
         pin(kubelet.pid, args.cpu_split[0])
     warm_page_cache(host)
     time.sleep(0.2)  # let kubelet.sock appear: start is timed from the server's spawn
-    command = serve_command(host, config, plugin_dir, workdir / "pr.sock", mode, "info")
+    command = serve_command(
+        args.server_python, host, config, plugin_dir, workdir / "pr.sock", mode, "info"
+    )
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - closed below
     spawned = time.time()
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_env(host))
@@ -100,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         "--share-cpus",
         action="store_true",
         help="let the server and gokubelet share every CPU, as bench_serve.py --share-cpus",
+    )
+    parser.add_argument(
+        "--server-python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the interpreter that runs the server, as bench_serve.py --server-python",
     )
     args = parser.parse_args(argv)
     args.cpu_split = cpu_split(args.share_cpus)
