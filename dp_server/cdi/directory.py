@@ -23,7 +23,7 @@ import attrs
 from dp_core import SPEC_PREFIX, CdiSpec
 from dp_server.cdi.document import render
 
-__all__ = ["SpecDirectory", "SyncResult"]
+__all__ = ["SpecDirectory", "SyncResult", "write_file"]
 
 _SUFFIX = ".json"
 _TEMPORARY = ".tmp"
@@ -98,25 +98,32 @@ class SpecDirectory:
         return name.startswith("." + self.prefix) and name.endswith(_TEMPORARY)
 
     def _write(self, target: Path, data: bytes) -> None:
-        descriptor, temporary = tempfile.mkstemp(
-            dir=self.path, prefix=f".{target.name}.", suffix=_TEMPORARY
-        )
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            # mkstemp makes it 0600; specs are read by the runtime, as root or not.
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write_file(target, data)
 
     @staticmethod
     def _problem(what: str, path: Path, error: OSError) -> str:
         return f"{what} {path}: {error.strerror or error}"
+
+
+def write_file(target: Path, data: bytes) -> None:
+    """Replace `target` with `data` through a temporary file in its directory
+    (`.<name>.XXXX.tmp`, which runtimes skip), flushed and renamed over it;
+    raises OSError."""
+    descriptor, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=_TEMPORARY
+    )
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        # mkstemp makes it 0600; specs are read by the runtime, as root or not.
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _content(path: Path) -> bytes | None:

@@ -19,6 +19,7 @@ __all__ = ["main"]
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1  # the server stopped itself: a restart is what it needs
+DRA_CDI_SPEC_DIR = "/var/run/cdi"
 _log = logging.getLogger("dp.cli")
 
 
@@ -93,7 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="keep a CDI spec per resource in DIR and name the devices in Allocate's "
-        "cdi_devices: /var/run/cdi is where runtimes look (default: off)",
+        "cdi_devices: /var/run/cdi is where runtimes look (default: off; "
+        f"{DRA_CDI_SPEC_DIR} when the config has dra, whose claims always get CDI specs)",
+    )
+    dra = serve.add_argument_group("the DRA front end (with the config's dra section)")
+    dra.add_argument(
+        "--kubeconfig",
+        default=None,
+        metavar="FILE",
+        help="how to reach the API server (default: the pod's service account)",
+    )
+    dra.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME") or None,
+        metavar="NAME",
+        help="this node's name, which names its ResourceSlice pool (default: $NODE_NAME)",
+    )
+    dra.add_argument(
+        "--plugins-registry-dir",
+        default="/var/lib/kubelet/plugins_registry",
+        metavar="DIR",
+        help="the kubelet's plugin watcher directory, for <driver>-reg.sock "
+        "(default /var/lib/kubelet/plugins_registry)",
+    )
+    dra.add_argument(
+        "--plugins-dir",
+        default="/var/lib/kubelet/plugins",
+        metavar="DIR",
+        help="where <driver>/dra.sock and the claims' device metadata go "
+        "(default /var/lib/kubelet/plugins)",
     )
     serve.add_argument(
         "--metrics-address",
@@ -168,7 +197,11 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         config_path=args.config,
         metrics_address=metrics_address,
         state_dir=args.state_dir or None,
-        cdi_spec_dir=args.cdi_spec_dir or None,
+        cdi_spec_dir=args.cdi_spec_dir or (DRA_CDI_SPEC_DIR if config.dra is not None else None),
+        node_name=args.node_name or None,
+        plugins_registry_dir=args.plugins_registry_dir,
+        plugins_dir=args.plugins_dir,
+        kubeconfig=args.kubeconfig or None,
     )
     try:
         runtime = Runtime(

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from dp_core import MetricFamily, Phase, Sample, collect
 from dp_server.monitoring.exposition import CONTENT_TYPE, metrics_registry, render
-from dp_server.monitoring.view import ServerView
+from dp_server.monitoring.view import DraView, ServerView
 
 __all__ = [
     "Check",
@@ -267,11 +267,35 @@ def runtime_health(view: ServerView) -> Check:
     return Check(True, f"ok: last host scan {age:.1f} s ago{failing}{specs}")
 
 
+def _dra(view: ServerView) -> DraView | None:
+    # A view written before the DRA front end (a test's) has no `dra`: it is off.
+    dra: DraView | None = getattr(view, "dra", None)
+    return dra
+
+
+def _dra_readiness(view: ServerView) -> str | None:
+    """Why the DRA front end is not ready, or None when it is (or is off)."""
+    dra = _dra(view)
+    if dra is None or dra.ready:
+        return None
+    said = dra.registration()
+    if said is None:
+        return f"DRA driver {dra.driver} not registered: the kubelet has not said it registered it"
+    if not said[0]:
+        return f"DRA driver {dra.driver} not registered: the kubelet said: {said[1]}"
+    return f"DRA driver {dra.driver} not registered: its sockets are not listening"
+
+
 def runtime_readiness(view: ServerView) -> Check:
     phases = view.node.registrar.phases()
     pending = sorted(name for name, phase in phases.items() if phase is not Phase.LIVE)
+    dra = _dra_readiness(view)
+    if dra is not None:
+        return Check(False, dra)
     if not pending:
-        return Check(True, f"ok: {len(phases)} resources registered with the kubelet")
+        on = _dra(view)
+        driver = f" and DRA driver {on.driver}" if on is not None else ""
+        return Check(True, f"ok: {len(phases)} resources{driver} registered with the kubelet")
     shown = ", ".join(f"{name} ({phases[name].value})" for name in pending[:8])
     more = f" and {len(pending) - 8} more" if len(pending) > 8 else ""
     return Check(False, f"{len(pending)} of {len(phases)} resources not registered: {shown}{more}")
@@ -309,7 +333,9 @@ def runtime_families(view: ServerView) -> list[MetricFamily]:
                 (Sample((), round(view.now() - when, 3)),),
             )
         )
-    return [*collect(view.node), *shell, build_info()]
+    on = _dra(view)
+    dra = list(on.families()) if on is not None else []
+    return [*collect(view.node), *shell, *dra, build_info()]
 
 
 async def start_status(view: ServerView, address: tuple[str | None, int]) -> StatusEndpoint:

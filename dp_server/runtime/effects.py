@@ -18,12 +18,17 @@ from dp_core import (
     BindDevice,
     CdiSpecsChanged,
     CdiSpecsWritten,
+    ClaimPrepared,
+    ClaimRefused,
+    ClaimsChanged,
+    ClaimUnprepared,
     Effect,
     EndStream,
     HealthChanged,
     Input,
     Log,
     MovesChanged,
+    PoolChanged,
     Publish,
     RefreshAllocations,
     Register,
@@ -38,6 +43,7 @@ from dp_server.deviceplugin.pod_resources import PodResourcesPoller
 from dp_server.deviceplugin.register_client import RegisterClient
 from dp_server.deviceplugin.streams import Streams
 from dp_server.monitoring.logs import emit
+from dp_server.runtime.dra import DraRuntime
 
 __all__ = ["EffectRunner"]
 
@@ -54,6 +60,7 @@ class EffectRunner:
         binds: BindQueue,
         moves: MovesStore,
         cdi: SpecDirectory | None,
+        dra: DraRuntime | None = None,
         feed: Callable[[Input], object],
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         now: Callable[[], float],
@@ -65,6 +72,7 @@ class EffectRunner:
         self._binds = binds
         self._moves = moves
         self._cdi = cdi
+        self._dra = dra
         self._feed = feed
         self._spawn = spawn
         self._now = now
@@ -80,9 +88,14 @@ class EffectRunner:
             MovesChanged: self._keep_moves,
             CdiSpecsChanged: self._keep_cdi_specs,
             AttributeConnection: self._log_attribution,
-            # Answered by whoever fed the call (Runtime.call).
+            ClaimPrepared: self._claim_prepared,
+            ClaimUnprepared: self._claim_unprepared,
+            ClaimsChanged: self._keep_claims,
+            PoolChanged: self._publish_pool,
+            # Answered by whoever fed the call (Runtime.call, DraRuntime.prepare).
             Reply: _nothing,
             Reject: _nothing,
+            ClaimRefused: _nothing,
             # Logged through the Log effect that comes with it.
             HealthChanged: _nothing,
         }
@@ -119,6 +132,24 @@ class EffectRunner:
         # In the same turn: an Allocate read after this one names only specs in place.
         result = self._cdi.sync(effect.specs)
         self._feed(CdiSpecsWritten(result.in_place, result.problem))
+
+    # The DRA effects exist only with the config's `dra`, which makes a DraRuntime.
+
+    def _claim_prepared(self, effect: ClaimPrepared) -> None:
+        if self._dra is not None:
+            self._dra.claim_prepared(effect)
+
+    def _claim_unprepared(self, effect: ClaimUnprepared) -> None:
+        if self._dra is not None:
+            self._dra.claim_unprepared(effect)
+
+    def _keep_claims(self, effect: ClaimsChanged) -> None:
+        if self._dra is not None:
+            self._dra.claims_changed(effect)
+
+    def _publish_pool(self, effect: PoolChanged) -> None:
+        if self._dra is not None:
+            self._dra.pool_changed(effect)
 
     def _log_attribution(self, effect: AttributeConnection) -> None:
         _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})

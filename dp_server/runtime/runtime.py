@@ -7,7 +7,9 @@ by the `EffectRunner`. The jobs are kept apart:
 - `KubeletFollower` (kubelet.py) follows the kubelet and its connections;
 - `TimerLoop` (timers.py) wakes the server at its deadlines;
 - `EffectRunner` (effects.py) carries out effects;
-- `CollectionPolicy` (memory.py) decides when to run the garbage collector.
+- `CollectionPolicy` (memory.py) decides when to run the garbage collector;
+- `DraRuntime` (dra.py), with the config's `dra`, serves the DRA front end's
+  sockets, claims and ResourceSlices on the same node and loop.
 
 Watching (watchfiles on the device-plugin directory, /dev/vfio and the
 config's directory), rescans and PodResources polls run as tasks on the one
@@ -56,6 +58,7 @@ from dp_server.deviceplugin.sockets import PluginDirectoryLost, PluginSockets
 from dp_server.deviceplugin.streams import Streams
 from dp_server.host.scanner import scan_host
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
+from dp_server.runtime.dra import DraRuntime
 from dp_server.runtime.effects import EffectRunner
 from dp_server.runtime.kubelet import KubeletFollower
 from dp_server.runtime.memory import CollectionPolicy
@@ -93,6 +96,11 @@ class Runtime:
         self._reload = reload
         self._clock = clock
         prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
+        if config.dra is not None and not settings.node_name:
+            raise SettingsError(
+                "the config's dra section turns the DRA front end on, which needs this "
+                "node's name: --node-name or the NODE_NAME environment variable"
+            )
         self.node = Node(
             config,
             socket_mode=settings.socket_mode,
@@ -101,6 +109,7 @@ class Runtime:
             timing=settings.timing,
             pci_names=pci_names,
             cdi=settings.cdi_spec_dir is not None,
+            node_name=settings.node_name,
         )
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
@@ -147,6 +156,16 @@ class Runtime:
             memory=self._memory,
             stopping=self.stopping,
         )
+        self.dra: DraRuntime | None = None
+        if config.dra is not None:
+            self.dra = DraRuntime(
+                settings,
+                config.dra.driver_name,
+                self.node,
+                feed=self.feed,
+                now=self.now,
+                ids=self._ids,
+            )
         self._sockets = PluginSockets(self.plugin_dir, DevicePluginService(self), self.kubelet)
         self._registers = RegisterClient(
             self.kubelet_socket, settings.register_timeout, self._sockets, self.feed, self.now
@@ -158,6 +177,7 @@ class Runtime:
             binds=self._binds,
             moves=self._moves,
             cdi=SpecDirectory(settings.cdi_spec_dir) if settings.cdi_spec_dir else None,
+            dra=self.dra,
             feed=self.feed,
             spawn=self._tasks.spawn,
             now=self.now,
@@ -226,6 +246,8 @@ class Runtime:
         except PluginDirectoryLost as error:
             self.fail(str(error))
             return
+        if self.dra is not None:
+            await self.dra.restore()
         self.kubelet.probe()
 
     # -- the host ----------------------------------------------------------------------
@@ -307,6 +329,18 @@ class Runtime:
             return
         if config == self.config:
             return
+        if config.dra != self.config.dra:
+            # The DRA sockets, the API client and the pool are made for one driver.
+            _log.error(
+                "config-rejected",
+                extra={
+                    "dp_fields": {
+                        "error": "a change to the dra section takes a restart of dp",
+                        "kept": "the previous config",
+                    }
+                },
+            )
+            return
         self.config = config
         self.feed(ConfigApplied(config, self.now(), names))
         _log.info("config-applied", extra={"dp_fields": {"path": self.settings.config_path}})
@@ -322,7 +356,14 @@ class Runtime:
         # module: the periodic rescan sees it.)
         cdevs = vfio / "devices"
         config = self._config_version.path.parent if self._config_version else None
-        watched = (plugin_dir, vfio, cdevs, config)
+        dra_dirs: tuple[Path, ...] = ()
+        if self.dra is not None:
+            endpoints = self.dra.endpoints
+            dra_dirs = tuple(
+                p.parent.absolute()
+                for p in (endpoints.registration_socket_path, endpoints.dra_socket_path)
+            )
+        watched = (plugin_dir, vfio, cdevs, config, *dra_dirs)
         directories = list(dict.fromkeys(d for d in watched if d is not None))
         self._watcher = DirectoryWatcher(directories)
         async for changed in self._watcher.changes():
@@ -339,6 +380,8 @@ class Runtime:
                     self.try_rescan()
                 if config in touched:
                     self._notice_config()
+                if self.dra is not None and any(d in touched for d in dra_dirs):
+                    await self.dra.restore()  # the plugin watcher registers a new socket
             except Exception:  # noqa: BLE001 - the next change must still be seen
                 _log.exception("watch-event-failed")
 
@@ -370,6 +413,8 @@ class Runtime:
             if recalled:
                 self.feed(MovesRecalled(recalled))
             self.rescan()
+            if self.dra is not None:
+                self.dra.recall()  # before the DRA sockets serve a Prepare
             if self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
             self._tasks.spawn(self._watch_files())
@@ -377,9 +422,15 @@ class Runtime:
             await self._check_sockets()
             if not self.kubelet.present:
                 self.kubelet.follow(fast=False)
+            if self.dra is not None:
+                await self.dra.start(self._tasks.spawn)
         except BaseException:
             if self._status is not None:
                 await self._status.close()
+            if self.dra is not None:
+                await self.dra.close()
+                await self._tasks.cancel_all()
+                await self.dra.close_api()
             raise
         self.ready.set()
         try:
@@ -405,7 +456,11 @@ class Runtime:
         self._streams.end_all(_SHUTTING_DOWN)
         self._registers.retire()
         await self._sockets.close(timeout=2.0)
+        if self.dra is not None:
+            await self.dra.close()  # the claim files and the checkpoint stay
         await self._tasks.cancel_all()
+        if self.dra is not None:
+            await self.dra.close_api()
         self._registers.close()
         if self._watcher is not None:
             self._watcher.stop()

@@ -39,6 +39,17 @@ class Settings:
     state_dir: str | None = None
     # Where dp keeps a CDI spec per resource (dp_server.cdi); None: no CDI.
     cdi_spec_dir: str | None = None
+    # The DRA front end (config `dra`): this node's name (its pool's), the
+    # kubelet's plugin watcher directory and the plugins' data directory.
+    node_name: str | None = None
+    plugins_registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    plugins_dir: str = "/var/lib/kubelet/plugins"
+    # The API server: a kubeconfig file, or with neither, the pod's service
+    # account; `kube_api_server` is a URL without credentials (tests, a local proxy).
+    kubeconfig: str | None = None
+    kube_api_server: str | None = None
+    # Bounds of each ResourceSlice watch request, in seconds.
+    slice_watch_period: tuple[float, float] = (300.0, 600.0)
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,317 @@
+"""`serve` as a DRA driver beside the device-plugin front end, end to end.
+
+The fixture node's T4 GPUs and its NVMe pair (one IOMMU group, 93) are
+`frontend: dra`; the GPUs' audio functions stay on the device-plugin front
+end, so a GPU claim and an audio Allocate meet in IOMMU group 59. The runtime
+is served to the grpcio device-plugin kubelet emulator, the grpcio DRA
+kubelet emulator and the API-server emulator, which validates every object
+dp writes against resource.k8s.io/v1's schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dp_server.config.loader import parse_config
+from dp_server.runtime.runtime import Runtime
+from dp_testing.apiserver import ApiServerEmulator
+from dp_testing.dra_kubelet import Claim, DraKubeletEmulator, PrepareResult
+from tests.cdi_reader import read_spec, resolve
+from tests.e2e_harness import Harness
+
+SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
+DRIVER = "vfio.dp.example.com"
+NODE = "node-a"
+AUDIO = "nvidia.com/TU104_HDA"
+GPU_A = "pci-0000-3b-00-0"  # group 59, with the audio function 0000:3b:00.1
+NVME_A, NVME_B = "pci-0000-5e-00-0", "pci-0000-5e-01-0"  # both in group 93
+CONFIG = f"""
+dra:
+  driverName: {DRIVER}
+permittedHostDevices:
+  pciHostDevices:
+    - pciVendorSelector: "10DE:1EB8"
+      resourceName: nvidia.com/TU104GL_Tesla_T4
+      frontend: dra
+    - pciVendorSelector: "10DE:10F8"
+      resourceName: {AUDIO}
+    - pciVendorSelector: "144D:A808"
+      resourceName: devices.kubevirt.io/nvme
+      frontend: dra
+"""
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+class Dra:
+    """The fixture node served by one runtime to the three emulators."""
+
+    def __init__(self) -> None:
+        self.harness = Harness()
+        root = self.harness.root
+        self.cdi = root / "cdi"
+        self.cdi.mkdir()
+        self.state = root / "state"
+        self.registry = root / "reg"
+        self.plugins = root / "plugins"
+        self.api = ApiServerEmulator(schema=SCHEMA)
+        self.kubelet = DraKubeletEmulator(self.registry)
+        self.runtime: Runtime | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self.port = 0
+
+    async def start_api(self) -> None:
+        await self.api.start(self.port or None)
+        self.port = self.api.port
+        if not self.api.store.objects("nodes"):
+            self.api.add_node(NODE)
+
+    async def start_server(self, **overrides: Any) -> Runtime:
+        settings = self.harness.settings(
+            cdi_spec_dir=str(overrides.pop("cdi_spec_dir", self.cdi)),
+            state_dir=str(self.state),
+            node_name=NODE,
+            plugins_registry_dir=str(self.registry),
+            plugins_dir=str(self.plugins),
+            kube_api_server=f"http://127.0.0.1:{self.port}",
+            slice_watch_period=(0.5, 1.0),
+            **overrides,
+        )
+        self.runtime = Runtime(settings, parse_config(CONFIG, "<dra>"))
+        self._serving = asyncio.create_task(self.runtime.run())
+        await asyncio.wait_for(self.runtime.ready.wait(), 5)
+        names = self.runtime.node.resource_names()
+        assert await self.harness.registered(names)
+        return self.runtime
+
+    async def stop_server(self) -> None:
+        assert self.runtime is not None and self._serving is not None
+        self.runtime.stop()
+        await asyncio.wait_for(self._serving, 10)
+        self.runtime = self._serving = None
+
+    async def registered(self, count: int = 1) -> None:
+        await asyncio.to_thread(self.kubelet.wait_for, "registered", DRIVER, count=count)
+
+    def claim(self, name: str, *devices: tuple[str, str], pool: str = NODE) -> Claim:
+        """A claim in the API server, allocated `devices` as (request, device)."""
+        obj = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": r, "exactly": {"deviceClassName": "vfio"}} for r, _ in devices
+                    ]
+                }
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": r, "driver": DRIVER, "pool": pool, "device": d}
+                            for r, d in devices
+                        ]
+                    }
+                }
+            },
+        }
+        created = self.api.store.create("resourceclaims", "default", obj)
+        return Claim("default", created["metadata"]["uid"], name)
+
+    async def prepare(self, *claims: Claim) -> dict[str, PrepareResult]:
+        return await asyncio.to_thread(self.kubelet.prepare, DRIVER, claims)
+
+    async def unprepare(self, *claims: Claim) -> dict[str, str]:
+        return await asyncio.to_thread(self.kubelet.unprepare, DRIVER, claims)
+
+    def pool(self) -> set[str]:
+        """The device names of the node's newest complete pool generation on the server."""
+        ours = [s for s in self.api.slices() if s["spec"].get("nodeName") == NODE]
+        if not ours:
+            return set()
+        top = max(s["spec"]["pool"]["generation"] for s in ours)
+        current = [s for s in ours if s["spec"]["pool"]["generation"] == top]
+        if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
+            return set()
+        return {d["name"] for s in current for d in s["spec"].get("devices") or ()}
+
+    async def close(self) -> None:
+        if self.runtime is not None:
+            await self.stop_server()
+        await asyncio.to_thread(self.kubelet.stop)
+        await self.api.stop()
+        await self.harness.close()
+        assert self.api.rejected == [], "dp wrote an object the API server would refuse"
+
+
+@pytest.fixture
+async def dra() -> AsyncIterator[Dra]:
+    setup = Dra()
+    setup.harness.start_kubelet()
+    setup.kubelet.start()
+    try:
+        yield setup
+    finally:
+        await setup.close()
+
+
+async def serving(dra: Dra) -> Runtime:
+    await dra.start_api()
+    runtime = await dra.start_server()
+    await dra.registered()
+    await until(lambda: {GPU_A, NVME_A, NVME_B} <= dra.pool())
+    return runtime
+
+
+async def test_slices_a_prepared_claim_its_files_and_the_ledger_shared_with_allocate(
+    dra: Dra,
+) -> None:
+    await serving(dra)
+    before = dra.pool()
+    slices = [s for s in dra.api.slices() if s["spec"].get("nodeName") == NODE]
+    counters = {c["name"] for s in slices for c in s["spec"].get("sharedCounters") or ()}
+    assert "iommu-group-93" in counters  # the NVMe pair can never go to two claims
+    assert all(s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == NODE for s in slices)
+
+    gpu = dra.claim("vm-gpu", ("gpu", GPU_A))
+    (result,) = (await dra.prepare(gpu)).values()
+    assert result.error == ""
+    (device,) = result.devices
+    assert (device.pool_name, device.device_name) == (NODE, GPU_A)
+    claim_id = f"{DRIVER}/claim={gpu.uid}-{GPU_A}"
+    meta_id = f"{DRIVER}/metadata={gpu.uid}_gpu"
+    assert device.cdi_device_ids == (claim_id, meta_id)
+    # The independent reader resolves the claim's device to Allocate's VFIO nodes.
+    spec_file = dra.cdi / f"{DRIVER}_claim_{gpu.uid}.json"
+    edits = resolve([read_spec(spec_file.read_bytes(), str(spec_file))], claim_id)
+    assert {(n.path, n.permissions) for n in edits.device_nodes} == {
+        ("/dev/vfio/vfio", "mrw"),
+        ("/dev/vfio/59", "mrw"),
+    }
+    # KEP-5304: the metadata stream, newest version first, mounted by its own spec.
+    host = dra.plugins / DRIVER / "dra-device-metadata" / "default_vm-gpu" / "gpu" / "metadata.json"
+    objects = [json.loads(line) for line in host.read_text().splitlines()]
+    assert [o["apiVersion"] for o in objects] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    (request,) = objects[1]["requests"]
+    (meta_device,) = request["devices"]
+    assert meta_device["attributes"]["resource.kubernetes.io/pciBusID"] == {
+        "string": "0000:3b:00.0"
+    }
+    meta_spec = json.loads((dra.cdi / f"{DRIVER}_metadata_{gpu.uid}_gpu.json").read_text())
+    assert meta_spec["kind"] == f"{DRIVER}/metadata"
+    (mount,) = meta_spec["devices"][0]["containerEdits"]["mounts"]
+    assert mount["hostPath"] == str(host)
+    assert mount["containerPath"] == (
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm-gpu/gpu/{DRIVER}-metadata.json"
+    )
+    # Prepared again: the same answer.
+    assert (await dra.prepare(gpu))[gpu.uid] == result
+
+    # The claim holds group 59: the audio function is refused on the device-plugin side.
+    await dra.harness.wait(lambda e: not e.resources()[AUDIO].devices["0000:3b:00.1"].healthy)
+    with pytest.raises(grpc.RpcError) as refused:
+        await dra.harness.kubelet("allocate", AUDIO, ["0000:3b:00.1"])
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "59" in str(refused.value.details())
+    assert "vm-gpu" in str(refused.value.details())
+
+    # Two NVMe drives of one group in two claims: the second is refused, by name.
+    nvme_a = dra.claim("nvme-a", ("disk", NVME_A))
+    nvme_b = dra.claim("nvme-b", ("disk", NVME_B))
+    replies = await dra.prepare(nvme_a, nvme_b)
+    assert replies[nvme_a.uid].error == ""
+    assert "IOMMU group 93" in replies[nvme_b.uid].error
+    assert "default/nvme-a" in replies[nvme_b.uid].error
+    assert not (dra.cdi / f"{DRIVER}_claim_{nvme_b.uid}.json").exists()
+
+    # A device the node does not offer, another node's pool: each claim's own error.
+    unknown = dra.claim("unknown", ("gpu", "pci-0000-ff-00-0"))
+    elsewhere = dra.claim("elsewhere", ("gpu", GPU_A), pool="node-b")
+    replies = await dra.prepare(unknown, elsewhere)
+    assert "pci-0000-ff-00-0" in replies[unknown.uid].error
+    assert "not offered" in replies[unknown.uid].error
+    assert "node-b" in replies[elsewhere.uid].error
+
+    # Unprepare frees the groups at once: the audio function is Healthy again,
+    # the files are gone, and the pool holds what it held before.
+    assert await dra.unprepare(gpu, nvme_a) == {gpu.uid: "", nvme_a.uid: ""}
+    await dra.harness.wait(lambda e: e.resources()[AUDIO].devices["0000:3b:00.1"].healthy)
+    await dra.harness.kubelet("allocate", AUDIO, ["0000:3b:00.1"])
+    assert not spec_file.exists() and not host.exists()
+    assert list(dra.cdi.glob(f"{DRIVER}_*")) == []
+    await until(lambda: dra.pool() == before)
+    assert (await dra.prepare(nvme_b))[nvme_b.uid].error == ""
+    # Unprepared again: nothing to do, no error.
+    assert await dra.unprepare(gpu) == {gpu.uid: ""}
+
+
+async def test_a_restarted_dp_recalls_its_claims_and_releases_one_deleted_from_the_api(
+    dra: Dra,
+) -> None:
+    await serving(dra)
+    nvme_a = dra.claim("nvme-a", ("disk", NVME_A))
+    assert (await dra.prepare(nvme_a))[nvme_a.uid].error == ""
+    checkpoint = json.loads((dra.state / "claims.json").read_text())
+    assert [c["claim"]["uid"] for c in checkpoint["claims"]] == [nvme_a.uid]
+
+    await dra.stop_server()
+    # Left in place for containers still being created, and for the next run.
+    assert (dra.cdi / f"{DRIVER}_claim_{nvme_a.uid}.json").exists()
+    dra.api.store.delete("resourceclaims", "default", "nvme-a")
+    await dra.start_server()
+    await dra.registered(count=2)
+
+    nvme_b = dra.claim("nvme-b", ("disk", NVME_B))
+    assert "default/nvme-a" in (await dra.prepare(nvme_b))[nvme_b.uid].error
+    assert await dra.unprepare(nvme_a) == {nvme_a.uid: ""}
+    assert not (dra.cdi / f"{DRIVER}_claim_{nvme_a.uid}.json").exists()
+    assert (await dra.prepare(nvme_b))[nvme_b.uid].error == ""
+
+
+async def test_a_claim_whose_cdi_directory_cannot_be_written_fails_and_holds_nothing(
+    dra: Dra,
+) -> None:
+    await dra.start_api()
+    await dra.start_server(cdi_spec_dir=dra.harness.root / "no-such-dir")
+    await dra.registered()
+    gpu = dra.claim("vm-gpu", ("gpu", GPU_A))
+    error = (await dra.prepare(gpu))[gpu.uid].error
+    assert "could not be written" in error and "no-such-dir" in error
+    # Nothing stays held: the audio function can be allocated.
+    await dra.harness.kubelet("allocate", AUDIO, ["0000:3b:00.1"])
+    assert json.loads((dra.state / "claims.json").read_text())["claims"] == []
+
+
+async def test_the_api_server_down_at_start_holds_up_nothing_and_gets_its_slices_later(
+    dra: Dra,
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on, for now
+        probe.bind(("127.0.0.1", 0))
+        dra.port = probe.getsockname()[1]
+    await dra.start_server()  # the device-plugin resources register meanwhile
+    await dra.registered()
+    response = await dra.harness.kubelet("allocate", AUDIO, ["0000:af:00.1"])
+    assert "/dev/vfio/175" in {d.host_path for d in response.devices}
+    gpu = dra.claim("vm-gpu", ("gpu", GPU_A))
+    error = (await dra.prepare(gpu))[gpu.uid].error
+    assert "cannot read claim default/vm-gpu" in error
+    await dra.start_api()
+    await until(lambda: {GPU_A, NVME_A, NVME_B} <= dra.pool(), timeout=15)
+    assert (await dra.prepare(gpu))[gpu.uid].error == ""
