@@ -29,6 +29,7 @@ from dp_core import (
 from dp_server.deviceplugin import wire
 from dp_server.deviceplugin.connections import NoConnection, current_connection
 from dp_server.proto import v1beta1 as pb
+from dp_server.rpc import read_request
 
 __all__ = ["SERVICE_PREFIX", "DevicePluginService", "NodeCalls"]
 
@@ -54,12 +55,12 @@ class DevicePluginService:
         self._node = node
 
     async def get_device_plugin_options(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        await _request(stream)
+        await read_request(stream)
         answer = self._answer(lambda conn, call, now: OptionsRequested(conn, call, now))
         await stream.send_message(wire.options(answer))
 
     async def get_preferred_allocation(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        containers = wire.preferences(await _request(stream))
+        containers = wire.preferences(await read_request(stream))
         answer = self._answer(
             lambda conn, call, now: PreferredAllocationRequested(conn, call, containers, now)
         )
@@ -67,7 +68,7 @@ class DevicePluginService:
 
     async def allocate(self, stream: grpclib.server.Stream[Any, Any]) -> None:
         try:
-            containers = wire.allocate_request(await _request(stream))
+            containers = wire.allocate_request(await read_request(stream))
         except wire.WireError as error:
             raise GRPCError(Status.INVALID_ARGUMENT, str(error)) from None
         answer = self._answer(
@@ -76,12 +77,12 @@ class DevicePluginService:
         await stream.send_message(wire.allocate_response(answer))
 
     async def pre_start_container(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        ids = tuple((await _request(stream)).devices_ids)
+        ids = tuple((await read_request(stream)).devices_ids)
         self._answer(lambda conn, call, now: PreStartRequested(conn, call, ids, now))
         await stream.send_message(pb.PreStartContainerResponse())
 
     async def list_and_watch(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        await _request(stream)
+        await read_request(stream)
         async with self._node.watch(_connection()) as updates:
             async for message in updates:
                 await stream.send_message(message)
@@ -126,16 +127,6 @@ class DevicePluginService:
                 ("ListAndWatch", self.list_and_watch, stream, pb.Empty, pb.ListAndWatchResponse),
             )
         }
-
-
-async def _request(stream: grpclib.server.Stream[Any, Any]) -> Any:
-    try:
-        request = await stream.recv_message()
-    except (ValueError, UnicodeDecodeError, IndexError) as error:
-        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {error}") from None
-    if request is None:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
-    return request
 
 
 def _connection() -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from grpclib.const import Status
@@ -17,6 +17,7 @@ from dp_core import (
     StatusCode,
 )
 from dp_server.proto import v1beta1 as pb
+from dp_server.rpc.protobuf import WireError, fields
 
 __all__ = [
     "STATUS",
@@ -37,10 +38,6 @@ STATUS: dict[StatusCode, Status] = {code: Status(code.value) for code in StatusC
 
 class Raw:
     """Stands for a message type this module decodes itself (see `PreEncodedCodec`)."""
-
-
-class WireError(ValueError):
-    """A message that is not valid protobuf for the type it claims to be."""
 
 
 class PreEncodedCodec(ProtoCodec):
@@ -121,53 +118,16 @@ def allocate_request(data: bytes) -> tuple[tuple[str, ...], ...]:
     not UTF-8 raise WireError.
     """
     containers = []
-    for number, value in _fields(data, "AllocateRequest"):
+    for number, value in fields(data, "AllocateRequest"):
         if number == 1:
             ids = []
-            for inner, raw in _fields(
+            for inner, raw in fields(
                 _bytes(value, "container_requests"), "ContainerAllocateRequest"
             ):
                 if inner == 1:
                     ids.append(_text(raw, "devices_ids"))
             containers.append(tuple(ids))
     return tuple(containers)
-
-
-def _fields(data: bytes, message: str) -> Iterator[tuple[int, bytes | int]]:
-    """(field number, value) of each field: bytes if length-delimited, else an int."""
-    position, end = 0, len(data)
-    while position < end:
-        key, position = _read_varint(data, position, message)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            value, position = _read_varint(data, position, message)
-            yield number, value
-            continue
-        if wire_type == 2:
-            size, position = _read_varint(data, position, message)
-        elif wire_type in (1, 5):
-            size = 8 if wire_type == 1 else 4
-        else:
-            raise WireError(f"{message}: field {number} has unsupported wire type {wire_type}")
-        if position + size > end:
-            raise WireError(f"{message}: field {number} runs past the end of the message")
-        raw = data[position : position + size]
-        position += size
-        yield number, raw if wire_type == 2 else int.from_bytes(raw, "little")
-
-
-def _read_varint(data: bytes, position: int, message: str) -> tuple[int, int]:
-    value = shift = 0
-    while shift < 70:
-        if position >= len(data):
-            raise WireError(f"{message}: truncated varint")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-    raise WireError(f"{message}: varint longer than 10 bytes")
 
 
 def _bytes(value: bytes | int, field: str) -> bytes:
@@ -248,17 +208,17 @@ def held_devices(data: bytes) -> dict[str, frozenset[str]]:
     decode arbitrary bytes to an empty message.
     """
     held: dict[str, set[str]] = {}
-    for number, pod in _fields(data, "ListPodResourcesResponse"):
+    for number, pod in fields(data, "ListPodResourcesResponse"):
         if number != 1:
             continue
-        for number, container in _fields(_bytes(pod, "pod_resources"), "PodResources"):
+        for number, container in fields(_bytes(pod, "pod_resources"), "PodResources"):
             if number != 3:
                 continue
-            for number, devices in _fields(_bytes(container, "containers"), "ContainerResources"):
+            for number, devices in fields(_bytes(container, "containers"), "ContainerResources"):
                 if number != 2:
                     continue
                 resource, ids = None, []
-                for number, value in _fields(_bytes(devices, "devices"), "ContainerDevices"):
+                for number, value in fields(_bytes(devices, "devices"), "ContainerDevices"):
                     if number == 1:
                         resource = _text(value, "resource_name")
                     elif number == 2:

@@ -21,7 +21,7 @@ from dp_server.dra.preparer import ClaimPreparer
 from dp_server.dra.registration import RegistrationService, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS, DraPluginService
 from dp_server.dra.sockets import ServedSocket
-from dp_server.dra.wire import StrictCodec
+from dp_server.rpc import StrictCodec
 
 __all__ = ["DRA_SOCKET", "DraEndpoints", "registration_socket_name"]
 

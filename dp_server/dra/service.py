@@ -26,6 +26,7 @@ from dp_core.claims import ClaimRef, PreparedDevice
 from dp_server.dra.preparer import ClaimPreparer, Prepared
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
+from dp_server.rpc import read_request
 
 __all__ = ["SERVICES", "SUPPORTED_VERSIONS", "DraPluginService"]
 
@@ -49,7 +50,7 @@ class DraPluginService:
     async def node_prepare_resources(
         self, pb: ModuleType, stream: grpclib.server.Stream[Any, Any]
     ) -> None:
-        claims = _claims(await _request(stream))
+        claims = _claims(await read_request(stream))
         replies = {}
         for claim, problem in claims:
             error = problem or ""
@@ -75,7 +76,7 @@ class DraPluginService:
     async def node_unprepare_resources(
         self, pb: ModuleType, stream: grpclib.server.Stream[Any, Any]
     ) -> None:
-        claims = _claims(await _request(stream))
+        claims = _claims(await read_request(stream))
         replies = {}
         for claim, problem in claims:
             error = problem
@@ -106,16 +107,6 @@ class DraPluginService:
                 pb.NodeUnprepareResourcesResponse,
             )
         return mapping
-
-
-async def _request(stream: grpclib.server.Stream[Any, Any]) -> Any:
-    try:
-        request = await stream.recv_message()
-    except (ValueError, UnicodeDecodeError, IndexError) as error:
-        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed request: {error}") from None
-    if request is None:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
-    return request
 
 
 def _claims(request: Any) -> list[tuple[ClaimRef, str | None]]:
