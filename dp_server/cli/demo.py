@@ -4,6 +4,10 @@ Everything runs in one command and leaves nothing behind: the fixture host is
 written to a temporary directory, the emulator (grpcio, like a real kubelet's
 independent gRPC stack) serves `kubelet.sock` there, and the real server runtime
 registers every resource through one socket, exactly as `serve` would.
+
+Then the DRA path (`demo_dra`): the same node with its GPUs and NVMe pair
+offered through DRA, served to the DRA kubelet emulator and the API-server
+emulator.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import grpc
 
 from dp_core import Config, SocketMode
+from dp_server.cli.demo_dra import demo_dra
 from dp_server.config.loader import load_config, parse_config
 from dp_server.runtime.runtime import Runtime, Settings
 from dp_testing.emulator import KubeletEmulator
@@ -157,11 +162,12 @@ async def _demo(config: Config, socket_mode: SocketMode) -> list[str]:
             lines += _node_description(emulator)
             lines += _unhealthy_lines(runtime)
             lines += await asyncio.to_thread(_samples, emulator)
-            return lines
         finally:
             runtime.stop()
             await serving
             await asyncio.to_thread(emulator.stop)
+        lines += await demo_dra(workdir, sysfs, dev)
+        return lines
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -17,10 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import referencing
-import referencing.jsonschema
-
 from dp_testing.apiserver.store import ApiFailure
 
 __all__ = ["Validator", "default_slice"]
@@ -45,6 +41,12 @@ class Validator:
     """Checks an object of `resource` against the schema at `schema_path` and the code rules."""
 
     def __init__(self, schema_path: Path) -> None:
+        # Imported here: jsonschema is a test dependency, and `dp-server demo`
+        # runs the emulator without a schema after a plain `pip install .`.
+        import jsonschema
+        import referencing
+        import referencing.jsonschema
+
         document = json.loads(schema_path.read_text())
         resource = referencing.jsonschema.DRAFT202012.create_resource(document)
         registry: referencing.Registry[Any] = referencing.Registry().with_resource(
