@@ -20,7 +20,9 @@ from typing import Any
 import grpc
 import pytest
 
+from dp_server.cli.main import main
 from dp_server.config.loader import parse_config
+from dp_server.monitoring.status import runtime_families, runtime_readiness
 from dp_server.runtime.runtime import Runtime
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.dra_kubelet import Claim, DraKubeletEmulator, PrepareResult
@@ -174,6 +176,9 @@ async def serving(dra: Dra) -> Runtime:
     runtime = await dra.start_server()
     await dra.registered()
     await until(lambda: {GPU_A, NVME_A, NVME_B} <= dra.pool())
+    # The kubelet's NotifyRegistrationStatus counts toward readiness.
+    await until(lambda: runtime_readiness(runtime).ok)
+    assert DRIVER in runtime_readiness(runtime).detail
     return runtime
 
 
@@ -315,3 +320,35 @@ async def test_the_api_server_down_at_start_holds_up_nothing_and_gets_its_slices
     await dra.start_api()
     await until(lambda: {GPU_A, NVME_A, NVME_B} <= dra.pool(), timeout=15)
     assert (await dra.prepare(gpu))[gpu.uid].error == ""
+
+
+async def test_readiness_waits_for_the_kubelet_to_register_the_driver(dra: Dra) -> None:
+    await dra.start_api()
+    dra.kubelet.stop()  # no plugin watcher: nobody registers the driver
+    runtime = await dra.start_server()
+    check = runtime_readiness(runtime)
+    assert not check.ok
+    assert f"DRA driver {DRIVER} not registered" in check.detail
+    await until(lambda: dra.pool() != set())
+    families = {f.name: f for f in runtime_families(runtime)}
+    (created,) = [
+        s
+        for s in families["dp_kube_api_requests_total"].samples
+        if dict(s.labels) == {"verb": "create", "resource": "resourceslices"}
+    ]
+    assert created.value >= 1
+    assert families["dp_dra_registered"].samples[0].value == 0
+
+
+def test_a_config_with_dra_and_no_node_name_is_a_startup_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    code = main(
+        ["serve", "--config", str(config), "--sysfs", str(tmp_path), "--dev", str(tmp_path)]
+    )
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--node-name" in error and "NODE_NAME" in error
