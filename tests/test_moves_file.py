@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from dp_core import Move, PciAddress
-from dp_server.binding import moves_file
 from dp_server.binding.moves_file import MovesFileError, MovesStore, read_moves, write_moves
 
 GPU = Move(PciAddress.parse("0000:3b:00.0"), "nouveau", 59)
@@ -121,7 +121,7 @@ def test_a_write_that_fails_leaves_the_old_file_and_nothing_else(
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(moves_file.os, "fsync", no_space)
+    monkeypatch.setattr(os, "fsync", no_space)
     with pytest.raises(OSError):
         write_moves(path, (GPU, LOOSE))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["moves.json"]

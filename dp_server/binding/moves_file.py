@@ -12,9 +12,7 @@ one, so a crash leaves the old file or the new one, never half of either.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import cattrs
 
 from dp_core import Move, MovesRecalled, PciAddress
 from dp_server.config.hooks import register_strict_scalars
+from dp_server.files import RecordsFileError, read_records, write_records
 
 __all__ = ["MOVES_FILE", "MovesFileError", "MovesStore", "read_moves", "write_moves"]
 
@@ -72,34 +71,16 @@ class MovesStore:
             _log.error("moves-unwritable", extra={"dp_fields": {"reason": reason}})
 
 
-class MovesFileError(ValueError):
+class MovesFileError(RecordsFileError):
     """A moves file that cannot be read; the message names the file and what is wrong."""
 
 
 def read_moves(path: Path) -> tuple[Move, ...]:
     """The moves in `path`; none when there is no such file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ()
-    except (OSError, UnicodeDecodeError) as error:
-        raise MovesFileError(f"{path}: cannot read: {error}") from None
-    try:
-        document: Any = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise MovesFileError(f"{path}: not JSON: {error}") from None
-    if (
-        not isinstance(document, dict)
-        or type(document.get("version")) is not int
-        or document["version"] != _VERSION
-        or not isinstance(document.get("moves"), list)
-    ):
-        raise MovesFileError(f"{path}: not a version {_VERSION} moves file")
-    try:
-        moves = _converter.structure(document.get("moves"), tuple[Move, ...])
-    except Exception as error:  # noqa: BLE001 - cattrs wraps what the hooks raise
-        detail = "; ".join(cattrs.transform_error(error)) if _is_cattrs(error) else str(error)
-        raise MovesFileError(f"{path}: {detail}") from None
+        moves = read_records(path, Move, key="moves", version=_VERSION, converter=_converter)
+    except RecordsFileError as error:
+        raise MovesFileError(str(error)) from None
     try:
         MovesRecalled(moves)  # what the core will be handed must be valid input
     except ValueError as error:
@@ -109,26 +90,4 @@ def read_moves(path: Path) -> tuple[Move, ...]:
 
 def write_moves(path: Path, moves: tuple[Move, ...]) -> None:
     """Replace `path` with `moves`, atomically; raises OSError."""
-    document = {"version": _VERSION, "moves": _converter.unstructure(moves)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        with open(partial, "w", encoding="utf-8") as file:
-            json.dump(document, file, indent=1)
-            file.write("\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    # The rename itself is on disk only once the directory is.
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def _is_cattrs(error: Exception) -> bool:
-    return isinstance(error, cattrs.BaseValidationError | cattrs.ClassValidationError)
+    write_records(path, moves, key="moves", version=_VERSION, converter=_converter)

@@ -12,9 +12,7 @@ still resolves the names the kubelet was given.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import attrs
 
 from dp_core import SPEC_PREFIX, CdiSpec
 from dp_server.cdi.document import render
+from dp_server.files import sync_directory, write_atomically
 
 __all__ = ["SpecDirectory", "SyncResult", "write_file"]
 
@@ -85,7 +84,7 @@ class SpecDirectory:
                     problems.append(self._problem("cannot remove", self.path / name, error))
         if written:
             try:
-                _sync_directory(self.path)
+                sync_directory(self.path)
             except OSError as error:
                 problems.append(self._problem("cannot flush", self.path, error))
         return SyncResult(tuple(in_place), "; ".join(problems))
@@ -106,24 +105,9 @@ class SpecDirectory:
 
 
 def write_file(target: Path, data: bytes) -> None:
-    """Replace `target` with `data` through a temporary file in its directory
-    (`.<name>.XXXX.tmp`, which runtimes skip), flushed and renamed over it;
-    raises OSError."""
-    descriptor, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=_TEMPORARY
-    )
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        # mkstemp makes it 0600; specs are read by the runtime, as root or not.
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    """Replace `target` with `data`, atomically (a hidden `.tmp` file, which
+    runtimes skip, renamed over it); raises OSError."""
+    write_atomically(target, data)
 
 
 def _content(path: Path) -> bytes | None:
@@ -131,12 +115,3 @@ def _content(path: Path) -> bytes | None:
         return path.read_bytes()
     except FileNotFoundError:
         return None
-
-
-def _sync_directory(path: Path) -> None:
-    """Make the renames in `path` survive a crash of the machine."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

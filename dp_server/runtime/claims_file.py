@@ -12,9 +12,7 @@ one, so a crash leaves the old file or the new one, never half of either.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from dp_core.dra_metadata import attribute_json
 from dp_core.dra_names import Attributes
 from dp_core.slices import AttributeValue, Version
 from dp_server.config.hooks import register_strict_scalars
+from dp_server.files import RecordsFileError, read_records, write_records
 
 __all__ = ["CLAIMS_FILE", "ClaimsFileError", "ClaimsStore", "read_claims", "write_claims"]
 
@@ -66,7 +65,7 @@ _converter.register_structure_hook_func(lambda t: t == Attributes, _structure_at
 _converter.register_unstructure_hook_func(lambda t: t == Attributes, _unstructure_attributes)
 
 
-class ClaimsFileError(ValueError):
+class ClaimsFileError(RecordsFileError):
     """A checkpoint that cannot be read; the message names the file and what is wrong."""
 
 
@@ -106,31 +105,11 @@ class ClaimsStore:
 def read_claims(path: Path) -> tuple[PreparedClaim, ...]:
     """The claims in `path`; none when there is no such file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ClaimsFileError(f"{path}: cannot read: {error}") from None
-    try:
-        document: Any = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ClaimsFileError(f"{path}: not JSON: {error}") from None
-    if (
-        not isinstance(document, dict)
-        or type(document.get("version")) is not int
-        or document["version"] != _VERSION
-        or not isinstance(document.get("claims"), list)
-    ):
-        raise ClaimsFileError(f"{path}: not a version {_VERSION} claims file")
-    try:
-        claims = _converter.structure(document["claims"], tuple[PreparedClaim, ...])
-    except Exception as error:  # noqa: BLE001 - cattrs wraps what the hooks raise
-        detail = (
-            "; ".join(cattrs.transform_error(error))
-            if isinstance(error, cattrs.BaseValidationError | cattrs.ClassValidationError)
-            else str(error)
+        claims = read_records(
+            path, PreparedClaim, key="claims", version=_VERSION, converter=_converter
         )
-        raise ClaimsFileError(f"{path}: {detail}") from None
+    except RecordsFileError as error:
+        raise ClaimsFileError(str(error)) from None
     try:
         ClaimsRecalled(claims)  # what the core will be handed must be valid input
     except ValueError as error:
@@ -140,21 +119,4 @@ def read_claims(path: Path) -> tuple[PreparedClaim, ...]:
 
 def write_claims(path: Path, prepared: tuple[PreparedClaim, ...]) -> None:
     """Replace `path` with `prepared`, atomically; raises OSError."""
-    document = {"version": _VERSION, "claims": _converter.unstructure(prepared)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        with open(partial, "w", encoding="utf-8") as file:
-            json.dump(document, file, indent=1)
-            file.write("\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    write_records(path, prepared, key="claims", version=_VERSION, converter=_converter)
