@@ -48,6 +48,7 @@ from dp_core import (
     ScanProblem,
 )
 from dp_server.host.iommu_groups import cross_checked_groups
+from dp_server.host.reasons import why as _why
 from dp_server.host.vfio_dev import cdev_nodes, read_vfio_dev
 
 __all__ = ["UNKNOWN_CLASS", "UNKNOWN_DRIVER", "scan_host"]
@@ -113,16 +114,6 @@ def _group_number(name: str) -> int | None:
 
 def _driver_name(name: str) -> str | None:
     return name or None
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "missing (or gone during the scan)"
-    if isinstance(exc, PermissionError):
-        return "permission denied"
-    if isinstance(exc, OSError):
-        return exc.strerror or type(exc).__name__
-    return str(exc)
 
 
 class _Scan:

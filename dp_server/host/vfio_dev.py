@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 
 from dp_core import IOMMUFD_NODE, VfioDevEntry
+from dp_server.host.reasons import why as _why
 
 __all__ = ["VFIO_CDEV_DIR", "cdev_nodes", "read_vfio_dev"]
 
@@ -24,16 +25,6 @@ _KEEPS_GROUP = "no VFIO character device is offered; the group interface stays"
 def _is_cdev_name(name: str) -> bool:
     digits = name.removeprefix("vfio")
     return digits != name and digits.isascii() and digits.isdigit()
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "missing (or gone during the scan)"
-    if isinstance(exc, PermissionError):
-        return "permission denied"
-    if isinstance(exc, OSError):
-        return exc.strerror or type(exc).__name__
-    return str(exc)
 
 
 def read_vfio_dev(path: str, problem: Callable[[str, str], None]) -> VfioDevEntry:
