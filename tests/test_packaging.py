@@ -801,6 +801,39 @@ def test_kubectl_kustomize_renders() -> None:
     assert kinds == ["ConfigMap", "DaemonSet", "Namespace"]
 
 
+@pytest.mark.parametrize("components", [["binding"], ["dra"], ["binding", "dra"]])
+def test_kubectl_kustomize_renders_the_base_with_its_components(
+    tmp_path: Path, components: list[str]
+) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # kustomize takes relative paths only.
+                "resources": [os.path.relpath(DEPLOY, tmp_path)],
+                "components": [os.path.relpath(DEPLOY / c, tmp_path) for c in components],
+            }
+        )
+    )
+    result = subprocess.run(
+        [kubectl, "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (daemonset,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["sys"]["readOnly"] is ("binding" not in components)
+    assert ("--plugins-dir" in " ".join(container["args"])) is ("dra" in components)
+
+
 def test_namespace() -> None:
     namespace = _one("namespace.yaml", "Namespace")
     assert namespace["apiVersion"] == "v1"
@@ -1003,7 +1036,8 @@ def _replace(document: Any, pointer: str, value: Any) -> None:
 def test_binding_overlay_makes_only_sys_writable(daemonset: dict[str, Any]) -> None:
     overlay = DEPLOY / "binding"
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == ["../"]
+    # A component: kustomize refuses an overlay inside its own base.
+    assert kustomization["kind"] == "Component" and "resources" not in kustomization
     (patch,) = kustomization["patches"]
     assert patch["target"] == {"kind": "DaemonSet", "name": "dp"}
     operations = yaml.safe_load((overlay / patch["path"]).read_text())
