@@ -111,7 +111,9 @@ def test_every_core_family_appears_with_its_type_help_and_samples() -> None:
 def test_a_whole_node_and_this_process_parse() -> None:
     node, kubelet = live_node()
     kubelet.allocate(GPU_RESOURCE, ("0000:3b:00.0",))
-    view = SimpleNamespace(node=node, last_rescan=(0.0, 0.01), rescan_failures=0, now=lambda: 1.0)
+    view = SimpleNamespace(
+        node=node, last_rescan=(0.0, 0.01), rescan_failures=0, now=lambda: 1.0, dra=None
+    )
     text = generate_latest(metrics_registry(lambda: runtime_families(view)))  # type: ignore[arg-type]
     got = parsed(text)
     key = (("code", "OK"), ("method", "Allocate"), ("resource", GPU_RESOURCE))

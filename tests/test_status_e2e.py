@@ -133,6 +133,7 @@ class StoppedTimer:
         self.last_rescan = view.last_rescan
         self.rescan_failures = view.rescan_failures
         self.now = view.now
+        self.dra = view.dra
 
     def timer_stopped(self) -> bool:
         return True

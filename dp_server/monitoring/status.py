@@ -268,9 +268,7 @@ def runtime_health(view: ServerView) -> Check:
 
 
 def _dra(view: ServerView) -> DraView | None:
-    # A view written before the DRA front end (a test's) has no `dra`: it is off.
-    dra: DraView | None = getattr(view, "dra", None)
-    return dra
+    return view.dra
 
 
 def _dra_readiness(view: ServerView) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -43,7 +43,9 @@ from dp_server.deviceplugin.pod_resources import PodResourcesPoller
 from dp_server.deviceplugin.register_client import RegisterClient
 from dp_server.deviceplugin.streams import Streams
 from dp_server.monitoring.logs import emit
-from dp_server.runtime.dra import DraRuntime
+
+if TYPE_CHECKING:
+    from dp_server.runtime.dra import DraRuntime
 
 __all__ = ["EffectRunner"]
 

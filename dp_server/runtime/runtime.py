@@ -58,7 +58,6 @@ from dp_server.deviceplugin.sockets import PluginDirectoryLost, PluginSockets
 from dp_server.deviceplugin.streams import Streams
 from dp_server.host.scanner import scan_host
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
-from dp_server.runtime.dra import DraRuntime
 from dp_server.runtime.effects import EffectRunner
 from dp_server.runtime.kubelet import KubeletFollower
 from dp_server.runtime.memory import CollectionPolicy
@@ -68,6 +67,7 @@ from dp_server.runtime.timers import CallbackTimer, TimerLoop
 
 if TYPE_CHECKING:
     from dp_server.monitoring.status import StatusEndpoint
+    from dp_server.runtime.dra import DraRuntime
 
 __all__ = ["KUBELET_SOCKET", "Runtime"]
 
@@ -158,6 +158,10 @@ class Runtime:
         )
         self.dra: DraRuntime | None = None
         if config.dra is not None:
+            # Only with the config's dra section: the Kubernetes client
+            # (lightkube, httpx, anyio) is no part of a device plugin's memory.
+            from dp_server.runtime.dra import DraRuntime
+
             self.dra = DraRuntime(
                 settings,
                 config.dra.driver_name,
