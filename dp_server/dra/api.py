@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import httpx2
@@ -156,9 +156,15 @@ class KubeApi:
             return items, ""
 
     async def watch_slices(
-        self, node: str, driver: str, resource_version: str, period: float
-    ) -> AsyncIterator[tuple[str, ResourceSlice]]:
-        """Changes to this node's slices of `driver` after `resource_version`, for `period` s.
+        self,
+        node: str,
+        driver: str,
+        resource_version: str,
+        period: float,
+        on_event: Callable[[str, ResourceSlice], None],
+    ) -> None:
+        """Pass each change to this node's slices of `driver` after `resource_version` to
+        `on_event` (ADDED, MODIFIED or DELETED, and the object), for `period` seconds.
 
         dp ends each watch itself after `period` (client-go's reflector does the
         same, with a random 5-10 minutes), so one watch is one request and a
@@ -171,20 +177,14 @@ class KubeApi:
             fields=_slice_fields(node, driver),
             resource_version=resource_version or None,
         )
-        iterator = aiter(events)
-        deadline = asyncio.get_running_loop().time() + period
         try:
-            while True:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    return
-                try:
-                    event = await asyncio.wait_for(anext(iterator), remaining)
-                except (StopAsyncIteration, TimeoutError):
-                    return
-                yield event
+            async with asyncio.timeout(period):
+                async for kind, obj in events:
+                    on_event(kind, obj)
+        except TimeoutError:
+            return
         finally:
-            close = getattr(iterator, "aclose", None)
+            close = getattr(events, "aclose", None)  # lightkube's is an async generator
             if close is not None:
                 await close()
 

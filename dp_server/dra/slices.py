@@ -157,8 +157,10 @@ class SlicePublisher:
                     continue
                 self.synced = True
                 changed = asyncio.ensure_future(self._changed.wait())
-                await asyncio.wait({changed, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
+                try:
+                    await asyncio.wait({changed, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
                 if watcher.done():
                     watcher.result()  # raises what ended the watch
                     raise _Stale  # pragma: no cover - the watch loop never returns
@@ -178,16 +180,19 @@ class SlicePublisher:
         assert wanted is not None
         while True:
             period = self._rng.uniform(*self.watch_period)
-            events = self.api.watch_slices(wanted.node_name, wanted.driver, self._version, period)
-            async for kind, obj in events:
-                name = _name(obj)
-                if kind == "DELETED":
-                    self._cache.pop(name, None)
-                else:
-                    self._cache[name] = obj
-                if obj.metadata is not None and obj.metadata.resourceVersion:
-                    self._version = obj.metadata.resourceVersion
-                self._changed.set()
+            await self.api.watch_slices(
+                wanted.node_name, wanted.driver, self._version, period, self._seen
+            )
+
+    def _seen(self, kind: str, obj: ResourceSlice) -> None:
+        name = _name(obj)
+        if kind == "DELETED":
+            self._cache.pop(name, None)
+        else:
+            self._cache[name] = obj
+        if obj.metadata is not None and obj.metadata.resourceVersion:
+            self._version = obj.metadata.resourceVersion
+        self._changed.set()
 
     async def _reconcile(self) -> None:
         """One pass: nothing if the server holds the wanted content, else a new generation."""
