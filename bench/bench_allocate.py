@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import (  # noqa: E402
+from bench_serve import (
     CLK_TCK,
+    add_server_python,  # noqa: E402
     bench_config,
     bench_topology,
     percentile,
@@ -60,11 +61,13 @@ def timed_allocates(
     return latencies, (proc_cpu_ticks(pid) - before) / CLK_TCK / calls * 1e6
 
 
-def one_run(host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
+def one_run(python: str, host: Path, calls: int, pin: bool) -> tuple[list[float], float]:
     names = resource_names(64)
     config = host / "config.yaml"
     with KubeletEmulator(host / "dp", pod_resources_socket=host / "pr.sock") as emulator:
-        command = serve_command(host, config, host / "dp", host / "pr.sock", "single", "warning")
+        command = serve_command(
+            python, host, config, host / "dp", host / "pr.sock", "single", "warning"
+        )
         with open(host / "server.log", "wb") as log:
             server = subprocess.Popen(command, stdout=log, stderr=log, env=server_env(host))
         try:
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pin", action="store_true", help="emulator and server on vCPU 0")
+    add_server_python(parser)
     args = parser.parse_args(argv)
     if args.pin:
         os.sched_setaffinity(0, {0})  # before the emulator's threads start
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     warm_page_cache(host)
     print(f"{'pinned to vCPU 0' if args.pin else 'unpinned'}, {args.calls} Allocates per run")
     for run in range(args.runs):
-        latencies, cpu = one_run(host, args.calls, args.pin)
+        latencies, cpu = one_run(args.server_python, host, args.calls, args.pin)
         print(
             f"  run {run}: p50 {percentile(latencies, 50):.3f} / p90 "
             f"{percentile(latencies, 90):.3f} / p99 {percentile(latencies, 99):.3f} ms, "

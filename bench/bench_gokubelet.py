@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from bench_serve import (  # noqa: E402
     BenchError,
+    add_server_python,
     bench_config,
     bench_topology,
     cpu_split,
@@ -103,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="let the server and gokubelet share every CPU, as bench_serve.py --share-cpus",
     )
-    parser.add_argument(
-        "--server-python",
-        default=sys.executable,
-        metavar="PATH",
-        help="the interpreter that runs the server, as bench_serve.py --server-python",
-    )
+    add_server_python(parser)
     args = parser.parse_args(argv)
     args.cpu_split = cpu_split(args.share_cpus)
     why = go_kubelet.missing()

@@ -27,8 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_allocate import timed_allocates  # noqa: E402
-from bench_serve import (  # noqa: E402
+from bench_serve import (
     CLK_TCK,
+    add_server_python,  # noqa: E402
     bench_config,
     bench_topology,
     percentile,
@@ -65,13 +66,21 @@ def scrape(port: int) -> tuple[float, bytes]:
         connection.close()
 
 
-def one_run(host: Path, metrics: bool, calls: int, scrapes: int, settle: float) -> dict[str, Any]:
+def one_run(
+    python: str, host: Path, metrics: bool, calls: int, scrapes: int, settle: float
+) -> dict[str, Any]:
     names = resource_names(64)
     port = free_port()
     result: dict[str, Any] = {}
     with KubeletEmulator(host / "dp", pod_resources_socket=host / "pr.sock") as emulator:
         command = serve_command(
-            host, host / "config.yaml", host / "dp", host / "pr.sock", "single", "warning"
+            python,
+            host,
+            host / "config.yaml",
+            host / "dp",
+            host / "pr.sock",
+            "single",
+            "warning",
         )
         if metrics:
             command += ["--metrics-address", f"127.0.0.1:{port}"]
@@ -114,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds before RSS is read")
+    add_server_python(parser)
     args = parser.parse_args(argv)
     host = Path(tempfile.mkdtemp(prefix="dpm-"))
     write_sysfs(bench_topology(64, 64), host)
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         # Alternate which server goes first, so a drift in the machine's speed
         # does not always land on the same side.
         for metrics in (False, True) if run % 2 == 0 else (True, False):
-            r = one_run(host, metrics, args.calls, args.scrapes, args.settle)
+            r = one_run(args.server_python, host, metrics, args.calls, args.scrapes, args.settle)
             line = (
                 f"  run {run} metrics {'on ' if metrics else 'off'}: RSS {r['rss_mb']:.1f} MB, "
                 f"{r['threads']} threads, Allocate p50 {r['p50']:.3f} / p99 {r['p99']:.3f} ms, "

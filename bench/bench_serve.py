@@ -188,6 +188,19 @@ def server_env(root: Path) -> dict[str, str]:
     return env
 
 
+def add_server_python(parser: argparse.ArgumentParser) -> None:
+    """--server-python: the interpreter that runs the server (see serve_command)."""
+    parser.add_argument(
+        "--server-python",
+        default=sys.executable,
+        metavar="PATH",
+        help="the interpreter that runs the server (default: this one). Give a venv's "
+        "python with only dp installed (`pip install .`) to measure the server as the "
+        "container image runs it: a host interpreter may hold packages that dp's "
+        "libraries import when present (betterproto2 imports pydantic, 5 MB)",
+    )
+
+
 def serve_command(
     python: str,
     host: Path,
@@ -1007,15 +1020,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="let the server and the emulator share every CPU, rather than run the server "
         "on the last CPU and the emulator on the others",
     )
-    parser.add_argument(
-        "--server-python",
-        default=sys.executable,
-        metavar="PATH",
-        help="the interpreter that runs the server (default: this one). Give a venv's "
-        "python with only dp installed (`pip install .`) to measure the server as the "
-        "container image runs it: a host interpreter may hold packages that dp's "
-        "libraries import when present (betterproto2 imports pydantic, 5 MB)",
-    )
+    add_server_python(parser)
     parser.add_argument("--json", metavar="PATH", help="write raw results here")
     args = parser.parse_args(argv)
     args.cpu_split = cpu_split(args.share_cpus)

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import (  # noqa: E402
+from bench_serve import (
     BenchError,
+    add_server_python,  # noqa: E402
     all_listed_at,
     bench_config,
     bench_topology,
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=5000)
     parser.add_argument("--restarts", type=int, default=6)
     parser.add_argument("--mode", default="single", choices=("single", "per-resource"))
+    add_server_python(parser)
     args = parser.parse_args(argv)
 
     host = Path(tempfile.mkdtemp(prefix="dps-"))
@@ -63,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     warm_page_cache(host)  # and compile the bytecode, as an installed package has it
     with KubeletEmulator(host / "dp", pod_resources_socket=host / "pr.sock") as emulator:
         command = serve_command(
-            host, config, host / "dp", host / "pr.sock", args.mode, log_level="warning"
+            args.server_python,
+            host,
+            config,
+            host / "dp",
+            host / "pr.sock",
+            args.mode,
+            log_level="warning",
         )
         log = open(host / "server.log", "wb")  # noqa: SIM115 - closed with the server
         server = subprocess.Popen(command, stdout=log, stderr=log, env=server_env(host))
