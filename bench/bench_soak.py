@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import (
+    WATCH_INTERVAL,
     BenchError,
     add_server_python,  # noqa: E402
     all_listed_at,
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| 0 | {rss_mb(server.pid):.1f} | | |")
             for restart in range(1, args.restarts + 1):
                 try:
-                    restarted, _ = restart_kubelet(emulator, names, 30)
+                    restarted, _ = restart_kubelet(emulator, names, 30, WATCH_INTERVAL)
                 except BenchError as error:
                     raise SystemExit(f"restart {restart}: {error}") from None
                 took = all_listed_at(emulator.events, set(names), restarted) - restarted
