@@ -52,6 +52,7 @@ from .dra_inputs import (
     ClaimPrepareRequested,
     ClaimsRecalled,
     ClaimUnprepareRequested,
+    DraFeaturesObserved,
 )
 from .dra_prepared import ClaimDevice, PreparedClaim
 from .effects import (
@@ -129,6 +130,7 @@ __all__ = [
     "ClaimUnprepared",
     "ClaimsChanged",
     "ClaimsRecalled",
+    "DraFeaturesObserved",
     "DraFrontend",
     "PoolChanged",
     "PreparedClaim",

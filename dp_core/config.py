@@ -23,7 +23,9 @@ __all__ = [
     "Binding",
     "Config",
     "ConfigError",
+    "DRA_FEATURE_SETTINGS",
     "Dra",
+    "DraFeatureSetting",
     "Frontend",
     "MediatedDevice",
     "Naming",
@@ -227,6 +229,19 @@ class Vfio:
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
+# Whether the cluster has a DRA feature: "auto" learns it from what the API
+# server keeps of a ResourceSlice dp writes; true or false is the operator's word.
+DraFeatureSetting = Literal["auto"] | bool
+DRA_FEATURE_SETTINGS: tuple[DraFeatureSetting, ...] = ("auto", True, False)
+
+
+def _check_feature_setting(
+    instance: object, attribute: attrs.Attribute[DraFeatureSetting], value: DraFeatureSetting
+) -> None:
+    if value != "auto" and not isinstance(value, bool):
+        raise ConfigError(f"{value!r} is not auto, true or false")
+
+
 @attrs.frozen
 class Dra:
     """The DRA front end (DESIGN.md §10), on when a config has this section.
@@ -234,9 +249,18 @@ class Dra:
     `driver_name` names the driver in ResourceSlices, claims and the kubelet's
     plugin registry: a DNS subdomain of at most 63 characters (the API's
     DriverNameMaxLength), such as `vfio.dp.example.com`.
+
+    `partitionable_devices` (shared counters, KEP-4815) and `device_taints`
+    (KEP-5055) say whether the cluster has those features; "auto" (the
+    default) starts as if it had and follows what the API server keeps of
+    the slices dp writes (`dra_pool`).
     """
 
     driver_name: str = attrs.field()
+    partitionable_devices: DraFeatureSetting = attrs.field(
+        default="auto", validator=_check_feature_setting
+    )
+    device_taints: DraFeatureSetting = attrs.field(default="auto", validator=_check_feature_setting)
 
     @driver_name.validator
     def _check_driver_name(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .allocation import AllocationBook, container_allocation
+from .config import Dra, DraFeatureSetting
 from .dra_effects import (
     ClaimPrepared,
     ClaimRefused,
@@ -27,7 +28,12 @@ from .dra_effects import (
     DraEffect,
     PoolChanged,
 )
-from .dra_inputs import ClaimPrepareRequested, ClaimsRecalled, ClaimUnprepareRequested
+from .dra_inputs import (
+    ClaimPrepareRequested,
+    ClaimsRecalled,
+    ClaimUnprepareRequested,
+    DraFeaturesObserved,
+)
 from .dra_pool import DraDevice, PoolOptions, dra_catalogue, pool_content
 from .dra_prepared import ClaimDevice, PreparedClaim
 from .effects import Effect, Log
@@ -58,12 +64,15 @@ class DraFrontend:
         node_name: str,
         *,
         partitionable: bool = True,
-        device_taints: bool = False,
+        device_taints: bool = True,
     ) -> None:
         self._book = book
         self.node_name = node_name
-        self.partitionable = partitionable
-        self.device_taints = device_taints
+        # What "auto" assumes until the API server shows otherwise: the rich
+        # pool, whose first write tells whether the cluster keeps its fields.
+        self._assumed = {_PARTITIONABLE: partitionable, _TAINTS: device_taints}
+        self._observed: dict[str, bool] = {}
+        self._settings: dict[str, DraFeatureSetting] = {_PARTITIONABLE: "auto", _TAINTS: "auto"}
         self.driver: str | None = None
         self._devices: dict[str, DraDevice] = {}
         self._resources: dict[str, Resource] = {}
@@ -81,9 +90,36 @@ class DraFrontend:
         """The pool content last reported with `PoolChanged`."""
         return self._published
 
-    def rebuild(self, driver: str | None, inventory: Inventory, snapshot: HostSnapshot) -> Effects:
+    @property
+    def partitionable(self) -> bool:
+        """Whether the pool has a shared counter per multi-device IOMMU group."""
+        return self._feature(_PARTITIONABLE)
+
+    @property
+    def device_taints(self) -> bool:
+        """Whether devices that cannot be allocated now are tainted rather than left out."""
+        return self._feature(_TAINTS)
+
+    def _feature(self, feature: str) -> bool:
+        setting = self._settings[feature]
+        if isinstance(setting, bool):
+            return setting
+        return self._observed.get(feature, self._assumed[feature])
+
+    def rebuild(
+        self,
+        driver: str | None,
+        inventory: Inventory,
+        snapshot: HostSnapshot,
+        settings: Dra | None = None,
+    ) -> Effects:
         """Take the DRA front end's inventory again (after a scan or a config)."""
         effects: Effects = []
+        if settings is not None:
+            self._settings = {
+                _PARTITIONABLE: settings.partitionable_devices,
+                _TAINTS: settings.device_taints,
+            }
         if driver != self.driver and self.driver is not None and self._published is not None:
             # The driver was renamed or turned off: its pool empties.
             effects.append(PoolChanged(PoolContent(self.driver, self.node_name, self.node_name)))
@@ -112,6 +148,21 @@ class DraFrontend:
             return []
         self._published = content
         return [PoolChanged(content)]
+
+    def features_observed(self, event: DraFeaturesObserved) -> Effects:
+        """Follow what the API server kept of a write: a log once per finding, and
+        `PoolChanged` when the pool must change with it."""
+        effects: Effects = []
+        for feature, seen in (
+            (_PARTITIONABLE, event.partitionable),
+            (_TAINTS, event.device_taints),
+        ):
+            if seen is None or self._observed.get(feature) == seen:
+                continue
+            self._observed[feature] = seen
+            effects.append(_feature_log(feature, seen, self._settings[feature]))
+        effects.extend(self.refresh())
+        return effects
 
     # -- claims ------------------------------------------------------------------
 
@@ -249,6 +300,45 @@ class DraFrontend:
             effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
         effects.extend(self.refresh())
         return effects, touched
+
+
+_PARTITIONABLE = "partitionable"
+_TAINTS = "device_taints"
+# feature -> (its gate, the fields, its config key, what dp publishes without it)
+_FEATURES = {
+    _PARTITIONABLE: (
+        "DRAPartitionableDevices",
+        "sharedCounters",
+        "dra.partitionableDevices",
+        "publishing one device per multi-device IOMMU group",
+    ),
+    _TAINTS: (
+        "DRADeviceTaints",
+        "device taints",
+        "dra.deviceTaints",
+        "leaving unhealthy devices, and devices whose IOMMU group is held elsewhere, "
+        "out of the pool instead of tainting them NoSchedule",
+    ),
+}
+
+
+def _feature_log(feature: str, kept: bool, setting: DraFeatureSetting) -> Log:
+    gate, fields, key, without = _FEATURES[feature]
+    if kept:
+        return Log.info(
+            "dra-feature-found",
+            feature=gate,
+            detail=f"the API server kept {fields}: the cluster has {gate}",
+        )
+    dropped = f"the API server dropped {fields}"
+    if setting is True:
+        detail = (
+            f"{dropped}, so the cluster lacks {gate}; {key} is true, so dp keeps "
+            "publishing them, and the scheduler does not see them"
+        )
+    else:
+        detail = f"{dropped} ({gate} is off): {without}"
+    return Log.warning("dra-feature-missing", feature=gate, detail=detail)
 
 
 def _free_groups(book: AllocationBook, groups: Iterable[int]) -> tuple[list[int], list[int]]:

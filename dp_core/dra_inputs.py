@@ -19,6 +19,7 @@ __all__ = [
     "ClaimPrepareRequested",
     "ClaimUnprepareRequested",
     "ClaimsRecalled",
+    "DraFeaturesObserved",
     "DraInput",
 ]
 
@@ -84,4 +85,20 @@ class ClaimsRecalled:
             raise ValueError(f"claim UID recalled twice: {', '.join(twice)}")
 
 
-DraInput = ClaimPrepareRequested | ClaimUnprepareRequested | ClaimsRecalled
+@attrs.frozen
+class DraFeaturesObserved:
+    """What a ResourceSlice write showed of the API server's DRA features.
+
+    An API server without a feature drops its fields on write
+    (`dropDisabledFields` in kubernetes' `pkg/registry/resource/resourceslice/
+    strategy.go`), so the shell compares what it sent with what came back:
+    `partitionable` is False when `sharedCounters`/`consumesCounters` were
+    sent and dropped, True when they were kept, None when none were sent;
+    `device_taints` likewise for `devices[].taints`.
+    """
+
+    partitionable: bool | None = None
+    device_taints: bool | None = None
+
+
+DraInput = ClaimPrepareRequested | ClaimUnprepareRequested | ClaimsRecalled | DraFeaturesObserved

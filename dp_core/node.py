@@ -37,7 +37,12 @@ from .binding import BindingBook
 from .cdi import CdiSpecsWritten
 from .config import Config
 from .dra_frontend import DraFrontend
-from .dra_inputs import ClaimPrepareRequested, ClaimsRecalled, ClaimUnprepareRequested
+from .dra_inputs import (
+    ClaimPrepareRequested,
+    ClaimsRecalled,
+    ClaimUnprepareRequested,
+    DraFeaturesObserved,
+)
 from .dra_pool import dra_config
 from .effects import (
     AttributeConnection,
@@ -141,7 +146,7 @@ class Node:
         cdi: bool = False,
         node_name: str | None = None,
         dra_partitionable: bool = True,
-        dra_device_taints: bool = False,
+        dra_device_taints: bool = True,
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
         self.timing = timing or Timing()
@@ -169,7 +174,9 @@ class Node:
         # With `cdi`, the node keeps a CDI spec per resource (node_cdi).
         self.cdi = CdiKeeper() if cdi else None
         # The DRA front end (config `dra`) shares the allocation ledger: one
-        # IOMMU group, one holder, whichever front end it came through.
+        # IOMMU group, one holder, whichever front end it came through. The
+        # dra_* flags are what the config's "auto" assumes until the API server
+        # shows whether it has those features (DraFeaturesObserved).
         self.dra = DraFrontend(
             self.allocations,
             node_name or "",
@@ -209,6 +216,7 @@ class Node:
             ClaimPrepareRequested: self._claim_prepare,
             ClaimUnprepareRequested: self._claim_unprepare,
             ClaimsRecalled: self._claims_recalled,
+            DraFeaturesObserved: self._dra_features_observed,
             Tick: self._tick,
         }
 
@@ -325,9 +333,8 @@ class Node:
             self.bind_book.leaving,
             self.bind_book.moving_groups,
         )
-        return self.dra.rebuild(
-            self.config.dra.driver_name if self.config.dra else None, inventory, self.snapshot
-        )
+        dra = self.config.dra
+        return self.dra.rebuild(dra.driver_name if dra else None, inventory, self.snapshot, dra)
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
@@ -682,6 +689,9 @@ class Node:
     def _claims_recalled(self, event: ClaimsRecalled) -> list[Effect]:
         effects, touched = self.dra.recalled(event, self._now)
         return effects + self._refresh_groups(touched)
+
+    def _dra_features_observed(self, event: DraFeaturesObserved) -> list[Effect]:
+        return self.dra.features_observed(event)
 
     def _tick(self, event: Tick) -> list[Effect]:
         return []

@@ -35,10 +35,11 @@ from dp_core.dra_inputs import (
     ClaimPrepareRequested,
     ClaimsRecalled,
     ClaimUnprepareRequested,
+    DraFeaturesObserved,
 )
 from dp_core.dra_metadata import prepared_devices, request_metadata
 from dp_core.dra_names import attribute_name_error, mdev_device_name, pci_device_name
-from dp_core.effects import HealthChanged
+from dp_core.effects import HealthChanged, Log
 from dp_core.slices import PoolContent, Version
 
 from core_builders import AUDIO, GPU, GPU_RESOURCE, Kubelet, effects_of, one, pci, snapshot
@@ -288,7 +289,7 @@ def test_pool_without_partitionable_devices_has_one_member_per_group() -> None:
 
 
 def test_an_unhealthy_device_leaves_the_pool_and_returns() -> None:
-    node, _ = started()
+    node, _ = started(dra_device_taints=False)
     gone = snapshot(
         list(host().pci_devices),
         mdev_types=host().mdev_types,
@@ -314,6 +315,145 @@ def test_with_device_taints_an_unhealthy_device_is_tainted_instead() -> None:
     nic = content.device("pci-0000-5e-00-0")
     assert nic is not None
     assert [(t.key, t.effect) for t in nic.taints] == [(f"{DRIVER}/unhealthy", "NoSchedule")]
+
+
+# -- what the API server keeps (DraFeaturesObserved) ----------------------------------------
+
+NIC_GONE = ("/dev/vfio/30",)  # the NIC (group 30) turns unhealthy
+ALL_MEMBERS = [
+    f"mdev-{VGPU_UUID}",
+    "pci-0000-3b-00-0",
+    "pci-0000-3b-00-1",
+    "pci-0000-af-00-0",
+    "pci-0000-af-00-1",
+]
+ONE_PER_GROUP = [f"mdev-{VGPU_UUID}", "pci-0000-3b-00-0", "pci-0000-af-00-0"]
+
+
+def unhealthy_nic_host():
+    return snapshot(
+        list(host().pci_devices),
+        mdev_types=host().mdev_types,
+        mdevs=host().mdevs,
+        missing_nodes=NIC_GONE,
+    )
+
+
+def features_node(partitionable: object = "auto", taints: object = "auto") -> Node:
+    cfg = attrs.evolve(
+        config(audio_frontend="dra"),
+        dra=Dra(DRIVER, partitionable_devices=partitionable, device_taints=taints),  # type: ignore[arg-type]
+    )
+    node, _ = started(cfg)
+    node.handle(HostObserved(unhealthy_nic_host(), 0.5))
+    return node
+
+
+def pool_summary(node: Node) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """(device names but the NIC, counter sets, the NIC's taint keys or absent)."""
+    pool = node.dra.pool
+    assert pool is not None
+    names = [d.name for d in pool.devices if d.name != "pci-0000-5e-00-0"]
+    nic = pool.device("pci-0000-5e-00-0")
+    taints = {"nic": [t.key for t in nic.taints]} if nic is not None else {}
+    return names, [c.name for c in pool.shared_counters], taints
+
+
+COUNTERS = ["iommu-group-10", "iommu-group-20"]
+TAINTED = {"nic": [f"{DRIVER}/unhealthy"]}
+
+
+@pytest.mark.parametrize(
+    ("partitionable", "taints", "observed", "changed", "pool", "log"),
+    [
+        # auto: the rich pool until the API server drops a feature's fields.
+        ("auto", "auto", DraFeaturesObserved(), False, (ALL_MEMBERS, COUNTERS, TAINTED), None),
+        (
+            "auto",
+            "auto",
+            DraFeaturesObserved(partitionable=False),
+            True,
+            (ONE_PER_GROUP, [], TAINTED),
+            "the API server dropped sharedCounters (DRAPartitionableDevices is off): "
+            "publishing one device per multi-device IOMMU group",
+        ),
+        (
+            "auto",
+            "auto",
+            DraFeaturesObserved(device_taints=False),
+            True,
+            (ALL_MEMBERS, COUNTERS, {}),
+            "the API server dropped device taints (DRADeviceTaints is off): leaving unhealthy "
+            "devices",
+        ),
+        (
+            "auto",
+            "auto",
+            DraFeaturesObserved(partitionable=False, device_taints=False),
+            True,
+            (ONE_PER_GROUP, [], {}),
+            "the API server dropped",
+        ),
+        (
+            "auto",
+            "auto",
+            DraFeaturesObserved(partitionable=True, device_taints=True),
+            False,
+            (ALL_MEMBERS, COUNTERS, TAINTED),
+            "the API server kept",
+        ),
+        # The operator's word wins over what is observed.
+        (
+            True,
+            True,
+            DraFeaturesObserved(partitionable=False, device_taints=False),
+            False,
+            (ALL_MEMBERS, COUNTERS, TAINTED),
+            "dra.partitionableDevices is true, so dp keeps publishing them",
+        ),
+        (False, False, DraFeaturesObserved(), False, (ONE_PER_GROUP, [], {}), None),
+        (False, "auto", DraFeaturesObserved(), False, (ONE_PER_GROUP, [], TAINTED), None),
+    ],
+)
+def test_the_pool_follows_what_the_api_server_keeps(
+    partitionable: object,
+    taints: object,
+    observed: DraFeaturesObserved,
+    changed: bool,
+    pool: tuple[list[str], list[str], dict[str, list[str]]],
+    log: str | None,
+) -> None:
+    node = features_node(partitionable, taints)
+    effects = node.handle(observed)
+    assert len(effects_of(effects, PoolChanged)) == (1 if changed else 0)
+    assert pool_summary(node) == pool
+    details = [str(dict(e.fields).get("detail")) for e in effects_of(effects, Log)]
+    if log is None:
+        assert details == []
+    else:
+        assert any(log in d for d in details), details
+    # The same finding again changes nothing and says nothing.
+    assert node.handle(observed) == []
+
+
+def test_a_finding_is_logged_once_and_kept_across_rebuilds() -> None:
+    node = features_node()
+    effects = node.handle(DraFeaturesObserved(partitionable=False))
+    (warning,) = effects_of(effects, Log)
+    assert (warning.level, warning.event) == ("warning", "dra-feature-missing")
+    assert dict(warning.fields)["feature"] == "DRAPartitionableDevices"
+    # A rescan rebuilds the pool in the mode found, and a write that sent no
+    # counters (None) does not undo the finding.
+    node.handle(HostObserved(host(), 1.0))
+    assert node.handle(DraFeaturesObserved(partitionable=None, device_taints=None)) == []
+    assert node.dra.pool is not None and node.dra.pool.shared_counters == ()
+    assert [d.name for d in node.dra.pool.devices] == sorted([*ONE_PER_GROUP, "pci-0000-5e-00-0"])
+
+
+def test_features_observed_without_dra_is_nothing_to_publish() -> None:
+    node, _ = started(Config(shared_devices=()))
+    effects = node.handle(DraFeaturesObserved(partitionable=False))
+    assert effects_of(effects, PoolChanged) == []
 
 
 # -- claims -----------------------------------------------------------------------------------
@@ -356,7 +496,7 @@ def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None
 
 
 def test_a_claim_against_a_device_plugin_allocation_is_refused() -> None:
-    node, effects = started()
+    node, effects = started(dra_device_taints=False)
     kubelet = Kubelet(node)
     kubelet.register_all(effects)  # type: ignore[arg-type]
     # The device plugin gives the group-20 audio function to a container.
@@ -380,7 +520,7 @@ def test_device_plugin_allocate_is_refused_while_a_claim_holds_the_group() -> No
 
 
 def test_adopted_pod_holding_the_sibling_takes_the_dra_device_out_of_the_pool() -> None:
-    node, _ = started()
+    node, _ = started(dra_device_taints=False)
     assert "pci-0000-af-00-0" in pool_names(node)
     effects = node.handle(
         AllocationsObserved({"nvidia.com/audio": frozenset({"0000:af:00.1"})}, 1.0)

@@ -65,3 +65,50 @@ def test_bad_dra_config_names_the_field(text: str, line: str) -> None:
     problems = list(info.value.problems)
     assert len(problems) == 1, problems
     assert problems[0].startswith(line), problems[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "partitionable", "taints"),
+    [
+        ("dra: {driverName: a.example.com}\n", "auto", "auto"),
+        (
+            "dra: {driverName: a.example.com, partitionableDevices: false, deviceTaints: true}\n",
+            False,
+            True,
+        ),
+        (
+            "dra: {driverName: a.example.com, partitionableDevices: auto, deviceTaints: auto}\n",
+            "auto",
+            "auto",
+        ),
+    ],
+)
+def test_dra_feature_overrides(text: str, partitionable: object, taints: object) -> None:
+    dra = parse_config(text, "test.yaml").dra
+    assert dra is not None
+    assert (dra.partitionable_devices, dra.device_taints) == (partitionable, taints)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "dra: {driverName: a.example.com, partitionableDevices: 'true'}\n",
+            "test.yaml: dra.partitionableDevices: 'true' is not auto, true or false",
+        ),
+        (
+            "dra: {driverName: a.example.com, deviceTaints: 1}\n",
+            "test.yaml: dra.deviceTaints: 1 is not auto, true or false",
+        ),
+        (
+            "dra: {driverName: a.example.com, deviceTaints: Auto}\n",
+            "test.yaml: dra.deviceTaints: 'Auto' is not auto, true or false",
+        ),
+    ],
+)
+def test_bad_dra_feature_override_names_the_field(text: str, line: str) -> None:
+    with pytest.raises(ConfigFileError) as info:
+        parse_config(text, "test.yaml")
+    problems = list(info.value.problems)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(line), problems[0]

@@ -26,6 +26,7 @@ from dp_core.config import (
     Binding,
     Config,
     Dra,
+    DraFeatureSetting,
     MediatedDevice,
     Naming,
     PciHostDevice,
@@ -84,7 +85,11 @@ KEYS: dict[type, dict[str, str]] = {
         "dra": "dra",
     },
     Vfio: {"interface": "interface"},
-    Dra: {"driver_name": "driverName"},
+    Dra: {
+        "driver_name": "driverName",
+        "partitionable_devices": "partitionableDevices",
+        "device_taints": "deviceTaints",
+    },
     Binding: {"replace_drivers": "replaceDrivers", "bind_unbound": "bindUnbound"},
     SharedDevice: {
         "path": "path",
@@ -171,6 +176,13 @@ def _structure_bool(value: object, _type: object) -> bool:
     if not isinstance(value, bool):
         raise FieldError(f"{show(value)} is not a boolean (true or false)")
     return value
+
+
+def _structure_feature_setting(value: object, _type: object) -> DraFeatureSetting:
+    # YAML's true and false, or the string auto; "true" in quotes is a typo to name.
+    if value == "auto" or isinstance(value, bool):
+        return value  # type: ignore[return-value]
+    raise FieldError(f"{show(value)} is not auto, true or false")
 
 
 def _structure_pci_id(value: object, _type: object) -> PciId:
@@ -362,10 +374,18 @@ def _make_converter() -> cattrs.Converter:
         Naming,
         Binding,
         Vfio,
-        Dra,
         _SharedDevicePatch,
     ):
         _register_class(converter, cls)
+    _register_class(
+        converter,
+        Dra,
+        struct_hooks={
+            "partitionable_devices": _structure_feature_setting,
+            "device_taints": _structure_feature_setting,
+        },
+        unstruct_hooks={"partitionable_devices": _same, "device_taints": _same},
+    )
     _register_class(
         converter,
         Config,
@@ -417,6 +437,10 @@ def _register_class(
         return {key: unordered[key] for key in order if key in unordered}
 
     converter.register_unstructure_hook(cls, unstructure_in_order)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _unstructure_shared_devices(devices: Iterable[SharedDevice]) -> dict[str, Any]:
