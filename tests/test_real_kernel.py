@@ -9,7 +9,11 @@ does), then runs the scan, and asks the kernel itself, through the VFIO API
 grpc-go kubelet (tests/gokubelet) from the guest and unbinds a device under it.
 A third boot, on Debian's generic kernel (the cloud one has no e1000e or
 bochs-drm), lets dp move an e1000e from its host driver to vfio-pci itself
-(`binding`) and refuse the boot display.
+(`binding`) and refuse the boot display. A fourth boot runs dp as a DRA
+driver in the guest (tests/guest_dra.py, with the API-server and grpcio DRA
+kubelet emulators): the real vfio devices in its ResourceSlices, a claim
+prepared with a CDI spec naming the guest's own /dev/vfio nodes, the claim
+for its group sibling refused, and Unprepare freeing the group.
 
 The guest is emulated (about 10 s per boot here). Without QEMU and the other
 Debian packages these tests are skipped, unless DP_REQUIRE_QEMU=1 (as in CI),
@@ -24,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from dp_testing.apiserver import Validator
+from tests.cdi_reader import read_spec, resolve
 
 import qemu_guest
 
@@ -529,3 +536,188 @@ def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
         {"id": vga, "driver": "bochs-drm", "action": "refused", "reason": boot_display}
     ]
     assert [(d["id"], d["health"]) for d in again["resources"][0]["devices"]] == [(nic, "Healthy")]
+
+
+# The DRA front end in the guest: the e1000e functions, the e1000 and the
+# bridge group's disk on vfio-pci by the operator's hand; the pci-testdev has no
+# driver, so it is unhealthy. With the emulator, which keeps device taints, dp
+# taints what the scheduler must not have rather than leaving it out.
+DRA_DRIVER = "vfio.dp.example.com"
+DRA_NODE = "guest"
+DRA_CONFIG = f"""
+dra:
+  driverName: {DRA_DRIVER}
+permittedHostDevices:
+  pciHostDevices:
+    - {{pciVendorSelector: "8086:10D3", resourceName: example.com/e1000e, frontend: dra}}
+    - {{pciVendorSelector: "8086:100E", resourceName: example.com/e1000, frontend: dra}}
+    - {{pciVendorSelector: "1AF4:1001", resourceName: example.com/disk, frontend: dra}}
+    - {{pciVendorSelector: "1B36:0005", resourceName: example.com/testdev, frontend: dra}}
+sharedDevices:
+  devices.kubevirt.io/kvm: {{enabled: false}}
+  devices.kubevirt.io/tun: {{enabled: false}}
+  devices.kubevirt.io/vhost-net: {{enabled: false}}
+"""
+# The guest has no network but loopback, which the API-server emulator listens on.
+DRA_STEP = f"ip link set lo up && py /scenario/guest_dra.py {DRA_DRIVER} {DRA_NODE}"
+SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
+
+
+def test_dra_publishes_prepares_and_unprepares_real_vfio_devices(
+    guest: qemu_guest.Guest, tmp_path: Path
+) -> None:
+    steps = guest.run(
+        tmp_path,
+        machine(tmp_path),
+        [bind_to_vfio("0x8086:0x10d3|0x8086:0x100e|0x1af4:0x1001"), TRUTH_STEP, DRA_STEP],
+        files={
+            "config.yaml": DRA_CONFIG,
+            "truth.py": TRUTH,
+            "guest_dra.py": (Path(__file__).parent / "guest_dra.py").read_text(),
+        },
+    )
+    assert steps[0][0] == 0, steps[0][1]
+    kernel = parsed(steps[1])["devices"]
+    report = parsed(steps[2])
+    assert "failure" not in report and None not in report["waited"].values(), report
+    assert report["server_exit"] == 0, report["server_log"]
+    log = [json.loads(line) for line in report["server_log"] if line.startswith("{")]
+    assert len(log) == len(report["server_log"]), report["server_log"]  # no traceback
+    assert not [e for e in log if e["level"] == "error"], log
+    assert report["registered"] == ["v1.DRAPlugin"]
+
+    def name(address: str) -> str:
+        return "pci-" + address.replace(":", "-").replace(".", "-")
+
+    # The kernel's word: the e1000 and the disk behind the bridge share a group
+    # that VFIO calls viable, both on vfio-pci.
+    nic, disk, group = (report["kernel"][k] for k in ("nic", "disk", "group"))
+    assert kernel[nic]["group"] == kernel[disk]["group"] == group
+    assert kernel[nic]["driver"] == kernel[disk]["driver"] == "vfio-pci"
+    assert parsed(steps[1])["viable"][str(group)] is True
+
+    # The pool lists every selected function with the kernel's address, IDs,
+    # group and NUMA node; the pci-testdev, which no driver holds, is tainted.
+    resources = {
+        "8086:10d3": "e1000e",
+        "8086:100e": "e1000",
+        "1af4:1001": "disk",
+        "1b36:0005": "testdev",
+    }
+    selected = {a: f for a, f in kernel.items() if f["id"] in resources}
+    (testdev,) = (a for a, f in selected.items() if f["id"] == "1b36:0005")
+    assert selected.pop(testdev)["driver"] is None
+    assert all(f["driver"] == "vfio-pci" for f in selected.values())
+    unhealthy = [{"effect": "NoSchedule", "key": f"{DRA_DRIVER}/unhealthy"}]
+    held = [f"{DRA_DRIVER}/iommu-group-held"]
+    slices = report["slices"]
+    validator = Validator(SCHEMA)
+    for piece in slices:
+        validator.check("resourceslices", piece)  # what a real API server would take
+        assert piece["spec"]["driver"] == DRA_DRIVER and piece["spec"]["nodeName"] == DRA_NODE
+        assert piece["spec"]["pool"]["name"] == DRA_NODE
+        (owner,) = piece["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("Node", DRA_NODE)
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
+    assert sorted(devices) == sorted(name(a) for a in [*selected, testdev])
+    for device in devices.values():
+        taints = [
+            {k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints", ())
+        ]
+        assert taints == (unhealthy if device["name"] == name(testdev) else []), device
+    members: dict[int, list[str]] = {}
+    for address, facts in [*selected.items(), (testdev, kernel[testdev])]:
+        device = devices[name(address)]
+        vendor, product = facts["id"].split(":")
+        want = {
+            "resource.kubernetes.io/pciBusID": {"string": address},
+            "vendorID": {"string": vendor},
+            "deviceID": {"string": product},
+            "iommuGroup": {"int": facts["group"]},
+            "resourceName": {"string": f"example.com/{resources[facts['id']]}"},
+        }
+        if facts["numa"] is not None:
+            want["numaNode"] = {"int": facts["numa"]}
+        attributes = device["attributes"]
+        assert {k: attributes[k] for k in want} == want, device
+        assert attributes.keys() - want.keys() == {"classID"}, device
+        members.setdefault(facts["group"], []).append(device["name"])
+    # Each group of two published functions (the bridge's, and the two-function
+    # e1000e's) is one counter that each member takes whole.
+    shared = {g for g, names in members.items() if len(names) > 1}
+    assert shared == {group, kernel[next(a for a in selected if a.endswith(".1"))]["group"]}
+    counter_sets = [c for s in slices for c in s["spec"].get("sharedCounters") or ()]
+    assert {c["name"]: c["counters"] for c in counter_sets} == {
+        f"iommu-group-{g}": {"slot": {"value": "1"}} for g in shared
+    }
+    for g, names in members.items():
+        for device_name in names:
+            consumed = devices[device_name].get("consumesCounters")
+            if g in shared:
+                assert consumed == [
+                    {"counterSet": f"iommu-group-{g}", "counters": {"slot": {"value": "1"}}}
+                ]
+            else:
+                assert consumed is None, device_name
+
+    # The e1000's claim, prepared: its CDI spec names the nodes the guest has.
+    uid = report["uids"]["vm-nic"]
+    claim_id = f"{DRA_DRIVER}/claim={uid}-{name(nic)}"
+    meta_id = f"{DRA_DRIVER}/metadata={uid}_nic"
+    assert report["prepare"] == {
+        "vm-nic": {"error": "", "devices": [[DRA_NODE, name(nic), [claim_id, meta_id]]]}
+    }
+    spec_name = f"{DRA_DRIVER}_claim_{uid}.json"
+    meta_spec_name = f"{DRA_DRIVER}_metadata_{uid}_nic.json"
+    assert sorted(report["cdi_prepared"]) == [spec_name, meta_spec_name]
+    edits = resolve([read_spec(report["cdi_prepared"][spec_name], spec_name)], claim_id)
+    nodes = [(n.path, n.host_path, n.permissions) for n in edits.device_nodes]
+    assert nodes == [
+        ("/dev/vfio/vfio", "/dev/vfio/vfio", "mrw"),
+        (f"/dev/vfio/{group}", f"/dev/vfio/{group}", "mrw"),
+    ]
+    # Character devices in the guest: VFIO's own (10:196) and the group's.
+    for _, host_path, _ in nodes:
+        assert report["dev_vfio"][host_path]["char"] is True, report["dev_vfio"]
+    assert report["dev_vfio"]["/dev/vfio/vfio"]["rdev"] == [10, 196]
+    # KEP-5304 metadata names the real PCI address, mounted by its own spec.
+    meta_spec = json.loads(report["cdi_prepared"][meta_spec_name])
+    assert meta_spec["kind"] == f"{DRA_DRIVER}/metadata"
+    (mount,) = meta_spec["devices"][0]["containerEdits"]["mounts"]
+    metadata_file = "dra-device-metadata/default_vm-nic/nic/metadata.json"
+    assert mount["hostPath"] == f"/tmp/dra/plugins/{DRA_DRIVER}/{metadata_file}"
+    streamed = report["metadata_prepared"][metadata_file].splitlines()
+    for document in map(json.loads, streamed):
+        (request,) = document["requests"]
+        (meta_device,) = request["devices"]
+        assert meta_device["name"] == name(nic)
+        assert meta_device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": nic}
+    # The checkpoint holds the claim and its group, for a restarted dp.
+    (kept,) = report["checkpoint"]["claims"]
+    assert kept["claim"]["uid"] == uid
+    assert [d["iommu_group"] for d in kept["devices"]] == [group]
+
+    # While the group is held its other member is tainted, and a claim for it
+    # anyway is refused, naming the group and the claim that holds it.
+    everything = {a: [] for a in selected} | {testdev: [unhealthy[0]["key"]]}
+    assert report["pool_held"] == everything | {disk: held}
+    (refused,) = report["prepare_sibling"].values()
+    assert refused["devices"] == [] and f"IOMMU group {group}" in refused["error"]
+    assert "default/vm-nic" in refused["error"], refused
+    assert report["cdi_refused"] == [spec_name, meta_spec_name]
+
+    # Unprepare removes the files and frees the group at once: the disk is
+    # offered again, and its claim is prepared, then unprepared.
+    assert report["unprepare"] == {"vm-nic": ""}
+    assert report["cdi_unprepared"] == [] and report["metadata_unprepared"] == []
+    assert report["pool_freed"] == everything
+    disk_uid = report["uids"]["vm-disk"]
+    (again,) = report["prepare_sibling_again"]["vm-disk"]["devices"]
+    assert report["prepare_sibling_again"]["vm-disk"]["error"] == ""
+    assert again[:2] == [DRA_NODE, name(disk)]
+    assert report["cdi_sibling"] == [
+        f"{DRA_DRIVER}_claim_{disk_uid}.json",
+        f"{DRA_DRIVER}_metadata_{disk_uid}_disk.json",
+    ]
+    assert report["unprepare_sibling"] == {"vm-disk": ""}
+    assert report["cdi_end"] == [] and report["pool_end"] == everything
