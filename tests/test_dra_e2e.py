@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -80,7 +81,7 @@ class Dra:
         if not self.api.store.objects("nodes"):
             self.api.add_node(NODE)
 
-    async def start_server(self, **overrides: Any) -> Runtime:
+    async def start_server(self, config: str = CONFIG, **overrides: Any) -> Runtime:
         settings = self.harness.settings(
             cdi_spec_dir=str(overrides.pop("cdi_spec_dir", self.cdi)),
             state_dir=str(self.state),
@@ -91,7 +92,7 @@ class Dra:
             slice_watch_period=(0.5, 1.0),
             **overrides,
         )
-        self.runtime = Runtime(settings, parse_config(CONFIG, "<dra>"))
+        self.runtime = Runtime(settings, parse_config(config, "<dra>"))
         self._serving = asyncio.create_task(self.runtime.run())
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         names = self.runtime.node.resource_names()
@@ -352,3 +353,138 @@ def test_a_config_with_dra_and_no_node_name_is_a_startup_error(
     assert code == 2
     error = capsys.readouterr().err
     assert "--node-name" in error and "NODE_NAME" in error
+
+
+# -- what the cluster keeps: partitionable devices and device taints ----------------------
+
+PARTITIONABLE = "DRAPartitionableDevices"
+UNHEALTHY_GPU = "pci-0000-d8-00-0"
+TAINTS = "DRADeviceTaints"
+
+
+def our_slices(dra: Dra) -> list[dict[str, Any]]:
+    return [s for s in dra.api.slices() if s["spec"].get("nodeName") == NODE]
+
+
+def counters_in(slices: list[dict[str, Any]]) -> bool:
+    return any(
+        s["spec"].get("sharedCounters")
+        or any(d.get("consumesCounters") for d in s["spec"].get("devices") or ())
+        for s in slices
+    )
+
+
+def taints_of(dra: Dra, device: str) -> list[str]:
+    return [
+        t["key"]
+        for s in our_slices(dra)
+        for d in s["spec"].get("devices") or ()
+        if d["name"] == device
+        for t in d.get("taints") or ()
+    ]
+
+
+def feature_gauge(runtime: Runtime) -> dict[str, float]:
+    families = {f.name: f for f in runtime_families(runtime)}
+    return {dict(s.labels)["feature"]: s.value for s in families["dp_dra_api_feature"].samples}
+
+
+async def writes_settle(dra: Dra, quiet: float = 1.0) -> None:
+    """Wait until the publisher stops writing: what the server cannot keep is not rewritten."""
+    async with asyncio.timeout(10):
+        while True:
+            before = dra.api.writes
+            await asyncio.sleep(quiet)
+            if dra.api.writes == before:
+                return
+
+
+def details(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    return [
+        str(getattr(r, "dp_fields", {}).get("detail"))
+        for r in caplog.records
+        if r.getMessage() == event
+    ]
+
+
+async def test_a_cluster_without_partitionable_devices_or_taints_gets_what_it_can_keep(
+    dra: Dra, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dp")
+    dra.api.disabled_features = frozenset({PARTITIONABLE, TAINTS})
+    await dra.start_api()
+    runtime = await dra.start_server()
+    await dra.registered()
+    # The first write shows the counters dropped: one NVMe of group 93 is
+    # published; and the taint of the fixture's unhealthy GPU (0000:d8:00.0,
+    # its group not viable) dropped: that GPU is left out.
+    await until(lambda: GPU_A in dra.pool() and len(dra.pool() & {NVME_A, NVME_B}) == 1)
+    await writes_settle(dra)
+    assert not counters_in(our_slices(dra))
+    assert len(dra.pool() & {NVME_A, NVME_B}) == 1
+    assert UNHEALTHY_GPU not in dra.pool()
+    missing = sorted(details(caplog, "dra-feature-missing"))
+    assert len(missing) == 2, missing
+    assert missing[0].startswith(
+        "the API server dropped device taints (DRADeviceTaints is off): leaving unhealthy devices"
+    )
+    assert missing[1] == (
+        "the API server dropped sharedCounters (DRAPartitionableDevices is off): "
+        "publishing one device per multi-device IOMMU group"
+    )
+    assert feature_gauge(runtime) == {PARTITIONABLE: 0, TAINTS: 0}
+
+    # GPU_A's group node goes: it leaves the pool, and nothing more is logged.
+    (dra.harness.dev / "vfio" / "59").unlink()
+    await until(lambda: GPU_A not in dra.pool())
+    await writes_settle(dra)
+    assert not any(taints_of(dra, name) for name in dra.pool())
+    assert len(details(caplog, "dra-feature-missing")) == 2
+
+
+async def test_a_cluster_with_both_features_keeps_counters_and_taints(dra: Dra) -> None:
+    runtime = await serving(dra)
+    assert counters_in(our_slices(dra)) and {NVME_A, NVME_B} <= dra.pool()
+    assert taints_of(dra, UNHEALTHY_GPU) == [f"{DRIVER}/unhealthy"]
+    (dra.harness.dev / "vfio" / "59").unlink()
+    await until(lambda: taints_of(dra, GPU_A) == [f"{DRIVER}/unhealthy"])
+    assert GPU_A in dra.pool()
+    assert feature_gauge(runtime) == {PARTITIONABLE: 1, TAINTS: 1}
+
+
+async def test_the_operator_overrides_what_the_api_server_shows(
+    dra: Dra, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dp")
+    dra.api.disabled_features = frozenset({PARTITIONABLE})
+    await dra.start_api()
+    config = CONFIG.replace(
+        f"driverName: {DRIVER}\n",
+        f"driverName: {DRIVER}\n  partitionableDevices: true\n  deviceTaints: false\n",
+    )
+    await dra.start_server(config)
+    await dra.registered()
+    # partitionableDevices: true: both NVMe drives stay, though the server drops
+    # their counters, and the dropped fields are not written again and again.
+    await until(lambda: {GPU_A, NVME_A, NVME_B} <= dra.pool())
+    await writes_settle(dra)
+    assert {GPU_A, NVME_A, NVME_B} <= dra.pool()
+    (missing,) = details(caplog, "dra-feature-missing")
+    assert "dra.partitionableDevices is true, so dp keeps publishing them" in missing
+    assert UNHEALTHY_GPU not in dra.pool()
+    # deviceTaints: false on a server that would keep them: left out, never tainted.
+    (dra.harness.dev / "vfio" / "59").unlink()
+    await until(lambda: GPU_A not in dra.pool())
+    assert all(not taints_of(dra, name) for name in (NVME_A, NVME_B))
+
+
+async def test_partitionable_devices_false_never_sends_counters(dra: Dra) -> None:
+    await dra.start_api()
+    config = CONFIG.replace(
+        f"driverName: {DRIVER}\n", f"driverName: {DRIVER}\n  partitionableDevices: false\n"
+    )
+    await dra.start_server(config)
+    await dra.registered()
+    await until(lambda: GPU_A in dra.pool() and len(dra.pool() & {NVME_A, NVME_B}) == 1)
+    history = [e.object for e in dra.api.store.events_since(0) if e.resource == "resourceslices"]
+    assert history and not counters_in(history)

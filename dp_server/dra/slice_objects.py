@@ -10,6 +10,11 @@ slices.
 
 `content_key` is what a slice says apart from its pool generation, count and
 server-set fields: two slices with the same key need no write.
+
+`features_kept` compares a slice as sent with the slice the API server
+stored: a server without a DRA feature drops that feature's fields on write
+(`dropDisabledFields` in kubernetes' `pkg/registry/resource/resourceslice/
+strategy.go`), which is how dp learns what the cluster has.
 """
 
 from __future__ import annotations
@@ -42,7 +47,17 @@ from dp_core.slices import (
 )
 from dp_core.slices import CounterSet as CoreCounterSet
 
-__all__ = ["SliceBody", "content_key", "cut", "generate_name", "node_owner", "slice_object"]
+__all__ = [
+    "COUNTERS",
+    "TAINTS",
+    "SliceBody",
+    "content_key",
+    "cut",
+    "features_kept",
+    "generate_name",
+    "node_owner",
+    "slice_object",
+]
 
 # What one slice carries besides the pool: its devices or its counter sets.
 SliceBody = tuple[tuple[PoolDevice, ...], tuple[CoreCounterSet, ...]]
@@ -147,12 +162,37 @@ def slice_object(
     )
 
 
-def _strip(spec: dict[str, Any]) -> dict[str, Any]:
+# The fields of partitionable devices (KEP-4815) and of device taints (KEP-5055).
+COUNTERS = "counters"
+TAINTS = "taints"
+
+
+def _uses(spec: dict[str, Any], feature: str) -> bool:
+    devices = spec.get("devices") or ()
+    if feature == COUNTERS:
+        return bool(spec.get("sharedCounters")) or any(d.get("consumesCounters") for d in devices)
+    return any(d.get("taints") for d in devices)
+
+
+def features_kept(sent: ResourceSlice, stored: ResourceSlice) -> dict[str, bool]:
+    """For each feature whose fields `sent` used: whether `stored` still has them."""
+    assert sent.spec is not None and stored.spec is not None
+    before, after = sent.spec.to_dict(), stored.spec.to_dict()
+    return {f: _uses(after, f) for f in (COUNTERS, TAINTS) if _uses(before, f)}
+
+
+def _strip(spec: dict[str, Any], without: frozenset[str]) -> dict[str, Any]:
     spec = dict(spec)
     spec.pop("pool", None)
+    if COUNTERS in without:
+        spec.pop("sharedCounters", None)
     devices = []
     for device in spec.get("devices") or ():
         device = dict(device)
+        if COUNTERS in without:
+            device.pop("consumesCounters", None)
+        if TAINTS in without:
+            device.pop("taints", None)
         if device.get("taints"):
             # The API server stamps timeAdded on a taint that has none.
             device["taints"] = [
@@ -164,11 +204,15 @@ def _strip(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def content_key(obj: ResourceSlice) -> str:
-    """What `obj` offers and to whom: its spec without the pool, and its owners."""
+def content_key(obj: ResourceSlice, without: frozenset[str] = frozenset()) -> str:
+    """What `obj` offers and to whom: its spec without the pool, and its owners.
+
+    `without` names features (`COUNTERS`, `TAINTS`) whose fields the API
+    server drops: what it would store of `obj` is compared, so a write it
+    cannot keep as sent is not made again and again."""
     assert obj.spec is not None and obj.metadata is not None
     owners = [
         {"kind": o.kind, "name": o.name, "uid": o.uid, "controller": bool(o.controller)}
         for o in obj.metadata.ownerReferences or ()
     ]
-    return json.dumps([_strip(obj.spec.to_dict()), owners], sort_keys=True)
+    return json.dumps([_strip(obj.spec.to_dict(), without), owners], sort_keys=True)

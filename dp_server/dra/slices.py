@@ -20,7 +20,13 @@ helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
   again and retries at once; a 410 Gone on the watch means its version is too
   old: it lists again; anything else (refused, reset, timed out, 5xx) ends the
   session, and it starts again after an exponential backoff with jitter, for
-  as long as it runs. The rest of dp is never held up by any of this.
+  as long as it runs. The rest of dp is never held up by any of this;
+- after each write it compares what it sent with what the server stored
+  (`features_kept`): a server without partitionable devices or device taints
+  drops their fields. What it learns is handed to `on_features` (the core's
+  `DraFeaturesObserved`) when it is new, and the pass stops if the content
+  changed with it; from then on its comparisons leave out the fields the
+  server drops, so what the server cannot keep is not written again and again.
 """
 
 from __future__ import annotations
@@ -28,18 +34,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from dp_core import MetricFamily, Sample
+from dp_core import DraFeaturesObserved, MetricFamily, Sample
 from dp_core.slices import PoolContent
 from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
-from dp_server.dra.slice_objects import content_key, cut, node_owner, slice_object
+from dp_server.dra.slice_objects import (
+    COUNTERS,
+    TAINTS,
+    content_key,
+    cut,
+    features_kept,
+    node_owner,
+    slice_object,
+)
 
 __all__ = ["Backoff", "SlicePublisher"]
 
 _log = logging.getLogger("dp.dra")
+
+# The feature gates whose fields features_kept looks for.
+_GATES = {COUNTERS: "DRAPartitionableDevices", TAINTS: "DRADeviceTaints"}
 
 # Conflicts in a row before the publisher backs off instead of retrying at once.
 _MAX_IMMEDIATE_RETRIES = 5
@@ -67,7 +84,8 @@ class SlicePublisher:
 
     `watch_period` bounds each watch request, in seconds (a random value in
     the range, as client-go's reflector does, so that many nodes do not
-    reconnect at once).
+    reconnect at once). `on_features` hears what a write showed of the
+    server's DRA features, each finding once.
     """
 
     def __init__(
@@ -77,8 +95,12 @@ class SlicePublisher:
         watch_period: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        on_features: Callable[[DraFeaturesObserved], object] | None = None,
     ) -> None:
         self.api = api
+        self._on_features = on_features
+        # COUNTERS/TAINTS -> whether the server kept that feature's fields when last sent.
+        self.features: dict[str, bool] = {}
         self.watch_period = watch_period
         self.backoff = backoff or Backoff()
         self._rng = rng or random.Random()
@@ -201,8 +223,9 @@ class SlicePublisher:
         assert wanted is not None and uid is not None
         owner = node_owner(wanted.node_name, uid)
         bodies = cut(wanted)
+        dropped = frozenset(f for f, kept in self.features.items() if not kept)
         desired = sorted(
-            content_key(slice_object(wanted, body, generation=0, count=0, owner=owner))
+            content_key(slice_object(wanted, body, generation=0, count=0, owner=owner), dropped)
             for body in bodies
         )
         # Slices the field selectors should not have given us are never touched.
@@ -215,7 +238,7 @@ class SlicePublisher:
             not other_pools
             and len(current) == len(in_pool) == len(bodies)
             and all(_pool(s)[2] == len(bodies) for s in current)
-            and sorted(content_key(s) for s in current) == desired
+            and sorted(content_key(s, dropped) for s in current) == desired
         ):
             self.generation = top
             return
@@ -247,6 +270,9 @@ class SlicePublisher:
                 )
                 written = await self.api.create_slice(obj)
             self._cache[_name(written)] = written
+            self._learn(obj, written)
+            if self._wanted is not wanted:
+                return  # what was learned changed the content: start again with it
         for stale in reuse[len(bodies) :] + other_pools:
             await self.api.delete_slice(_name(stale))
             self._cache.pop(_name(stale), None)
@@ -262,6 +288,18 @@ class SlicePublisher:
             ),
         )
 
+    def _learn(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
+        found = {
+            f: kept
+            for f, kept in features_kept(sent, stored).items()
+            if self.features.get(f) != kept
+        }
+        if not found:
+            return
+        self.features.update(found)
+        if self._on_features is not None:
+            self._on_features(DraFeaturesObserved(found.get(COUNTERS), found.get(TAINTS)))
+
     def families(self) -> Iterable[MetricFamily]:
         yield from self.api.calls.families()
         yield MetricFamily(
@@ -275,6 +313,16 @@ class SlicePublisher:
             "dp_dra_slices_synced",
             "1 when the API server holds the pool content dp last computed, else 0.",
             (Sample((), 1 if self.synced and not self._changed.is_set() else 0),),
+        )
+        yield MetricFamily(
+            "gauge",
+            "dp_dra_api_feature",
+            "1 when the API server kept a DRA feature's fields in the last slice that had "
+            "them, 0 when it dropped them; absent until a write had them.",
+            tuple(
+                Sample((("feature", _GATES[f]),), 1 if kept else 0)
+                for f, kept in sorted(self.features.items())
+            ),
         )
         yield MetricFamily(
             "counter",

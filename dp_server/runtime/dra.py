@@ -8,7 +8,9 @@ answers is carried out by the handlers here, which the `EffectRunner` calls
 one per kind of effect: a prepared claim's CDI spec and metadata files are
 written, an unprepared one's removed, the checkpoint kept (`claims_file`),
 and the pool's content handed to the `SlicePublisher`, whose task keeps the
-API server's ResourceSlices equal to it. The API server being away never
+API server's ResourceSlices equal to it and feeds back what the server kept
+of them (`DraFeaturesObserved`: a cluster without partitionable devices or
+device taints drops their fields). The API server being away never
 holds up anything else: the publisher retries on its own, and only a
 Prepare of a claim not prepared yet waits for (and fails on) the claim read.
 """
@@ -114,7 +116,11 @@ class DraRuntime:
         )
         self.checkpoint = ClaimsStore(settings.state_dir)
         self.api = connect_api(settings)
-        self.publisher = SlicePublisher(self.api, watch_period=settings.slice_watch_period)
+        # What a slice write shows of the cluster's DRA features goes to the
+        # core, which publishes the pool the cluster can keep (DraFeaturesObserved).
+        self.publisher = SlicePublisher(
+            self.api, watch_period=settings.slice_watch_period, on_features=feed
+        )
         try:
             self.endpoints = DraEndpoints(
                 driver,

@@ -7,6 +7,12 @@ can break: device and counter-set limits per slice, devices and shared
 counters never in one slice, DNS-label names, unique device names, exactly one
 node selection field, attribute limits. Defaulting: a device taint without
 `timeAdded` gets the current time, as the API server does.
+
+Feature gates: a server without `DRAPartitionableDevices` or `DRADeviceTaints`
+drops those features' fields from a slice before it validates and stores it,
+unless the slice it replaces uses them already (`dropDisabledFields` in
+`pkg/registry/resource/resourceslice/strategy.go`); `drop_disabled_fields`
+does the same.
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from typing import Any
 
 from dp_testing.apiserver.store import ApiFailure
 
-__all__ = ["Validator", "default_slice"]
+__all__ = [
+    "DEVICE_TAINTS",
+    "FEATURES",
+    "PARTITIONABLE_DEVICES",
+    "Validator",
+    "default_slice",
+    "drop_disabled_fields",
+]
 
 Obj = dict[str, Any]
 
@@ -125,4 +138,44 @@ def default_slice(obj: Obj) -> Obj:
     for device in (obj.get("spec") or {}).get("devices") or []:
         for taint in device.get("taints") or []:
             taint.setdefault("timeAdded", now)
+    return obj
+
+
+PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
+DEVICE_TAINTS = "DRADeviceTaints"
+FEATURES = frozenset({PARTITIONABLE_DEVICES, DEVICE_TAINTS})
+
+
+def _uses_counters(spec: Obj) -> bool:
+    devices = spec.get("devices") or []
+    return bool(
+        spec.get("sharedCounters")
+        or spec.get("perDeviceNodeSelection") is not None
+        or any(
+            d.get("consumesCounters")
+            or any(k in d for k in ("nodeName", "nodeSelector", "allNodes"))
+            for d in devices
+        )
+    )
+
+
+def _uses_taints(spec: Obj) -> bool:
+    return any(d.get("taints") for d in spec.get("devices") or [])
+
+
+def drop_disabled_fields(obj: Obj, old: Obj | None, disabled: frozenset[str]) -> Obj:
+    """`obj` (a slice being created, or replacing `old`) as a server with the
+    `disabled` feature gates off keeps it."""
+    spec = obj.get("spec") or {}
+    old_spec = (old or {}).get("spec") or {}
+    devices = spec.get("devices") or []
+    if DEVICE_TAINTS in disabled and not _uses_taints(old_spec):
+        for device in devices:
+            device.pop("taints", None)
+    if PARTITIONABLE_DEVICES in disabled and not _uses_counters(old_spec):
+        spec.pop("sharedCounters", None)
+        spec.pop("perDeviceNodeSelection", None)
+        for device in devices:
+            for key in ("consumesCounters", "nodeName", "nodeSelector", "allNodes"):
+                device.pop(key, None)
     return obj

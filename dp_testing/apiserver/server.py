@@ -19,6 +19,11 @@ conventions of the real server:
   in code (`rules.Validator`, 422 Invalid when it fails) and rejects are kept
   in `rejected`.
 
+Feature gates: `disabled_features` (empty by default: every feature on)
+names `DRAPartitionableDevices` and `DRADeviceTaints` to behave like a
+server that has them off, which drops their fields from the slices it is
+given (`rules.drop_disabled_fields`).
+
 Faults for tests: `delay` (seconds before every answer), `unavailable`
 (503 to everything), `fail_next(verb, resource, code)`, and `stop`/`start`
 (nothing listening). `requests` counts what was asked, by (verb, resource).
@@ -32,12 +37,13 @@ import contextlib
 import json
 import re
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import h11
 
-from dp_testing.apiserver.rules import Validator, default_slice
+from dp_testing.apiserver.rules import FEATURES, Validator, default_slice, drop_disabled_fields
 from dp_testing.apiserver.store import (
     ApiFailure,
     Event,
@@ -79,7 +85,17 @@ _MAX_BODY = 3 * 1024 * 1024
 class ApiServerEmulator:
     """The emulated server; `start()` listens on 127.0.0.1 (a free port unless given)."""
 
-    def __init__(self, *, schema: Path | None = None, history: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        schema: Path | None = None,
+        history: int = 1000,
+        disabled_features: Iterable[str] = (),
+    ) -> None:
+        self.disabled_features = frozenset(disabled_features)
+        unknown = sorted(self.disabled_features - FEATURES)
+        if unknown:
+            raise ValueError(f"unknown feature gates {unknown}; known: {sorted(FEATURES)}")
         self.store = Store(history=history)
         self.validator = Validator(schema) if schema is not None else None
         self.delay = 0.0
@@ -218,6 +234,12 @@ class ApiServerEmulator:
             raise ApiFailure(400, "BadRequest", f"expected {api_version} {kind}")
         if resource == "resourceslices":
             obj = default_slice(obj)
+            if self.disabled_features:
+                old = None
+                if verb == "update":
+                    with contextlib.suppress(ApiFailure):  # the store answers the 404
+                        old = self.store.get(resource, namespace, name)
+                obj = drop_disabled_fields(obj, old, self.disabled_features)
         if self.validator is not None:
             try:
                 self.validator.check(resource, {**obj, "kind": kind, "apiVersion": api_version})
