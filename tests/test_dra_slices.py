@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
+from dp_core import DraFeaturesObserved
 from dp_core.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
 from dp_server.dra.api import KubeApi
 from dp_server.dra.slices import Backoff, SlicePublisher
 from dp_testing.apiserver import ApiServerEmulator
+from dp_testing.apiserver.rules import drop_disabled_fields
 
 SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
 DRIVER = "vfio.dp.example.com"
@@ -350,3 +352,109 @@ async def test_publish_keeps_to_one_driver_and_node(running: Running) -> None:
     publisher.publish(pool(plain=1))
     with pytest.raises(ValueError, match="one driver on one node"):
         publisher.publish(pool(plain=1, node="node-b"))
+
+
+# -- what the API server keeps: DraFeaturesObserved ------------------------------------------
+
+
+async def quiet(emulator: ApiServerEmulator, period: float = 0.8) -> None:
+    """Until a whole `period` passes without a write."""
+    async with asyncio.timeout(10):
+        while True:
+            before = emulator.writes
+            await asyncio.sleep(period)
+            if emulator.writes == before:
+                return
+
+
+@pytest.mark.parametrize(
+    ("disabled", "observed"),
+    [
+        ((), DraFeaturesObserved(partitionable=True, device_taints=True)),
+        (("DRAPartitionableDevices",), DraFeaturesObserved(False, True)),
+        (("DRADeviceTaints",), DraFeaturesObserved(True, False)),
+        (("DRAPartitionableDevices", "DRADeviceTaints"), DraFeaturesObserved(False, False)),
+    ],
+)
+async def test_what_a_write_shows_of_the_features_is_reported_once(
+    emulator: ApiServerEmulator,
+    disabled: tuple[str, ...],
+    observed: DraFeaturesObserved,
+) -> None:
+    emulator.disabled_features = frozenset(disabled)
+    heard: list[DraFeaturesObserved] = []
+    run = Running(emulator, on_features=heard.append)
+    try:
+        content = pool(plain=3, advanced=4)  # counters, and taints on two devices
+        publisher = run.start()
+        publisher.publish(content)
+        await until(lambda: matches_without(emulator, content, disabled))
+        await quiet(emulator)  # what the server drops is not written again and again
+        assert findings(heard) == observed
+        gauge = {
+            dict(s.labels)["feature"]: s.value
+            for f in publisher.families()
+            if f.name == "dp_dra_api_feature"
+            for s in f.samples
+        }
+        assert gauge == {
+            "DRAPartitionableDevices": 0 if "DRAPartitionableDevices" in disabled else 1,
+            "DRADeviceTaints": 0 if "DRADeviceTaints" in disabled else 1,
+        }
+        # The core's answer: the content without what the server drops, written at once.
+        safe = pool(plain=3)
+        publisher.publish(safe)
+        await until(lambda: matches(emulator, safe))
+        await quiet(emulator)
+        assert findings(heard) == observed
+    finally:
+        await run.close()
+
+
+def findings(heard: list[DraFeaturesObserved]) -> DraFeaturesObserved:
+    """What was reported, each feature at most once (the counter-set slice and
+    the device slices are separate writes, so they may tell apart)."""
+    partitionable = [h.partitionable for h in heard if h.partitionable is not None]
+    taints = [h.device_taints for h in heard if h.device_taints is not None]
+    assert len(partitionable) <= 1 and len(taints) <= 1, heard
+    return DraFeaturesObserved(next(iter(partitionable), None), next(iter(taints), None))
+
+
+def matches_without(
+    emulator: ApiServerEmulator, content: PoolContent, disabled: tuple[str, ...]
+) -> bool:
+    """`matches`, on the fields a server with `disabled` features keeps."""
+    slices = ours(emulator)
+    if not slices or len({s["spec"]["pool"]["generation"] for s in slices}) != 1:
+        return False
+    names = sorted(d["name"] for s in slices for d in s["spec"].get("devices") or ())
+    sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters") or ()]
+    consumes = [
+        d for s in slices for d in s["spec"].get("devices") or () if d.get("consumesCounters")
+    ]
+    taints = [d for s in slices for d in s["spec"].get("devices") or () if d.get("taints")]
+    counters_off = "DRAPartitionableDevices" in disabled
+    taints_off = "DRADeviceTaints" in disabled
+    return (
+        names == sorted(d.name for d in content.devices)
+        and bool(sets) != counters_off
+        and bool(consumes) != counters_off
+        and bool(taints) != taints_off
+    )
+
+
+def test_the_emulator_drops_a_disabled_feature_unless_the_old_slice_uses_it() -> None:
+    def spec(**device: object) -> dict[str, Any]:
+        return {"spec": {"devices": [{"name": "d", **device}], "sharedCounters": [{"name": "s"}]}}
+
+    off = frozenset({"DRAPartitionableDevices", "DRADeviceTaints"})
+    counters = {"consumesCounters": [{"counterSet": "s", "counters": {}}]}
+    taints = {"taints": [{"key": "k", "effect": "NoSchedule"}]}
+    created = drop_disabled_fields(spec(**counters, **taints), None, off)
+    assert created == {"spec": {"devices": [{"name": "d"}]}}
+    # pkg/registry/resource/resourceslice/strategy.go: fields in use stay on update.
+    kept = drop_disabled_fields(spec(**counters, **taints), spec(**counters, **taints), off)
+    assert kept == spec(**counters, **taints)
+    assert drop_disabled_fields(spec(**taints), None, frozenset()) == spec(**taints)
+    with pytest.raises(ValueError, match="DRAPartitionable"):
+        ApiServerEmulator(disabled_features={"DRAPartitionable"})
