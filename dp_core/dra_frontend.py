@@ -8,6 +8,12 @@ checkpoint (`ClaimsChanged`) and taken back at start (`ClaimsRecalled`), so
 a restarted dp holds the same groups and an Unprepare for a claim deleted
 from the API meanwhile still frees its group.
 
+Which DRA features the pool uses (`dra_pool`: shared counters, device taints)
+is the config's `dra.partitionableDevices`/`dra.deviceTaints` when true or
+false; with "auto", what the API server was seen to keep of a written slice
+(`DraFeaturesObserved`), and until then the rich pool, whose first write
+tells. A finding is logged once, and the pool changes with it.
+
 A claim the core cannot prepare (a device it does not offer, another node's
 pool, a group held elsewhere) is the peer's problem and gets `ClaimRefused`
 with a message naming what; nothing held is released. `UsageError` is kept
