@@ -68,7 +68,9 @@ def _slice_lines(api: ApiServerEmulator) -> list[str]:
             attributes: dict[str, Any] = device.get("attributes", {})
             bus = attributes.get("resource.kubernetes.io/pciBusID", {}).get("string", "")
             group = attributes.get("iommuGroup", {}).get("int", "")
-            lines.append(f"    {device['name']}  {bus}  IOMMU group {group}")
+            taints = ", ".join(f"{t['key']}:{t['effect']}" for t in device.get("taints") or ())
+            tainted = f"  tainted {taints}" if taints else ""
+            lines.append(f"    {device['name']}  {bus}  IOMMU group {group}{tainted}")
     return lines
 
 
