@@ -34,9 +34,7 @@ MARK = "=== dp-guest"
 # interrupt works through the interrupt-remapped IO-APIC can time out, and
 # with the IOMMU's interrupt remapping on it panics ("timer doesn't work
 # through Interrupt-remapped IO-APIC") instead of falling back.
-KERNEL_ARGUMENTS = (
-    "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=1 no_timer_check"
-)
+KERNEL_ARGUMENTS = "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=1 no_timer_check"
 _TOOLS = ("qemu-system-x86_64", "busybox", "cpio", "mke2fs", "depmod", "modprobe", "apt-get")
 _STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data"}
 
