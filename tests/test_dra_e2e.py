@@ -291,6 +291,49 @@ async def test_a_restarted_dp_recalls_its_claims_and_releases_one_deleted_from_t
     assert (await dra.prepare(nvme_b))[nvme_b.uid].error == ""
 
 
+def _claim_with_status(dra: Dra, name: str, status: Any) -> Claim:
+    """A claim in the API server whose status is `status`, as written by whoever wrote it."""
+    obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "v"}}]}},
+        "status": status,
+    }
+    created = dra.api.store.create("resourceclaims", "default", obj)
+    return Claim("default", created["metadata"]["uid"], name)
+
+
+async def test_a_claim_with_a_malformed_status_fails_alone_and_releases_nothing(
+    dra: Dra,
+) -> None:
+    """Each malformed claim gets its own error naming what is wrong; the good
+    claim in the same request is prepared, and a group held before stays held."""
+    await serving(dra)
+    held = dra.claim("nvme-a", ("disk", NVME_A))
+    assert (await dra.prepare(held))[held.uid].error == ""
+    no_device = _claim_with_status(
+        dra,
+        "no-device",
+        {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER}]}}},
+    )
+    not_a_list = _claim_with_status(
+        dra, "not-a-list", {"allocation": {"devices": {"results": "all of them"}}}
+    )
+    unallocated = _claim_with_status(dra, "unallocated", {})
+    good = dra.claim("vm-gpu", ("gpu", GPU_A))
+    results = await dra.prepare(no_device, not_a_list, unallocated, good)
+    # lightkube's models read the claim, and name the field that is wrong.
+    assert "missing required field `device`" in results[no_device.uid].error
+    assert "status.allocation.devices.results[0]" in results[no_device.uid].error
+    assert "default/not-a-list" in results[not_a_list.uid].error
+    assert "no status.allocation.devices.results" in results[unallocated.uid].error
+    assert results[good.uid].error == "" and results[good.uid].devices
+    # Nothing held was let go: the NVMe pair's group is still the first claim's.
+    nvme_b = dra.claim("nvme-b", ("disk", NVME_B))
+    assert "default/nvme-a" in (await dra.prepare(nvme_b))[nvme_b.uid].error
+
+
 async def test_a_claim_whose_cdi_directory_cannot_be_written_fails_and_holds_nothing(
     dra: Dra,
 ) -> None:
