@@ -164,12 +164,12 @@ class ApiThread:
     written only on that loop, through `call`. Store events are kept with the
     time they happened (`perf_counter`), for the bench to read at leisure."""
 
-    def __init__(self) -> None:
+    def __init__(self, schema: Path | None) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="api-emulator")
         self._thread.daemon = True
         self._thread.start()
-        self.api = ApiServerEmulator(schema=SCHEMA)
+        self.api = ApiServerEmulator(schema=schema)
         self.events: list[tuple[float, Event]] = []  # appended on the loop (one op, GIL-safe)
         self.run(self.api.start())
         self.call(lambda: self.api.add_node(NODE))
@@ -388,12 +388,17 @@ def measure_health(
     args: argparse.Namespace, api: ApiThread, pool: Pool, dev: Path, targets: list[tuple[str, int]]
 ) -> dict[str, Any]:
     down, up, how = [], [], []
+    # When the first slice write of the change landed, and how many it took.
+    first_down, first_up, writes_down, writes_up = [], [], [], []
+    wall: list[float] = []  # when each change was made, to read the server's log against
     for i in range(args.health_changes):
         device, group = targets[i % len(targets)]
         node = dev / "vfio" / str(group)
         time.sleep(args.settle)  # idle: the previous change is long published
         pool.until(api.events, lambda _: True, 0)  # catch up with what is there
         with collected_before():
+            wall.append(time.time())
+            mark = len(api.events)
             t0 = time.perf_counter()
             node.unlink()
             t1 = pool.until(api.events, lambda p, d=device: state_of(p.get(d)) != "healthy", 10)
@@ -402,21 +407,34 @@ def measure_health(
         current = pool.current()
         how.append(state_of(current.get(device) if current else None))
         down.append(ms(t1 - t0))
+        first_down.append(ms(api.events[mark][0] - t0))
+        writes_down.append(pool.seen - mark)
         time.sleep(args.settle)
         pool.until(api.events, lambda _: True, 0)
         with collected_before():
+            wall.append(time.time())
+            mark = len(api.events)
             t0 = time.perf_counter()
             node.touch()
             t1 = pool.until(api.events, lambda p, d=device: state_of(p.get(d)) == "healthy", 10)
         if t1 is None:
             raise BenchError(f"{device}: not back in the slices 10 s after {node} returned")
         up.append(ms(t1 - t0))
+        first_up.append(ms(api.events[mark][0] - t0))
+        writes_up.append(pool.seen - mark)
     return {
         "down_ms": down,
         "up_ms": up,
         "down": summary(down),
         "up": summary(up),
+        "first_write_down_ms": first_down,
+        "first_write_up_ms": first_up,
+        "first_write_down": summary(first_down),
+        "first_write_up": summary(first_up),
+        "writes_down": writes_down,
+        "writes_up": writes_up,
         "unhealthy_shown_as": sorted(set(how)),
+        "changes_at_unix_s": wall,
     }
 
 
@@ -430,7 +448,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     for d in (cdi, state, registry, plugins, work / "dp"):
         d.mkdir()
     log_path = work / "server.log"
-    api = ApiThread()
+    api = ApiThread(None if args.no_schema else SCHEMA)
     (work / "kubeconfig").write_text(kubeconfig(api.api.url))
     kubelet = DraKubeletEmulator(registry, poll_interval=0.02).start()
     server: subprocess.Popen[bytes] | None = None
@@ -509,6 +527,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 server.kill()
                 server.wait()
         log_file.close()
+        if args.server_log:
+            with contextlib.suppress(OSError):
+                shutil.copyfile(log_path, args.server_log)
         with contextlib.suppress(OSError):
             result["log_lines"] = len(log_path.read_bytes().splitlines())
         kubelet.stop()
@@ -538,6 +559,8 @@ def report(r: dict[str, Any]) -> str:
     row(f"NodeUnprepareResources, {r['batch_size']} claims (ms)", c["batch_unprepare"])
     row("vfio node removed -> device out of slices (ms)", h["down"])
     row("vfio node back -> device back in slices (ms)", h["up"])
+    row("  vfio node removed -> first slice write stored (ms)", h["first_write_down"])
+    row("  vfio node back -> first slice write stored (ms)", h["first_write_up"])
     lines += [
         "",
         f"Prepare p50, first / last tenth of the claims (ledger growing): "
@@ -546,6 +569,9 @@ def report(r: dict[str, Any]) -> str:
         f"{c['unprepare_server_cpu_us']:.0f} us",
         f"Claim GETs seen by the API emulator: {c['claim_gets']}; API writes during the "
         f"claim phase: {c['api_writes_during_claims']}",
+        f"Slice writes per health change (removed / back): median "
+        f"{statistics.median(h['writes_down']):g} / {statistics.median(h['writes_up']):g}; "
+        f"API emulator validating every write against the schema: {r['schema']}",
         f"Unhealthy device shown as: {', '.join(h['unhealthy_shown_as'])}; objects the "
         f"emulator refused: {len(r['rejected_by_schema'])}",
         f"Server: registered {r['spawn_to_registered_s']:.2f} s and pool of "
@@ -602,6 +628,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
+    parser.add_argument(
+        "--no-schema",
+        action="store_true",
+        help="the API emulator does not check writes against resource.k8s.io/v1's schema "
+        "(its Python validation is most of its time per slice write)",
+    )
     parser.add_argument("--cold", action="store_true", help="don't warm the page cache")
     parser.add_argument(
         "--share-cpus",
@@ -610,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_server_python(parser)
     parser.add_argument("--json", metavar="PATH", help="write raw results here")
+    parser.add_argument("--server-log", metavar="PATH", help="keep the server's log here")
     args = parser.parse_args(argv)
     if (
         not 1 <= args.functions <= 256
@@ -641,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result["batch_size"] = args.batch_size
+    result["schema"] = not args.no_schema
     result["claims_n"] = args.claims
     result["devices"] = args.ids * args.functions + 2 * args.multi_groups
     machine = {
