@@ -472,7 +472,13 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             warm_page_cache(host)
         t_spawn = time.monotonic()
         server = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env=server_env(host)
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=server_env(host),
+            # `-m` puts the working directory first on sys.path: run from the
+            # checkout, --server-python would import the checkout, not its own dp.
+            cwd=work,
         )
         if args.cpu_split is not None:
             pin(server.pid, args.cpu_split[1])
