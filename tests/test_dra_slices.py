@@ -133,6 +133,7 @@ async def test_a_pool_is_cut_into_owned_slices_within_the_limits(
     publisher = running.start()
     publisher.publish(content)
     await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)  # once the pass has read its last answer
 
     slices = ours(emulator)
     node_uid = emulator.store.get("nodes", "", NODE)["metadata"]["uid"]
@@ -307,7 +308,8 @@ async def test_an_api_server_down_at_start_gets_the_pool_when_it_returns() -> No
         await emulator.start()
         emulator.add_node(NODE)
         await until(lambda: matches(emulator, pool(plain=3)))
-        assert publisher.synced
+        # The pass that wrote them ends once the last answer is read.
+        await until(lambda: publisher.synced)
     finally:
         await run.close()
         await emulator.stop()
