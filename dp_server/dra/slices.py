@@ -35,6 +35,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from lightkube.resources.resource_v1 import ResourceSlice
 
@@ -244,7 +245,8 @@ class SlicePublisher:
             return
         generation = top + 1
         reuse = sorted(in_pool, key=_name)
-        for index, body in enumerate(bodies):
+
+        async def write(index: int, body: Any) -> tuple[ResourceSlice, ResourceSlice]:
             if index < len(reuse):
                 old = reuse[index]
                 assert old.metadata is not None
@@ -257,22 +259,34 @@ class SlicePublisher:
                     name=old.metadata.name,
                     resource_version=old.metadata.resourceVersion,
                 )
-                try:
-                    written = await self.api.replace_slice(obj)
-                except ApiError as error:
-                    if is_status(error, 409, 404):
-                        self.conflicts += 1
-                        raise _Stale from error
-                    raise
+                return obj, await self.api.replace_slice(obj)
+            obj = slice_object(wanted, body, generation=generation, count=len(bodies), owner=owner)
+            return obj, await self.api.create_slice(obj)
+
+        # The slices of a generation go out together: a health change reaches
+        # the scheduler once the last of them is written, and the scheduler
+        # ignores a generation until it is complete.
+        outcomes = await asyncio.gather(
+            *(write(index, body) for index, body in enumerate(bodies)), return_exceptions=True
+        )
+        stale = False
+        failure: BaseException | None = None
+        for outcome in outcomes:
+            if isinstance(outcome, ApiError) and is_status(outcome, 409, 404):
+                self.conflicts += 1
+                stale = True
+            elif isinstance(outcome, BaseException):
+                failure = failure or outcome
             else:
-                obj = slice_object(
-                    wanted, body, generation=generation, count=len(bodies), owner=owner
-                )
-                written = await self.api.create_slice(obj)
-            self._cache[_name(written)] = written
-            self._learn(obj, written)
-            if self._wanted is not wanted:
-                return  # what was learned changed the content: start again with it
+                obj, written = outcome
+                self._cache[_name(written)] = written
+                self._learn(obj, written)
+        if failure is not None:
+            raise failure
+        if stale:
+            raise _Stale
+        if self._wanted is not wanted:
+            return  # what was learned changed the content: start again with it
         for stale in reuse[len(bodies) :] + other_pools:
             await self.api.delete_slice(_name(stale))
             self._cache.pop(_name(stale), None)

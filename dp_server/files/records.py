@@ -64,6 +64,8 @@ def write_records(
     """Replace `path` with `records`, atomically; raises OSError."""
     document = {"version": version, key: converter.unstructure(records)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(document, indent=1).encode() + b"\n"
+    # Compact, so that json's C encoder writes it: the claims checkpoint is
+    # written at every Prepare and Unprepare, and its size grows with them.
+    data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
     write_atomically(path, data, mode=0o600)
     sync_directory(path.parent)
