@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -112,18 +113,26 @@ def test_the_store_logs_what_it_cannot_read_or_write_and_carries_on(
     assert nowhere.recall() == ()
 
 
-def test_a_write_that_fails_leaves_the_old_file_and_nothing_else(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "moves.json"
-    write_moves(path, (GPU,))
-
-    def no_space(fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", no_space)
-    with pytest.raises(OSError):
-        write_moves(path, (GPU, LOOSE))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["moves.json"]
-    monkeypatch.undo()
-    assert read_moves(path) == (GPU,)
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem needs root (CI runs as root)")
+def test_a_write_that_fails_leaves_the_old_file_and_nothing_else(tmp_path: Path) -> None:
+    """A full disk, for real: a 64 KiB tmpfs with the old file in it, filled up."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "dp-test", str(disk)], check=True)
+    try:
+        path = disk / "moves.json"
+        write_moves(path, (GPU,))
+        filler = disk / "filler"
+        with pytest.raises(OSError) as full, open(filler, "wb") as file:
+            while True:
+                file.write(b"\0" * 4096)
+                file.flush()
+        assert full.value.errno == errno.ENOSPC
+        many = tuple(Move(PciAddress(0, 1, n >> 3, n & 7), "nouveau", n) for n in range(256))
+        with pytest.raises(OSError) as raised:
+            write_moves(path, many)
+        assert raised.value.errno == errno.ENOSPC
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "moves.json"]
+        assert read_moves(path) == (GPU,)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
