@@ -115,10 +115,11 @@ from .inventory import (
 from .metrics import MetricFamily, Sample, collect
 from .moves import Move
 from .names import endpoint_name, min_endpoint_length
-from .node import Node, Timing
+from .node import Node
 from .pci import PciAddress, PciDevice, PciId, VfioDevEntry
 from .registration import Backoff, Phase, SocketMode
 from .tally import Tally
+from .timing import Timing
 
 __all__ = [
     "AllocatedDevice",

@@ -9,27 +9,22 @@ feeds it and executes what it returns.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from . import node_calls
 from .advertised import AdvertisedDevice
 from .allocation import (
     Allocation,
     AllocationBook,
     allocation_log,
     as_advertised,
-    container_allocation,
-    preferred_devices,
 )
 from .answers import (
-    AllocateAnswer,
     Answer,
-    ContainerAllocation,
     PluginOptions,
-    PreferredAnswer,
     PreStartAnswer,
 )
 from .bind_plan import BindDecision
@@ -92,43 +87,16 @@ from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .node_binding import Binder
 from .node_cdi import CdiKeeper
 from .pci import PciAddress, PciId
-from .registration import Backoff, Registrar, SocketMode
+from .registration import Registrar, SocketMode
 from .tally import Tally
+from .timing import Timing
 
-__all__ = ["Node", "Timing"]
+__all__ = ["Node"]
 
-_SHOWN_ID_LENGTH = 64
 _BINDS_WAIT = (
     "moves to vfio-pci wait until the kubelet's PodResources API has said which IOMMU "
     "groups pods hold"
 )
-
-
-@attrs.frozen
-class Timing:
-    """How long the node waits for things; all in seconds."""
-
-    dial_wait: float = 3.0
-    # After a reply without a dial from a kubelet that dials inside Register.
-    held_client_wait: float = 0.2
-    # After a Register timed out undialled: the shared socket waits this long
-    # for the kubelet's late dial, which is then refused.
-    late_dial_wait: float = 10.0
-    backoff: Backoff = Backoff()
-    release_grace: float = 30.0
-
-
-def _show(device_id: str) -> str:
-    if len(device_id) <= _SHOWN_ID_LENGTH:
-        return repr(device_id)
-    return f"{device_id[:_SHOWN_ID_LENGTH]!r}... ({len(device_id)} characters)"
-
-
-class _Rejection(Exception):
-    def __init__(self, status: StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Node:
@@ -484,7 +452,7 @@ class Node:
         ]
 
     def _resource_for(self, connection: int, rpc: str) -> tuple[str, list[Effect]]:
-        """The resource an RPC on `connection` serves, or a _Rejection."""
+        """The resource an RPC on `connection` serves, or a node_calls.Rejection."""
         registrar = self.registrar
         known = registrar.owner(connection) is not None
         resource = registrar.attribute(connection, self._now, rpc=rpc)
@@ -493,7 +461,7 @@ class Node:
             return resource, bind
         why = registrar.why_unattributed(connection, rpc)
         requeued = registrar.orphan_seen(self._now)
-        raise _Rejection(
+        raise node_calls.Rejection(
             StatusCode.UNAVAILABLE,
             f"connection {connection} is not attributed to any resource ({why}); re-registering "
             f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
@@ -505,13 +473,13 @@ class Node:
         try:
             resource, effects = self._resource_for(connection, rpc)
             answer = work(resource)
-        except _Rejection as rejection:
+        except node_calls.Rejection as rejection:
             reject = Reject(call, rejection.status, rejection.message)
             return [reject, self._rejected(rpc, connection, rejection)]
         effects.append(Reply(call, answer))
         return effects
 
-    def _rejected(self, rpc: str, connection: int, rejection: _Rejection) -> Log:
+    def _rejected(self, rpc: str, connection: int, rejection: node_calls.Rejection) -> Log:
         owner = self.registrar.owner(connection) or ""
         status, reason = rejection.status.name, rejection.message
         return Log.warning("rejected", rpc=rpc, resource=owner, status=status, reason=reason)
@@ -524,7 +492,7 @@ class Node:
     def _watch_started(self, event: WatchStarted) -> list[Effect]:
         try:
             resource, effects = self._resource_for(event.connection, "ListAndWatch")
-        except _Rejection as rejection:
+        except node_calls.Rejection as rejection:
             end = EndStream(event.stream, rejection.message)
             return [end, self._rejected("ListAndWatch", event.connection, rejection)]
         self._streams[event.stream] = (event.connection, resource)
@@ -538,32 +506,12 @@ class Node:
     # -- allocation -------------------------------------------------------------
 
     def _lookup(self, resource: str, device_ids: Sequence[str]) -> list[AdvertisedDevice]:
-        published = self._published_ids.get(resource, {})
-        found = []
-        for device_id in device_ids:
-            device = published.get(device_id)
-            if device is None:
-                raise _Rejection(
-                    StatusCode.INVALID_ARGUMENT,
-                    f"unknown device ID {_show(device_id)} for resource {resource}",
-                )
-            found.append(device)
-        if len(set(device_ids)) != len(device_ids):
-            duplicates = sorted(d for d, n in Counter(device_ids).items() if n > 1)
-            raise _Rejection(
-                StatusCode.INVALID_ARGUMENT,
-                f"device ID {_show(duplicates[0])} is requested twice for resource {resource}",
-            )
-        return found
+        return node_calls.lookup(self._published_ids.get(resource, {}), resource, device_ids)
 
     def _preferred_requested(self, event: PreferredAllocationRequested) -> list[Effect]:
         def work(resource: str) -> Answer:
-            answers = []
-            for container in event.containers:
-                available = self._lookup(resource, container.available)
-                must = self._lookup(resource, container.must_include)
-                answers.append(preferred_devices(available, must, container.size))
-            return PreferredAnswer(tuple(answers))
+            published = self._published_ids.get(resource, {})
+            return node_calls.preferred(published, resource, event.containers)
 
         return self._answer("GetPreferredAllocation", event.call, event.connection, work)
 
@@ -571,56 +519,21 @@ class Node:
         logs: list[Effect] = []
         touched: set[int] = set()
 
-        def work(resource_name: str) -> Answer:
-            resource = self._by_name.get(resource_name)
-            if resource is None:
-                raise _Rejection(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"resource {resource_name} has no devices on this node any more",
-                )
-            planned = []
-            groups_in_call: dict[int, str] = {}  # group -> a device of an earlier container
-            for container in event.containers:
-                devices = self._lookup(resource_name, container)
-                # Health before reservations: a reserved group is judged by conflict().
-                by_id = self._inventory_ids[resource_name]
-                inventory_devices = [by_id.get(d.id, d) for d in devices]
-                for device in inventory_devices:
-                    if not device.healthy:
-                        raise _Rejection(
-                            StatusCode.FAILED_PRECONDITION,
-                            f"device {device.id} of {resource_name} is Unhealthy: {device.reason}",
-                        )
-                conflict = self.allocations.conflict(resource_name, inventory_devices)
-                if conflict is not None:
-                    logs.append(RefreshAllocations(conflict))
-                    raise _Rejection(StatusCode.FAILED_PRECONDITION, conflict)
-                groups = {
-                    d.iommu_group: d.id for d in inventory_devices if d.iommu_group is not None
-                }
-                for group, device_id in groups.items():
-                    if group in groups_in_call:
-                        raise _Rejection(
-                            StatusCode.FAILED_PRECONDITION,
-                            f"IOMMU group {group} of device {device_id} is also requested by "
-                            f"another container ({groups_in_call[group]}) in this Allocate; "
-                            "VFIO cannot split a group between containers",
-                        )
-                groups_in_call.update(groups)
-                planned.append(inventory_devices)
-            answers: list[ContainerAllocation] = []
-            for devices in planned:
-                allocation = self.allocations.record(resource_name, devices, event.now)
-                touched.update(allocation.groups)
-                for replaced in self.allocations.last_replaced:
-                    touched.update(replaced.groups)
-                answer = container_allocation(resource, devices)
-                if self.cdi is not None:
-                    names = self.cdi.names(resource_name, devices)
-                    answer = attrs.evolve(answer, cdi_devices=names)
-                answers.append(answer)
-                logs.append(allocation_log("allocated", allocation))
-            return AllocateAnswer(tuple(answers))
+        def work(name: str) -> Answer:
+            allocated = node_calls.allocate(
+                self._by_name.get(name),
+                name,
+                event.containers,
+                published=self._published_ids.get(name, {}),
+                inventory=self._inventory_ids.get(name, {}),
+                allocations=self.allocations,
+                cdi=self.cdi,
+                now=event.now,
+                effects=logs,
+            )
+            logs.extend(allocated.effects)
+            touched.update(allocated.touched)
+            return allocated.answer
 
         effects = self._answer("Allocate", event.call, event.connection, work)
         effects.extend(logs)

@@ -1,0 +1,23 @@
+"""How long a node waits for the kubelet and for PodResources."""
+
+from __future__ import annotations
+
+import attrs
+
+from .registration import Backoff
+
+__all__ = ["Timing"]
+
+
+@attrs.frozen
+class Timing:
+    """How long the node waits for things; all in seconds."""
+
+    dial_wait: float = 3.0
+    # After a reply without a dial from a kubelet that dials inside Register.
+    held_client_wait: float = 0.2
+    # After a Register timed out undialled: the shared socket waits this long
+    # for the kubelet's late dial, which is then refused.
+    late_dial_wait: float = 10.0
+    backoff: Backoff = Backoff()
+    release_grace: float = 30.0
