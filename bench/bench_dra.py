@@ -70,6 +70,7 @@ from bench_serve import (  # noqa: E402
     cpu_split,
     describe_cpus,
     pin,
+    print_log_tail,
     proc_cpu_ns,
     proc_snapshot,
     resource_names,
@@ -519,10 +520,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             raise BenchError(f"the server exited with {server.returncode}")
         return result
     except BaseException:
-        log_file.flush()
-        with contextlib.suppress(OSError):
-            tail = log_path.read_bytes()[-4000:].decode(errors="replace")
-            print(f"--- server log tail ---\n{tail}", file=sys.stderr)
+        print_log_tail(log_file, log_path, "DRA run")
         raise
     finally:
         if server is not None and server.poll() is None:

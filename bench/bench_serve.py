@@ -199,6 +199,14 @@ def add_server_python(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def print_log_tail(log_file: Any, log_path: Path, label: str, size: int = 4000) -> None:
+    """The end of a server's log, on stderr: why a run failed."""
+    log_file.flush()
+    with contextlib.suppress(OSError):
+        tail = log_path.read_bytes()[-size:].decode(errors="replace")
+        print(f"--- server log tail ({label}) ---\n{tail}", file=sys.stderr)
+
+
 def serve_command(
     python: str,
     host: Path,
@@ -691,10 +699,7 @@ def run_once(
         server = None
         return result
     except BaseException:
-        log_file.flush()
-        with contextlib.suppress(OSError):
-            tail = log_path.read_bytes()[-3000:].decode(errors="replace")
-            print(f"--- server log tail ({mode} run {run}) ---\n{tail}", file=sys.stderr)
+        print_log_tail(log_file, log_path, f"{mode} run {run}")
         raise
     finally:
         if server is not None and server.poll() is None:
