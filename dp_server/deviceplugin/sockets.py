@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,28 +21,14 @@ import attrs
 
 from dp_server.deviceplugin import wire
 from dp_server.deviceplugin.connections import ConnectionEvents, ConnectionServer
+from dp_server.files.sockets import listened_on, socket_identity
 
 if TYPE_CHECKING:
     from dp_server.deviceplugin.service import DevicePluginService
 
-__all__ = ["PluginDirectoryLost", "PluginSockets", "socket_identity"]
+__all__ = ["PluginDirectoryLost", "PluginSockets"]
 
 _log = logging.getLogger("dp")
-
-
-def socket_identity(path: Path) -> tuple[int, int] | None:
-    """Inode and modification time of a socket file: a file created again differs.
-
-    The inode alone is not enough, since a deleted socket's inode is often
-    reused at once by the next one; a new socket file has a new mtime. Not the
-    change time: chmod, chown, a hard link or an SELinux relabel of the same
-    file change that, and must not read as the kubelet having replaced it.
-    """
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return (info.st_ino, info.st_mtime_ns) if stat.S_ISSOCK(info.st_mode) else None
 
 
 class PluginDirectoryLost(RuntimeError):
@@ -168,15 +153,10 @@ class PluginSockets:
     def remove_stale(self) -> None:
         """Drop `dp-*.sock` files that no process listens on any more."""
         for path in self.directory.glob("dp-*.sock"):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-            except OSError:
+            if not listened_on(path):
                 with contextlib.suppress(OSError):
                     path.unlink()
                     _log.info("stale-socket-removed", extra={"dp_fields": {"path": str(path)}})
-            finally:
-                probe.close()
 
     async def close(self, timeout: float) -> None:
         """Stop listening, wait up to `timeout` for each server, remove our files."""

@@ -14,7 +14,6 @@ import contextlib
 import errno
 import logging
 import os
-import socket
 import stat
 from collections.abc import Collection
 from pathlib import Path
@@ -23,42 +22,18 @@ from typing import Any
 from grpclib.encoding.base import CodecBase
 from grpclib.server import Server
 
-__all__ = ["MAX_UNIX_PATH", "SOCKET_MODE", "ForeignSocket", "ServedSocket", "socket_identity"]
+from dp_server.files.sockets import SOCKET_PATH_MAX, listened_on, socket_identity
+
+__all__ = ["SOCKET_MODE", "ForeignSocket", "ServedSocket"]
 
 _log = logging.getLogger("dp")
 
-#: Linux `sockaddr_un.sun_path` holds 108 bytes with the terminating NUL.
-MAX_UNIX_PATH = 107
 #: The kubelet (root) is the only peer; nobody else has a reason to connect.
 SOCKET_MODE = 0o600
 
 
 class ForeignSocket(OSError):
     """Our path holds something that is not a stale socket of ours."""
-
-
-def socket_identity(path: Path) -> tuple[int, int] | None:
-    """Inode and modification time of a socket file: a file created again differs.
-
-    The inode alone is not enough (a deleted socket's inode is often reused at
-    once); not the change time either, which a chmod or relabel changes.
-    """
-    try:
-        info = path.lstat()
-    except OSError:
-        return None
-    return (info.st_ino, info.st_mtime_ns) if stat.S_ISSOCK(info.st_mode) else None
-
-
-def _listened_on(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
 
 
 def _clear(path: Path) -> None:
@@ -69,7 +44,7 @@ def _clear(path: Path) -> None:
         return
     if not stat.S_ISSOCK(info.st_mode):
         raise ForeignSocket(errno.EEXIST, f"{path} exists and is not a socket; left as it is")
-    if _listened_on(path):
+    if listened_on(path):
         raise ForeignSocket(errno.EADDRINUSE, f"another process listens on {path}; left as it is")
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -82,10 +57,10 @@ class ServedSocket:
     def __init__(
         self, path: Path, handlers: Collection[Any], codec: CodecBase | None = None
     ) -> None:
-        if len(os.fsencode(path)) > MAX_UNIX_PATH:
+        if len(os.fsencode(path)) > SOCKET_PATH_MAX:
             raise ValueError(
                 f"socket path {path} is {len(os.fsencode(path))} bytes, "
-                f"over the {MAX_UNIX_PATH}-byte limit of a Unix socket path"
+                f"over the {SOCKET_PATH_MAX}-byte limit of a Unix socket path"
             )
         self.path = path
         self._handlers = handlers

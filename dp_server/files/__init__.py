@@ -1,11 +1,16 @@
-"""Files dp keeps: written whole or not at all, and read back strictly."""
+"""Files dp keeps: written whole or not at all, and read back strictly; and
+the Unix socket files it listens on."""
 
 from dp_server.files.atomic import sync_directory, write_atomically
 from dp_server.files.records import RecordsFileError, read_records, write_records
+from dp_server.files.sockets import SOCKET_PATH_MAX, listened_on, socket_identity
 
 __all__ = [
+    "SOCKET_PATH_MAX",
     "RecordsFileError",
+    "listened_on",
     "read_records",
+    "socket_identity",
     "sync_directory",
     "write_atomically",
     "write_records",

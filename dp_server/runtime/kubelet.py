@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_core import ConnectionClosed, ConnectionOpened, Input, KubeletStarted, KubeletStopped
-from dp_server.deviceplugin.sockets import socket_identity
+from dp_server.files.sockets import socket_identity
 from dp_server.runtime.memory import CollectionPolicy
 
 __all__ = ["KubeletFollower"]

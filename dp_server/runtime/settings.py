@@ -7,13 +7,13 @@ import os
 import attrs
 
 from dp_core import SocketMode, Timing, min_endpoint_length
+from dp_server.files.sockets import SOCKET_PATH_MAX
 
 __all__ = ["SOCKET_NAME_MAX", "SOCKET_PATH_MAX", "Settings", "SettingsError", "socket_name_room"]
 
-# A unix socket address holds at most 108 bytes with its terminating NUL; the
-# kubelet dials <its device-plugin dir>/<endpoint>, which must fit as well.
-SOCKET_PATH_MAX = 107
-# The kubelet's directory on the host may be longer than ours in the container
+# The kubelet dials <its device-plugin dir>/<endpoint>, which must fit in a
+# unix socket address (SOCKET_PATH_MAX) as well as ours does. Its directory on
+# the host may be longer than ours in the container
 # (MicroK8s: /var/snap/microk8s/common/var/lib/kubelet/device-plugins, 52
 # bytes): names are kept to 48 bytes, which leaves 58 for the kubelet's.
 SOCKET_NAME_MAX = 48
