@@ -39,6 +39,7 @@ __all__ = [
     "MIN_CDI_VERSION",
     "SPEC_PREFIX",
     "CdiDevice",
+    "CdiMount",
     "CdiSpec",
     "CdiSpecsChanged",
     "CdiSpecsWritten",
@@ -65,6 +66,15 @@ _DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 
 @attrs.frozen
+class CdiMount:
+    """A mount a device's edits add to the container (CDI `containerEdits.mounts`)."""
+
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ()
+
+
+@attrs.frozen
 class CdiDevice:
     """One device of a spec: its name and the edits a container asking for it gets.
 
@@ -76,6 +86,7 @@ class CdiDevice:
     name: str
     device_nodes: tuple[DeviceSpec, ...] = ()
     env: tuple[str, ...] = ()  # "NAME=value"
+    mounts: tuple[CdiMount, ...] = ()
 
 
 @attrs.frozen(cache_hash=True)

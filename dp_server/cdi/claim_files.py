@@ -25,8 +25,7 @@ import json
 import shutil
 from pathlib import Path
 
-from dp_core import CdiDevice, CdiSpec, PreparedClaim
-from dp_core.cdi import minimum_version
+from dp_core import CdiDevice, CdiMount, CdiSpec, PreparedClaim
 from dp_core.claims import ClaimRef
 from dp_core.dra_metadata import claim_cdi_kind, request_metadata
 from dp_server.cdi.directory import write_file
@@ -75,26 +74,13 @@ class ClaimFiles:
             _makedirs(host.parent)
             _write(host, stream.encode())
             kind, _, name = request.cdi_device_id.partition("=")
-            document = {
-                "cdiVersion": minimum_version(kind, (CdiDevice(name),)),
-                "kind": kind,
-                "devices": [
-                    {
-                        "name": name,
-                        "containerEdits": {
-                            "mounts": [
-                                {
-                                    "hostPath": str(host),
-                                    "containerPath": request.container_path,
-                                    "options": list(_MOUNT_OPTIONS),
-                                }
-                            ]
-                        },
-                    }
-                ],
-            }
-            data = (json.dumps(document, indent=2) + "\n").encode()
-            _write(self.metadata_spec_path(claim.uid, request.request), data)
+            mount = CdiMount(str(host), request.container_path, _MOUNT_OPTIONS)
+            spec = CdiSpec(
+                self.metadata_spec_path(claim.uid, request.request).stem,
+                kind,
+                (CdiDevice(name, mounts=(mount,)),),
+            )
+            _write(self.metadata_spec_path(claim.uid, request.request), render(spec))
 
     def remove(self, claim: ClaimRef) -> None:
         """Remove every file of `claim`, whatever is left of them; raises OSError."""

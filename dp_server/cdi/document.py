@@ -39,4 +39,13 @@ def _device(device: CdiDevice) -> dict[str, Any]:
                 node["permissions"] = spec.permissions
             nodes.append(node)
         edits["deviceNodes"] = nodes
+    if device.mounts:
+        edits["mounts"] = [
+            {
+                "hostPath": mount.host_path,
+                "containerPath": mount.container_path,
+                "options": list(mount.options),
+            }
+            for mount in device.mounts
+        ]
     return {"name": device.name, "containerEdits": edits}
