@@ -28,8 +28,8 @@ from pathlib import Path
 from dp_core import CdiDevice, CdiMount, CdiSpec, PreparedClaim
 from dp_core.claims import ClaimRef
 from dp_core.dra_metadata import claim_cdi_kind, request_metadata
-from dp_server.cdi.directory import write_file
 from dp_server.cdi.document import render
+from dp_server.files import write_atomically
 
 __all__ = ["METADATA_FILE", "ClaimFiles"]
 
@@ -108,6 +108,6 @@ def _makedirs(path: Path) -> None:
 
 def _write(target: Path, data: bytes) -> None:
     try:
-        write_file(target, data)
+        write_atomically(target, data)
     except OSError as error:
         raise OSError(error.errno, f"cannot write {target}: {error.strerror or error}") from None

@@ -22,7 +22,7 @@ from dp_core import SPEC_PREFIX, CdiSpec
 from dp_server.cdi.document import render
 from dp_server.files import sync_directory, write_atomically
 
-__all__ = ["SpecDirectory", "SyncResult", "write_file"]
+__all__ = ["SpecDirectory", "SyncResult"]
 
 _SUFFIX = ".json"
 _TEMPORARY = ".tmp"
@@ -68,7 +68,7 @@ class SpecDirectory:
                 if target.name in present and _content(target) == data:
                     in_place.append(spec)
                     continue
-                self._write(target, data)
+                write_atomically(target, data)
                 written = True
                 in_place.append(spec)
             except OSError as error:
@@ -96,18 +96,9 @@ class SpecDirectory:
         # Left behind by a write a crash cut short: `.<prefix>....json.XXXX.tmp`.
         return name.startswith("." + self.prefix) and name.endswith(_TEMPORARY)
 
-    def _write(self, target: Path, data: bytes) -> None:
-        write_file(target, data)
-
     @staticmethod
     def _problem(what: str, path: Path, error: OSError) -> str:
         return f"{what} {path}: {error.strerror or error}"
-
-
-def write_file(target: Path, data: bytes) -> None:
-    """Replace `target` with `data`, atomically (a hidden `.tmp` file, which
-    runtimes skip, renamed over it); raises OSError."""
-    write_atomically(target, data)
 
 
 def _content(path: Path) -> bytes | None:
