@@ -18,8 +18,9 @@ So every stream is sent the whole list (`device_health`):
 - and again `resend` seconds after it was last sent, so that a device whose
   health stays the same never reads Unknown. dp watches the host all along,
   so each message says its health was determined when it is sent, and asks
-  the kubelet to hold it for three times `resend`: two lost or late resends
-  are tolerated, a dp that stopped sending shows as Unknown.
+  the kubelet to hold it for three times `resend`, and one second more, as
+  the time goes on the wire in whole seconds, rounded down: two lost or late
+  resends are tolerated, a dp that stopped sending shows as Unknown.
 
 A device's health is what the DRA catalogue says of it (`build_inventory`'s
 rules: its whole IOMMU group viable for VFIO, its /dev/vfio node there),
@@ -47,7 +48,7 @@ from .pci import PciAddress
 
 __all__ = ["HOLD_FACTOR", "HealthWatch", "device_health"]
 
-#: The kubelet holds each message for this many resend intervals.
+#: The kubelet holds each message for this many resend intervals (and a second).
 HOLD_FACTOR = 3
 
 
@@ -115,7 +116,7 @@ class HealthWatch:
         if not resend > 0:
             raise UsageError(f"health resend interval must be positive, not {resend!r}")
         self.resend = resend
-        self.valid_for = math.ceil(HOLD_FACTOR * resend)
+        self.valid_for = math.ceil(HOLD_FACTOR * resend) + 1
         self.devices: tuple[DeviceHealth, ...] = ()
         self._due: dict[int, float] = {}  # stream -> when it is sent the list again
 

@@ -23,7 +23,7 @@ class Timing:
     release_grace: float = 30.0
     # How often an open DRA health stream is sent its list when nothing changed
     # (dra_health_watch): the kubelet reads a device not heard of for
-    # longer than its timeout (three times this) as Unknown.
+    # longer than its timeout (three times this, and a second) as Unknown.
     health_resend: float = attrs.field(default=10.0)
 
     @health_resend.validator
