@@ -231,8 +231,8 @@ class DraFrontend:
             ),
             ClaimsChanged(self.prepared()),
         ]
+        # Its devices are all offered (else it was refused): no device's health changed.
         effects.extend(self.refresh())
-        effects.extend(self._health(event.now))
         return effects, set(prepared.groups)
 
     def _claim_devices(self, event: ClaimPrepareRequested) -> tuple[ClaimDevice, ...]:
@@ -300,7 +300,9 @@ class DraFrontend:
             ClaimsChanged(self.prepared()),
         ]
         effects.extend(self.refresh())
-        effects.extend(self._health(event.now))
+        if any(device.name not in self._devices for device in prepared.devices):
+            # Held but no longer offered: reported for the claim's sake until now.
+            effects.extend(self._health(event.now))
         return effects, set(prepared.groups)
 
     def recalled(self, event: ClaimsRecalled, now: float) -> tuple[Effects, set[int]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dp_core import (
     AllocationsObserved,
@@ -28,6 +30,8 @@ from dp_core import (
 )
 from dp_core.claims import ClaimRef
 from dp_core.config import Dra
+from dp_core.dra_effects import ClaimRefused
+from dp_core.dra_health_watch import device_health
 from dp_core.dra_inputs import AllocatedDevice, ClaimPrepareRequested, ClaimUnprepareRequested
 from dp_core.effects import Effect, Log
 
@@ -297,3 +301,87 @@ def test_without_dra_no_health_is_worked_out() -> None:
     node.handle(HostObserved(host(), 0.0))
     assert node.dra.health.devices == ()
     assert effects_of(node.handle(HealthWatchStarted(1, 1.0)), PublishHealth)[0].devices == ()
+
+
+# -- properties ------------------------------------------------------------------------
+
+_GROUP_NODES = ("/dev/vfio/10", "/dev/vfio/20", "/dev/vfio/40")
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("host"),
+            st.sets(st.sampled_from(_GROUP_NODES)),
+            st.booleans(),
+            st.booleans(),
+        ),
+        st.tuples(st.just("open")),
+        st.tuples(st.just("close"), st.integers(0, 5)),
+        st.tuples(st.just("tick")),
+        st.tuples(st.just("wait"), st.floats(0.0, 25.0)),
+        st.tuples(st.just("prepare"), st.sampled_from([GPU_A, GPU_B, VGPU])),
+        st.tuples(st.just("unprepare")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps)
+def test_every_open_stream_holds_the_current_health_and_is_never_overdue(
+    plan: list[tuple[object, ...]],
+) -> None:
+    node = started()
+    now = 1.0
+    last: dict[int, PublishHealth] = {}  # open stream -> what it was last sent
+    next_stream = 100
+    prepared = False
+    for step in plan:
+        kind = step[0]
+        if kind == "host":
+            missing, gpu_b, vgpu = step[1], step[2], step[3]
+            event: object = HostObserved(host(missing=tuple(missing), gpu_b=gpu_b, vgpu=vgpu), now)  # type: ignore[arg-type]
+        elif kind == "open":
+            event = HealthWatchStarted(next_stream, now)
+            next_stream += 1
+        elif kind == "close" and last:
+            stream = sorted(last)[step[1] % len(last)]  # type: ignore[operator]
+            del last[stream]
+            event = HealthWatchEnded(stream)
+        elif kind == "tick":
+            due = node.next_deadline()
+            if due is None:
+                continue
+            now = max(now, due)
+            event = Tick(now)
+        elif kind == "wait":
+            due = node.next_deadline()
+            now = min(now + step[1], due) if due is not None else now + step[1]  # type: ignore[operator]
+            event = Tick(now)
+        elif kind == "prepare" and not prepared:
+            results = [AllocatedDevice("r", DRIVER, NODE, step[1])]  # type: ignore[arg-type]
+            event = ClaimPrepareRequested(1, CLAIM, results, now)
+        elif kind == "unprepare" and prepared:
+            event = ClaimUnprepareRequested(2, CLAIM, now)
+        else:
+            continue
+        effects = node.handle(event)  # type: ignore[arg-type]
+        if isinstance(event, ClaimPrepareRequested):
+            prepared = not any(isinstance(e, ClaimRefused) for e in effects)
+        elif isinstance(event, ClaimUnprepareRequested):
+            prepared = False
+        for publish in effects_of(effects, PublishHealth):
+            assert publish.stream in last or publish.stream == getattr(event, "stream", None)
+            assert publish.at == now
+            last[publish.stream] = publish
+        current = node.dra.health.devices
+        assert current == device_health(
+            node.dra.devices(), node.dra.prepared(), node.snapshot, NODE
+        )
+        for publish in last.values():
+            assert publish.devices == current  # every change reached every stream
+            assert publish.at + RESEND >= now  # no stream is overdue its list
+        assert set(node.dra.health.streams()) == set(last)
+        if last:  # the shell ticks at the node's deadline: it must be in time
+            due = node.next_deadline()
+            assert due is not None and due <= min(p.at for p in last.values()) + RESEND
