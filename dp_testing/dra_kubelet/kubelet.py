@@ -14,7 +14,8 @@ What the kubelet does with a DRA driver, and nothing else:
   and calls NotifyRegistrationStatus (5 s): true, or false with the error.
 * NodePrepareResources and NodeUnprepareResources go to the endpoint GetInfo
   named, on the chosen version's service, each with a 45 s deadline, on one
-  connection per plugin. Claims missing from a reply are asked for again.
+  connection per plugin, made and connected when it registers, before it
+  is told. Claims missing from a reply are asked for again.
 * On that connection each registered plugin is asked for its health stream,
   whether it advertised one or not, and asked again `health_retry` seconds
   (5 s) after every end (`_health`). What the plugin says of each device of
@@ -100,7 +101,7 @@ def _ignore(state: grpc.ChannelConnectivity) -> None:
 
 
 class _Connection:
-    """The kubelet's one connection per registered plugin (grpc.Dial, no block)."""
+    """The kubelet's one connection per registered plugin (grpc.NewClient, then Connect)."""
 
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin
