@@ -205,11 +205,6 @@ class DraRuntime:
             del self._health[stream]
             self._feed(HealthWatchEnded(stream))
 
-    @property
-    def health_streams(self) -> int:
-        """How many health streams the kubelet holds open."""
-        return len(self._health)
-
     # -- ClaimPreparer -----------------------------------------------------------------
 
     async def prepare(self, claim: ClaimRef) -> PrepareOutcome:

@@ -128,8 +128,10 @@ class HealthStream:
             self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
+        while True:
+            with self._lock:  # stop() cancels whatever call this makes
+                if self._stop.is_set():
+                    return
                 self._call = self._watch(health.NodeWatchResourcesRequest())
             self._on_event("health-opened", "")
             try:
