@@ -107,6 +107,7 @@ def start_dra(
     services: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
     health_expect: tuple[str, ...] = (),
     health_retry: float = 5.0,
+    health_opens: int = 0,
     timeout: float = 30.0,
 ) -> subprocess.Popen[str]:
     """Run gokubelet as the kubelet's DRA side (tests/gokubelet/dra.go) on `registry_dir`.
@@ -115,7 +116,8 @@ def start_dra(
     health stream (again `health_retry` s after each end), prepares `claims`
     (namespace, name, uid), follows the first claim's health until it has
     read each of `health_expect` in turn (each change a `health <uid> <state>`
-    line on stderr: `health_changes`), unprepares them, then for each restart
+    line on stderr: `health_changes`), waits until it has asked for the health
+    stream `health_opens` times, unprepares them, then for each restart
     forgets the plugin, registers it again and prepares the claims again; the
     report comes on stdout at the end (`report`).
     """
@@ -127,6 +129,7 @@ def start_dra(
             *("-dra-restarts", str(restarts), "-dra-services", ",".join(services)),
             *("-dra-health-expect", ",".join(health_expect)),
             *("-dra-health-retry", f"{health_retry}s"),
+            *("-dra-health-opens", str(health_opens)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

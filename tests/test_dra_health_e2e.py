@@ -10,7 +10,9 @@ group 59: removing /dev/vfio/59 is the device going unhealthy on the host.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +20,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from dp_core.claims import ClaimRef
+from dp_server.dra import DraEndpoints, PrepareFailed, PrepareOutcome
 from dp_server.monitoring.status import runtime_families
 from dp_testing.dra_kubelet import DraKubeletEmulator, ResourceHealth
 from tests.e2e_harness import FAST
@@ -166,3 +170,41 @@ async def test_a_grpc_go_kubelet_sees_a_held_device_go_unhealthy_and_come_back(
     assert result["unprepare"] == {gpu.uid: ""}
     for socket in ("registration", "dra"):
         assert result["unknown_methods"][socket].startswith("Unimplemented: "), result
+
+
+class _NoClaims:
+    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
+        return PrepareFailed("no claims in this test")
+
+    async def unprepare(self, claim: ClaimRef) -> str | None:
+        return None
+
+
+async def test_a_grpc_go_kubelet_asks_again_after_each_failed_health_stream(
+    gokubelet: Path,
+) -> None:
+    """A driver without the health service (DRA endpoints made without a
+    health watcher): the grpc-go kubelet reads each ask as UNIMPLEMENTED and
+    asks again the retry interval later, as the kubelet does every 5 s."""
+    root = Path(tempfile.mkdtemp(prefix="dp-gohealth-"))  # short: Unix socket paths
+    endpoints = DraEndpoints(DRIVER, root / "registry", root / "plugins", _NoClaims())
+    await endpoints.start()
+    kubelet: subprocess.Popen[str] | None = None
+    try:
+        kubelet = go_kubelet.start_dra(
+            gokubelet, root / "registry", [], health_retry=RETRY, health_opens=3
+        )
+        result = await asyncio.to_thread(go_kubelet.report, kubelet, 60)
+    finally:
+        if kubelet is not None and kubelet.poll() is None:
+            kubelet.kill()
+            kubelet.communicate()
+        await endpoints.close()
+        shutil.rmtree(root, ignore_errors=True)
+    assert result["exit_code"] == 0, result
+    assert result["health_opened"] >= 3
+    assert len(result["health_errors"]) >= 2
+    assert all("code = Unimplemented" in e for e in result["health_errors"]), result
+    opened = result["health_opened_ms"]
+    gaps = [later - earlier for earlier, later in zip(opened, opened[1:], strict=False)]
+    assert all(gap >= RETRY * 1000 for gap in gaps), gaps

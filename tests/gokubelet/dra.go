@@ -79,9 +79,10 @@ type draReport struct {
 	AfterRestart  []map[string]draPrepared `json:"after_restart"`
 	// Method no DRA plugin serves, by socket ("registration", "dra"): "Code: message".
 	UnknownMethods map[string]string `json:"unknown_methods"`
-	HealthOpened   int               `json:"health_opened"` // health streams asked for
-	HealthErrors   []string          `json:"health_errors"` // how each one ended
-	HealthSeen     []healthSeen      `json:"health_seen"`   // the first claim's, with -dra-health-expect
+	HealthOpened   int               `json:"health_opened"`    // health streams asked for
+	HealthOpenedMs []float64         `json:"health_opened_ms"` // when each was, since the start
+	HealthErrors   []string          `json:"health_errors"`    // how each one ended
+	HealthSeen     []healthSeen      `json:"health_seen"`      // the first claim's, with -dra-health-expect
 	Errors         []string          `json:"errors"`
 }
 
@@ -94,6 +95,7 @@ type draKubelet struct {
 	seen     map[string]os.FileInfo
 	health   map[string]healthCache // by driver
 	rep      *draReport
+	begun    time.Time
 	stop     chan struct{}
 	done     chan struct{}
 	streams  sync.WaitGroup // health streams
@@ -102,7 +104,7 @@ type draKubelet struct {
 type draClaim struct{ namespace, name, uid string }
 
 func runDRA(timeout time.Duration) int {
-	rep := &draReport{Prepare: map[string]draPrepared{}, Unprepare: map[string]string{}, AfterRestart: []map[string]draPrepared{}, Rejected: []string{}, Errors: []string{}, UnknownMethods: map[string]string{}, HealthErrors: []string{}, HealthSeen: []healthSeen{}}
+	rep := &draReport{Prepare: map[string]draPrepared{}, Unprepare: map[string]string{}, AfterRestart: []map[string]draPrepared{}, Rejected: []string{}, Errors: []string{}, UnknownMethods: map[string]string{}, HealthErrors: []string{}, HealthSeen: []healthSeen{}, HealthOpenedMs: []float64{}}
 	var claims []draClaim
 	for _, c := range strings.Split(*draClaims, ",") {
 		if c == "" {
@@ -115,7 +117,7 @@ func runDRA(timeout time.Duration) int {
 		}
 		claims = append(claims, draClaim{parts[0], parts[1], parts[2]})
 	}
-	k := &draKubelet{dir: *draRegistry, services: strings.Split(*draServices, ","), rep: rep}
+	k := &draKubelet{dir: *draRegistry, services: strings.Split(*draServices, ","), rep: rep, begun: time.Now()}
 	k.changed = sync.NewCond(&k.mu)
 	finish := func(err error) int {
 		k.halt()
@@ -144,6 +146,11 @@ func runDRA(timeout time.Duration) int {
 	if *draHealthExpect != "" && len(claims) > 0 {
 		first := claims[0].uid
 		if err := k.awaitHealth(plugin, first, rep.Prepare[first], strings.Split(*draHealthExpect, ","), timeout); err != nil {
+			return finish(err)
+		}
+	}
+	if *draHealthOpens > 0 {
+		if err := k.awaitOpens(*draHealthOpens, timeout); err != nil {
 			return finish(err)
 		}
 	}

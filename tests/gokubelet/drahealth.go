@@ -29,6 +29,7 @@ import (
 var (
 	draHealthRetry  = flag.Duration("dra-health-retry", 5*time.Second, "how long after a health stream ends the kubelet asks for it again")
 	draHealthExpect = flag.String("dra-health-expect", "", "after preparing, wait until the first claim's devices read each of these in turn (e.g. Healthy,Unhealthy,Healthy), printing `health <uid> <state>` on stderr at each change, then unprepare")
+	draHealthOpens  = flag.Int("dra-health-opens", 0, "before unpreparing, wait until this many health streams were asked for")
 )
 
 const (
@@ -110,6 +111,7 @@ func (k *draKubelet) watchHealth(ctx context.Context, p *draPlugin) {
 	for {
 		k.mu.Lock()
 		k.rep.HealthOpened++
+		k.rep.HealthOpenedMs = append(k.rep.HealthOpenedMs, float64(time.Since(k.begun).Microseconds())/1000)
 		k.mu.Unlock()
 		err := k.healthStream(ctx, p)
 		k.mu.Lock()
@@ -160,6 +162,23 @@ func (k *draKubelet) healthStream(ctx context.Context, p *draPlugin) error {
 		if err != nil {
 			return fmt.Errorf("malformed NodeWatchResourcesResponse: %v", err)
 		}
+	}
+}
+
+// awaitOpens waits until n health streams were asked for.
+func (k *draKubelet) awaitOpens(n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		k.mu.Lock()
+		opened := k.rep.HealthOpened
+		k.mu.Unlock()
+		if opened >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d health streams asked for in %v, not %d", opened, timeout, n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
