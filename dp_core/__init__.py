@@ -46,14 +46,24 @@ from .config import (
     Vfio,
     VfioInterface,
 )
-from .dra_effects import ClaimPrepared, ClaimRefused, ClaimsChanged, ClaimUnprepared, PoolChanged
+from .dra_effects import (
+    ClaimPrepared,
+    ClaimRefused,
+    ClaimsChanged,
+    ClaimUnprepared,
+    PoolChanged,
+    PublishHealth,
+)
 from .dra_frontend import DraFrontend
+from .dra_health import DeviceHealth, Health
 from .dra_inputs import (
     AllocatedDevice,
     ClaimPrepareRequested,
     ClaimsRecalled,
     ClaimUnprepareRequested,
     DraFeaturesObserved,
+    HealthWatchEnded,
+    HealthWatchStarted,
 )
 from .dra_prepared import ClaimDevice, PreparedClaim
 from .effects import (
@@ -132,9 +142,14 @@ __all__ = [
     "ClaimUnprepared",
     "ClaimsChanged",
     "ClaimsRecalled",
+    "DeviceHealth",
     "DraFeaturesObserved",
     "DraFrontend",
+    "Health",
+    "HealthWatchEnded",
+    "HealthWatchStarted",
     "PoolChanged",
+    "PublishHealth",
     "PreparedClaim",
     "DEFAULT_SHARED_DEVICES",
     "MIN_CDI_VERSION",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .claims import ClaimRef
+from .dra_health import DeviceHealth
 from .dra_prepared import PreparedClaim
 from .slices import PoolContent
 
@@ -15,6 +16,7 @@ __all__ = [
     "ClaimsChanged",
     "DraEffect",
     "PoolChanged",
+    "PublishHealth",
 ]
 
 
@@ -66,4 +68,18 @@ class PoolChanged:
     content: PoolContent
 
 
-DraEffect = ClaimPrepared | ClaimRefused | ClaimUnprepared | ClaimsChanged | PoolChanged
+@attrs.frozen
+class PublishHealth:
+    """Send `devices`, the health of every device of the driver, on health stream
+    `stream`, as determined at `at` (the core's clock), for the kubelet to hold
+    for `valid_for` seconds (`health_check_timeout_seconds`)."""
+
+    stream: int
+    devices: tuple[DeviceHealth, ...]
+    at: float
+    valid_for: int
+
+
+DraEffect = (
+    ClaimPrepared | ClaimRefused | ClaimUnprepared | ClaimsChanged | PoolChanged | PublishHealth
+)

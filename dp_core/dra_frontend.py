@@ -8,6 +8,10 @@ checkpoint (`ClaimsChanged`) and taken back at start (`ClaimsRecalled`), so
 a restarted dp holds the same groups and an Unprepare for a claim deleted
 from the API meanwhile still frees its group.
 
+It also keeps the kubelet's health streams (`dra_health_watch`): the health
+of every device is worked out again after each change of the catalogue or
+of the prepared claims, and sent to every stream when it changed.
+
 Which DRA features the pool uses (`dra_pool`: shared counters, device taints)
 is the config's `dra.partitionableDevices`/`dra.deviceTaints` when true or
 false; with "auto", what the API server was seen to keep of a written slice
@@ -34,6 +38,7 @@ from .dra_effects import (
     DraEffect,
     PoolChanged,
 )
+from .dra_health_watch import HealthWatch, device_health
 from .dra_inputs import (
     ClaimPrepareRequested,
     ClaimsRecalled,
@@ -71,6 +76,7 @@ class DraFrontend:
         *,
         partitionable: bool = True,
         device_taints: bool = True,
+        health_resend: float = 10.0,
     ) -> None:
         self._book = book
         self.node_name = node_name
@@ -85,6 +91,8 @@ class DraFrontend:
         self._prepared: dict[str, PreparedClaim] = {}
         self._published: PoolContent | None = None
         self._problems: set[str] = set()
+        self._snapshot = HostSnapshot()
+        self.health = HealthWatch(health_resend)
 
     # -- what it offers --------------------------------------------------------
 
@@ -118,9 +126,12 @@ class DraFrontend:
         inventory: Inventory,
         snapshot: HostSnapshot,
         settings: Dra | None = None,
+        *,
+        now: float,
     ) -> Effects:
         """Take the DRA front end's inventory again (after a scan or a config)."""
         effects: Effects = []
+        self._snapshot = snapshot
         if settings is not None:
             self._settings = {
                 _PARTITIONABLE: settings.partitionable_devices,
@@ -142,7 +153,17 @@ class DraFrontend:
         )
         self._problems = set(problems)
         effects.extend(self.refresh())
+        effects.extend(self._health(now))
         return effects
+
+    def _health(self, now: float) -> Effects:
+        """Work the devices' health out again; what the health streams are sent if it changed."""
+        if self.driver is None:
+            return []
+        health = device_health(
+            self._devices.values(), self._prepared.values(), self._snapshot, self.node_name
+        )
+        return list(self.health.observe(health, now))
 
     def refresh(self) -> Effects:
         """`PoolChanged` if the pool's content differs from what was last reported."""
@@ -210,6 +231,7 @@ class DraFrontend:
             ),
             ClaimsChanged(self.prepared()),
         ]
+        # Its devices are all offered (else it was refused): no device's health changed.
         effects.extend(self.refresh())
         return effects, set(prepared.groups)
 
@@ -278,6 +300,9 @@ class DraFrontend:
             ClaimsChanged(self.prepared()),
         ]
         effects.extend(self.refresh())
+        if any(device.name not in self._devices for device in prepared.devices):
+            # Held but no longer offered: reported for the claim's sake until now.
+            effects.extend(self._health(event.now))
         return effects, set(prepared.groups)
 
     def recalled(self, event: ClaimsRecalled, now: float) -> tuple[Effects, set[int]]:
@@ -305,6 +330,7 @@ class DraFrontend:
         if event.prepared:
             effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
         effects.extend(self.refresh())
+        effects.extend(self._health(now))
         return effects, touched
 
 

@@ -21,6 +21,8 @@ __all__ = [
     "ClaimsRecalled",
     "DraFeaturesObserved",
     "DraInput",
+    "HealthWatchEnded",
+    "HealthWatchStarted",
 ]
 
 
@@ -101,4 +103,26 @@ class DraFeaturesObserved:
     device_taints: bool | None = None
 
 
-DraInput = ClaimPrepareRequested | ClaimUnprepareRequested | ClaimsRecalled | DraFeaturesObserved
+@attrs.frozen
+class HealthWatchStarted:
+    """The kubelet opened the DRA health stream (`NodeWatchResources`) `stream`."""
+
+    stream: int
+    now: float
+
+
+@attrs.frozen
+class HealthWatchEnded:
+    """Health stream `stream` is gone (the kubelet cancelled it, or its connection closed)."""
+
+    stream: int
+
+
+DraInput = (
+    ClaimPrepareRequested
+    | ClaimUnprepareRequested
+    | ClaimsRecalled
+    | DraFeaturesObserved
+    | HealthWatchStarted
+    | HealthWatchEnded
+)

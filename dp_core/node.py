@@ -37,6 +37,8 @@ from .dra_inputs import (
     ClaimsRecalled,
     ClaimUnprepareRequested,
     DraFeaturesObserved,
+    HealthWatchEnded,
+    HealthWatchStarted,
 )
 from .dra_pool import dra_config
 from .effects import (
@@ -150,6 +152,7 @@ class Node:
             node_name or "",
             partitionable=dra_partitionable,
             device_taints=dra_device_taints,
+            health_resend=self.timing.health_resend,
         )
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
@@ -185,6 +188,8 @@ class Node:
             ClaimUnprepareRequested: self._claim_unprepare,
             ClaimsRecalled: self._claims_recalled,
             DraFeaturesObserved: self._dra_features_observed,
+            HealthWatchStarted: self._health_watch_started,
+            HealthWatchEnded: self._health_watch_ended,
             Tick: self._tick,
         }
 
@@ -209,7 +214,8 @@ class Node:
 
     def next_deadline(self) -> float | None:
         """When the shell should send a Tick if nothing else happens first."""
-        return self.registrar.next_deadline()
+        deadlines = [self.registrar.next_deadline(), self.dra.health.next_deadline()]
+        return min((d for d in deadlines if d is not None), default=None)
 
     def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
         """The device list (health included) last published for `resource`."""
@@ -290,7 +296,7 @@ class Node:
     def _rebuild_dra(self) -> list[Effect]:
         view = dra_config(self.config)
         if view is None:
-            return self.dra.rebuild(None, Inventory(), self.snapshot)
+            return self.dra.rebuild(None, Inventory(), self.snapshot, now=self._now)
         if not self.dra.node_name:
             raise UsageError("the config turns DRA on, but the Node was made without node_name")
         inventory = build_inventory(
@@ -302,7 +308,8 @@ class Node:
             self.bind_book.moving_groups,
         )
         dra = self.config.dra
-        return self.dra.rebuild(dra.driver_name if dra else None, inventory, self.snapshot, dra)
+        driver = dra.driver_name if dra else None
+        return self.dra.rebuild(driver, inventory, self.snapshot, dra, now=self._now)
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Allocation]
@@ -606,8 +613,14 @@ class Node:
     def _dra_features_observed(self, event: DraFeaturesObserved) -> list[Effect]:
         return self.dra.features_observed(event)
 
+    def _health_watch_started(self, event: HealthWatchStarted) -> list[Effect]:
+        return list(self.dra.health.started(event))
+
+    def _health_watch_ended(self, event: HealthWatchEnded) -> list[Effect]:
+        return list(self.dra.health.ended(event))
+
     def _tick(self, event: Tick) -> list[Effect]:
-        return []
+        return list(self.dra.health.tick(event.now))
 
     def describe(self) -> Inventory:
         """The inventory with reservations applied, as last published."""

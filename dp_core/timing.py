@@ -21,3 +21,12 @@ class Timing:
     late_dial_wait: float = 10.0
     backoff: Backoff = Backoff()
     release_grace: float = 30.0
+    # How often an open DRA health stream is sent its list when nothing changed
+    # (dra_health_watch): the kubelet reads a device not heard of for
+    # longer than its timeout (three times this, and a second) as Unknown.
+    health_resend: float = attrs.field(default=10.0)
+
+    @health_resend.validator
+    def _positive(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"health_resend must be positive seconds, not {value!r}")

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,16 @@ SOURCE = Path(__file__).parent / "gokubelet" / "main.go"
 GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their source
 PACKAGES = "golang-go golang-google-grpc-dev"
 
-__all__ = ["PACKAGES", "awaiting_change", "build", "missing", "report", "start", "start_dra"]
+__all__ = [
+    "PACKAGES",
+    "awaiting_change",
+    "build",
+    "health_changes",
+    "missing",
+    "report",
+    "start",
+    "start_dra",
+]
 
 
 def missing() -> str | None:
@@ -95,14 +105,21 @@ def start_dra(
     *,
     restarts: int = 0,
     services: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+    health_expect: tuple[str, ...] = (),
+    health_retry: float = 5.0,
+    health_opens: int = 0,
     timeout: float = 30.0,
 ) -> subprocess.Popen[str]:
     """Run gokubelet as the kubelet's DRA side (tests/gokubelet/dra.go) on `registry_dir`.
 
-    It registers the first DRA plugin whose socket appears there, prepares and
-    unprepares `claims` (namespace, name, uid), then for each restart forgets
-    the plugin, registers it again and prepares the claims again; the report
-    comes on stdout at the end (`report`).
+    It registers the first DRA plugin whose socket appears there, opening its
+    health stream (again `health_retry` s after each end), prepares `claims`
+    (namespace, name, uid), follows the first claim's health until it has
+    read each of `health_expect` in turn (each change a `health <uid> <state>`
+    line on stderr: `health_changes`), waits until it has asked for the health
+    stream `health_opens` times, unprepares them, then for each restart
+    forgets the plugin, registers it again and prepares the claims again; the
+    report comes on stdout at the end (`report`).
     """
     return subprocess.Popen(
         [
@@ -110,6 +127,9 @@ def start_dra(
             *("-dra-registry", str(registry_dir), "-timeout", f"{timeout}s"),
             *("-dra-claims", ",".join("/".join(claim) for claim in claims)),
             *("-dra-restarts", str(restarts), "-dra-services", ",".join(services)),
+            *("-dra-health-expect", ",".join(health_expect)),
+            *("-dra-health-retry", f"{health_retry}s"),
+            *("-dra-health-opens", str(health_opens)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -124,6 +144,15 @@ def awaiting_change(kubelet: subprocess.Popen[str]) -> bool:
         if line.strip() == "awaiting-change":
             return True
     return False
+
+
+def health_changes(kubelet: subprocess.Popen[str]) -> Iterator[tuple[str, str]]:
+    """Each change of the followed claim's health, (uid, state), as gokubelet sees it."""
+    assert kubelet.stderr is not None
+    for line in kubelet.stderr:
+        words = line.split()
+        if len(words) == 3 and words[0] == "health":
+            yield words[1], words[2]
 
 
 def report(kubelet: subprocess.Popen[str], timeout: float) -> dict[str, Any]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import struct
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,9 +25,11 @@ from dp_core import (
     Reply,
     StatusCode,
 )
+from dp_core.claims import ClaimRef
 from dp_server.deviceplugin import wire
 from dp_server.deviceplugin.connections import ConnectionServer, NoConnection, current_connection
 from dp_server.deviceplugin.service import SERVICE_PREFIX, DevicePluginService
+from dp_server.dra import DraEndpoints, PrepareFailed, PrepareOutcome
 from dp_server.proto import v1beta1 as pb
 
 
@@ -83,12 +87,13 @@ class Client:
         self.writer.write(frame)
 
     async def unary(self, method: str, message: bytes | None) -> dict[str, str]:
-        """Call `method`; the response's headers and trailers, and its body as `body`."""
+        """Call `method` (a device-plugin method, or a whole path); the response's
+        headers and trailers, and its body as `body`."""
         stream = self.h2.get_next_available_stream_id()
         headers = [
             (":method", "POST"),
             (":scheme", "http"),
-            (":path", SERVICE_PREFIX + method),
+            (":path", method if method.startswith("/") else SERVICE_PREFIX + method),
             (":authority", "localhost"),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
@@ -105,6 +110,10 @@ class Client:
             for event in self.h2.receive_data(data):
                 if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
                     answer.update((_text(k), _text(v)) for k, v in event.headers)
+                    answer.setdefault("header blocks", "")
+                    answer["header blocks"] += (
+                        "H" if isinstance(event, h2.events.ResponseReceived) else "T"
+                    )
                 elif isinstance(event, h2.events.DataReceived):
                     body += event.data
                     self.h2.acknowledge_received_data(event.flow_controlled_length, stream)
@@ -228,3 +237,63 @@ async def test_a_malformed_call_is_invalid_argument_and_the_connection_lives(
 def test_outside_a_call_there_is_no_connection() -> None:
     with pytest.raises(NoConnection):
         current_connection()
+
+
+class Preparer:
+    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
+        return PrepareFailed("not in this test")
+
+    async def unprepare(self, claim: ClaimRef) -> str | None:
+        return None
+
+
+def _well_formed_unimplemented(answer: dict[str, str], path: str) -> None:
+    """gRPC's PROTOCOL-HTTP2.md: Trailers-Only is `:status` 200, a content-type
+    of application/grpc[+...] and the status, in one header block ending the stream."""
+    assert answer["header blocks"] == "H", answer  # trailers-only: one block
+    assert answer[":status"] == "200"
+    assert answer.get("content-type", "").startswith("application/grpc"), answer
+    assert answer["grpc-status"] == "12", answer  # UNIMPLEMENTED
+    assert path in answer["grpc-message"]
+
+
+@pytest.mark.parametrize("path", ["/no.such.Service/Method", "/v1beta1.DevicePlugin/Unheard"])
+async def test_a_method_not_served_on_a_plugin_socket_is_a_well_formed_unimplemented(
+    served: tuple[Path, Node, Events], path: str
+) -> None:
+    socket_path, node, _ = served
+    client = await Client.connect(socket_path)
+    try:
+        answer = await client.unary(path, b"")
+        again = await client.unary("GetDevicePluginOptions", b"")
+    finally:
+        await client.close()
+    _well_formed_unimplemented(answer, path)
+    assert again["grpc-status"] == "0"
+    assert [kind for _, kind in node.calls] == [OptionsRequested]  # the unknown call reached no one
+
+
+@pytest.mark.parametrize("socket", ["dra", "registration"])
+async def test_a_method_not_served_on_a_dra_socket_is_a_well_formed_unimplemented(
+    socket: str,
+) -> None:
+    root = Path(tempfile.mkdtemp(prefix="dp-unimpl-"))  # short: Unix socket paths
+    endpoints = DraEndpoints("x.example.com", root / "reg", root / "plugins", Preparer())
+    await endpoints.start()
+    path = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeNoSuchThing"
+    try:
+        client = await Client.connect(
+            endpoints.dra_socket_path if socket == "dra" else endpoints.registration_socket_path
+        )
+        try:
+            answer = await client.unary(path, b"")
+            again = await client.unary("/pluginregistration.Registration/GetInfo", b"")
+        finally:
+            await client.close()
+    finally:
+        await endpoints.close()
+        shutil.rmtree(root, ignore_errors=True)
+    _well_formed_unimplemented(answer, path)
+    # The connection lives: the next call is answered (served, or well-formed UNIMPLEMENTED).
+    assert again["grpc-status"] == ("0" if socket == "registration" else "12")
+    assert again.get("content-type", "").startswith("application/grpc")

@@ -373,3 +373,27 @@ def test_a_driver_name_that_cannot_name_a_file_is_refused(root: Path) -> None:
         with pytest.raises(ValueError, match="cannot name a socket file"):
             DraEndpoints(bad, root / "r", root / "p", FakePreparer())
     assert os.listdir(root) == []
+
+
+async def test_the_kubelet_asks_for_the_health_stream_at_registration_and_again_after_each_end(
+    served: tuple[DraEndpoints, FakePreparer], root: Path
+) -> None:
+    """As the 1.36 kubelet: every registered plugin is asked for its health
+    stream, advertised or not, and asked again `health_retry` after it ends.
+    These endpoints serve none: each ask is a well-formed UNIMPLEMENTED."""
+    retry = 0.2
+    emulator = DraKubeletEmulator(root / "registry", health_retry=retry).start()
+    try:
+        await asyncio.to_thread(emulator.wait_for, "registered", DRIVER)
+        opened = await asyncio.to_thread(emulator.wait_for, "health-opened", DRIVER, count=3)
+        ended = emulator.events("health-ended")
+        # Claims go through on the same connection all along.
+        result = await asyncio.to_thread(emulator.prepare, DRIVER, [Claim("ns", "u1", "vm")])
+    finally:
+        await asyncio.to_thread(emulator.stop)
+    assert len(ended) >= 2
+    assert all(e.detail.startswith("UNIMPLEMENTED: Method not found") for e in ended), ended
+    starts = [e.time for e in opened]
+    gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
+    assert all(gap >= retry for gap in gaps), gaps
+    assert result["u1"].error == ""

@@ -210,6 +210,10 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
     assert unknown["code"] == "InvalidArgument"
     assert "unknown device ID 'no-such-device-" in unknown["message"]
     assert unknown["resource"] in unknown["message"]
+    # A method dp does not serve is UNIMPLEMENTED as grpc-go reads it: not
+    # INTERNAL "malformed header: missing HTTP content-type".
+    assert report["unknown_method"]["code"] == "Unimplemented", report["unknown_method"]
+    assert "/v1beta1.DevicePlugin/NoSuchMethod" in report["unknown_method"]["message"]
     assert len(report["restart_s"]) == RESTARTS
 
     assert server.poll() is None, server.communicate()[1]

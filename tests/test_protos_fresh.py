@@ -76,3 +76,32 @@ def test_server_dra_modules_do_not_shadow_the_device_plugin_ones() -> None:
     assert "/pluginregistration.Registration/GetInfo" in (
         pluginregistration.RegistrationBase().__mapping__()
     )
+
+
+def test_the_dra_health_stream_keeps_the_kubelets_package_and_fields() -> None:
+    """The kubelet 1.36 calls /v1alpha1.DRAResourceHealth/NodeWatchResources."""
+    from dp_server.proto import v1alpha1
+    from dp_testing.emulator.pb.drahealth.v1alpha1 import api_pb2 as health
+
+    service = health.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == "v1alpha1.DRAResourceHealth"
+    assert not service.methods_by_name["NodeWatchResources"].client_streaming
+    assert service.methods_by_name["NodeWatchResources"].server_streaming
+    device = health.DESCRIPTOR.message_types_by_name["DeviceHealth"]
+    assert [(f.name, f.number) for f in device.fields] == [
+        ("device", 1),
+        ("health", 2),
+        ("last_updated_time", 3),
+        ("health_check_timeout_seconds", 4),
+        ("message", 5),
+    ]
+    assert [
+        (v.name, v.number) for v in health.DESCRIPTOR.enum_types_by_name["HealthStatus"].values
+    ] == [
+        ("UNKNOWN", 0),
+        ("HEALTHY", 1),
+        ("UNHEALTHY", 2),
+    ]
+    assert "/v1alpha1.DRAResourceHealth/NodeWatchResources" in (
+        v1alpha1.DraResourceHealthBase().__mapping__()
+    )

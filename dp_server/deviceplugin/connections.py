@@ -13,10 +13,15 @@ grpclib makes for each accepted connection:
   a task copies the context it is created in, so the handler reads the same
   id however much later it runs.
 
+`ConnectionServer` is a `dp_server.rpc.GrpcServer`, so that a method no
+handler serves is a well-formed UNIMPLEMENTED here as on every dp socket.
+
 Non-public names touched, and why:
 
 - `grpclib.server.Server._protocol_factory`: the only place grpclib makes a
-  connection's protocol. The override calls it and wraps what it returns.
+  connection's protocol, and the one hook dp has on grpclib's server.
+  `GrpcServer`'s override sets the table the connection looks calls up in
+  (its module says why); this one calls that and wraps what it returns.
 
 Public attributes read that grpclib does not document:
 
@@ -36,7 +41,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import h2.events
-from grpclib.server import Server
+
+from dp_server.rpc import GrpcServer
 
 __all__ = ["ConnectionEvents", "ConnectionServer", "NoConnection", "current_connection"]
 
@@ -63,7 +69,7 @@ class ConnectionEvents(Protocol):
         """Connection `connection` is gone."""
 
 
-class ConnectionServer(Server):
+class ConnectionServer(GrpcServer):
     """A grpclib `Server` that reports its connections to `events`.
 
     `listener` names the socket's resource in per-resource mode (None for
@@ -77,7 +83,7 @@ class ConnectionServer(Server):
         listener: str | None,
         **options: Any,
     ) -> None:
-        super().__init__(handlers, **options)
+        super().__init__(handlers, name=listener or "device-plugin", **options)
         self._events = events
         self._listener = listener
         self._open = 0

@@ -2,47 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
-import grpclib.const
-from grpclib.exceptions import GRPCError
-
 from dp_core import AdvertisedDevice
 from dp_server.deviceplugin import wire
+from dp_server.rpc import StreamSlot
 
-__all__ = ["StreamSlot", "Streams"]
-
-
-class StreamSlot:
-    """Latest device list for one ListAndWatch stream.
-
-    Each list replaces the one before, so a slow reader only ever gets the
-    newest; nothing queues up behind a stalled kubelet.
-    """
-
-    def __init__(self) -> None:
-        self.latest: bytes | None = None
-        self.ended: str | None = None
-        self.ready = asyncio.Event()
-
-    def publish(self, message: bytes) -> None:
-        self.latest = message
-        self.ready.set()
-
-    def end(self, reason: str) -> None:
-        self.ended = reason
-        self.ready.set()
-
-    async def updates(self) -> AsyncIterator[bytes]:
-        while True:
-            await self.ready.wait()
-            self.ready.clear()
-            if self.ended is not None:
-                raise GRPCError(grpclib.const.Status.UNAVAILABLE, self.ended)
-            message, self.latest = self.latest, None
-            if message is not None:
-                yield message
+__all__ = ["Streams"]
 
 
 class Streams:
@@ -53,14 +17,15 @@ class Streams:
     """
 
     def __init__(self) -> None:
-        self._slots: dict[int, StreamSlot] = {}
+        self._slots: dict[int, StreamSlot[bytes]] = {}
         self._encoded: dict[str, tuple[object, bytes]] = {}
 
     def __len__(self) -> int:
         return len(self._slots)
 
-    def open(self, stream: int) -> StreamSlot:
-        slot = self._slots[stream] = StreamSlot()
+    def open(self, stream: int) -> StreamSlot[bytes]:
+        slot: StreamSlot[bytes] = StreamSlot()
+        self._slots[stream] = slot
         return slot
 
     def close(self, stream: int) -> None:

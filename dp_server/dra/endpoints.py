@@ -3,7 +3,8 @@
 - `<plugins-registry-dir>/<driver>-reg.sock`: `pluginregistration.Registration`,
   which the kubelet's plugin watcher finds and calls;
 - `<plugins-dir>/<driver>/dra.sock`: `DRAPlugin` v1 and v1beta1, the endpoint
-  GetInfo names.
+  GetInfo names, and, given a health watcher, the kubelet's health stream
+  (`v1alpha1.DRAResourceHealth`, advertised after them as the Go helper does).
 
 The DRA socket is listened on first, so it is there by the time the kubelet,
 woken by the registration socket's creation, calls it.
@@ -17,6 +18,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from dp_server.dra.health import HEALTH_SERVICE, DraHealthService, HealthWatcher
 from dp_server.dra.preparer import ClaimPreparer
 from dp_server.dra.registration import RegistrationService, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS, DraPluginService
@@ -36,7 +38,8 @@ def registration_socket_name(driver: str) -> str:
 
 
 class DraEndpoints:
-    """Registration and DRA service sockets for `driver`, answering claims through `preparer`.
+    """Registration and DRA service sockets for `driver`, answering claims through
+    `preparer` and, with `health`, the kubelet's health stream from it.
 
     `restore()` listens again on a socket whose file was deleted; the runtime
     calls it when it checks its sockets, or, with `check_interval`, this
@@ -52,6 +55,7 @@ class DraEndpoints:
         *,
         check_interval: float | None = None,
         on_status: Callable[[RegistrationStatus], None] | None = None,
+        health: HealthWatcher | None = None,
     ) -> None:
         if not driver or "/" in driver or driver.startswith(".") or driver in ("..",):
             # The kubelet's watcher ignores names starting with "."; "/" would
@@ -61,10 +65,15 @@ class DraEndpoints:
         self.dra_socket_path = Path(plugins_dir) / driver / DRA_SOCKET
         self.registration_socket_path = Path(registry_dir) / registration_socket_name(driver)
         self._on_status = on_status
+        services: list[object] = [DraPluginService(preparer)]
+        versions = SUPPORTED_VERSIONS
+        if health is not None:
+            services.append(DraHealthService(health))
+            versions += (HEALTH_SERVICE,)
         self._registration = RegistrationService(
-            driver, str(self.dra_socket_path), SUPPORTED_VERSIONS, self._status_changed
+            driver, str(self.dra_socket_path), versions, self._status_changed
         )
-        self._dra = ServedSocket(self.dra_socket_path, [DraPluginService(preparer)], StrictCodec())
+        self._dra = ServedSocket(self.dra_socket_path, services, StrictCodec())
         self._reg = ServedSocket(self.registration_socket_path, [self._registration], StrictCodec())
         self._check_interval = check_interval
         self._checker: asyncio.Task[None] | None = None

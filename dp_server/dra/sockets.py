@@ -23,6 +23,7 @@ from grpclib.encoding.base import CodecBase
 from grpclib.server import Server
 
 from dp_server.files.sockets import SOCKET_PATH_MAX, listened_on, socket_identity
+from dp_server.rpc import GrpcServer
 
 __all__ = ["SOCKET_MODE", "ForeignSocket", "ServedSocket"]
 
@@ -80,7 +81,7 @@ class ServedSocket:
         """Listen on `path`, after removing a stale socket of ours; ForeignSocket otherwise."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _clear(self.path)
-        server = Server(self._handlers, codec=self._codec)
+        server = GrpcServer(self._handlers, name=self.path.name, codec=self._codec)
         try:
             await server.start(path=str(self.path))
         except OSError as error:

@@ -13,13 +13,20 @@ of them (`DraFeaturesObserved`: a cluster without partitionable devices or
 device taints drops their fields). The API server being away never
 holds up anything else: the publisher retries on its own, and only a
 Prepare of a claim not prepared yet waits for (and fails on) the claim read.
+
+It is also the `HealthWatcher` behind the kubelet's health stream: each
+stream the kubelet opens is a `HealthWatchStarted` to the node, and each
+`PublishHealth` the node answers is put in that stream's slot as the
+kubelet's message, its time on the wall clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +41,13 @@ from dp_core import (
     ClaimUnprepared,
     ClaimUnprepareRequested,
     Effect,
+    HealthWatchEnded,
+    HealthWatchStarted,
     Input,
     MetricFamily,
     Node,
     PoolChanged,
+    PublishHealth,
     Sample,
 )
 from dp_core.cdi import SPEC_PREFIX
@@ -45,9 +55,16 @@ from dp_core.claims import ClaimRef
 from dp_core.dra_inputs import AllocatedDevice
 from dp_core.dra_metadata import prepared_devices
 from dp_server.cdi.claim_files import ClaimFiles
-from dp_server.dra import DraEndpoints, Prepared, PrepareFailed, PrepareOutcome
+from dp_server.dra import (
+    DraEndpoints,
+    Prepared,
+    PrepareFailed,
+    PrepareOutcome,
+    health_message,
+)
 from dp_server.dra.api import KubeApi
 from dp_server.dra.slices import SlicePublisher
+from dp_server.rpc import StreamSlot
 from dp_server.runtime.claims_file import ClaimsStore
 from dp_server.runtime.settings import Settings, SettingsError
 
@@ -58,6 +75,7 @@ _log = logging.getLogger("dp.dra")
 # Set on a claim made from a pod's template (k8s.io/api/resource/v1 annotation).
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 METADATA_DIR = "dra-device-metadata"
+_SHUTTING_DOWN = "the DRA driver is shutting down"
 
 
 class _BadClaim(Exception):
@@ -127,12 +145,15 @@ class DraRuntime:
                 Path(settings.plugins_registry_dir),
                 Path(settings.plugins_dir),
                 self,
+                health=self,
             )
         except ValueError as error:
             raise SettingsError(f"dra.driverName: {error}") from None
         self.file_failures = 0  # claims whose files could not be written or removed
         # Call -> why its claim's files could not be written or removed ("" when they were).
         self._files_done: dict[int, str] = {}
+        self._health: dict[int, StreamSlot[Any]] = {}  # health stream -> its next message
+        self._closing = False
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -159,10 +180,30 @@ class DraRuntime:
 
     async def close(self) -> None:
         """Stop listening; the claim files and the checkpoint stay for the next run."""
+        self._closing = True
+        for slot in self._health.values():
+            slot.end(_SHUTTING_DOWN)
         await self.endpoints.close(timeout=2.0)
 
     async def close_api(self) -> None:
         await self.api.close()
+
+    # -- HealthWatcher -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def watch_health(self) -> AsyncIterator[AsyncIterator[Any]]:
+        """A health stream for as long as the kubelet keeps it."""
+        stream = next(self._ids)
+        slot: StreamSlot[Any] = StreamSlot()
+        self._health[stream] = slot
+        if self._closing:
+            slot.end(_SHUTTING_DOWN)
+        try:
+            self._feed(HealthWatchStarted(stream, self._now()))
+            yield slot.updates()
+        finally:
+            del self._health[stream]
+            self._feed(HealthWatchEnded(stream))
 
     # -- ClaimPreparer -----------------------------------------------------------------
 
@@ -241,6 +282,13 @@ class DraRuntime:
     def pool_changed(self, effect: PoolChanged) -> None:
         self.publisher.publish(effect.content)
 
+    def publish_health(self, effect: PublishHealth) -> None:
+        slot = self._health.get(effect.stream)
+        if slot is not None:
+            # The core's clock is monotonic; the kubelet wants Unix seconds.
+            unix_at = int(time.time() - (self._now() - effect.at))
+            slot.publish(health_message(effect, unix_at))
+
     def _file_problem(self, call: int, claim: ClaimRef, what: str, error: OSError) -> None:
         self.file_failures += 1
         reason = error.strerror or str(error)
@@ -268,6 +316,12 @@ class DraRuntime:
             "dp_dra_registered",
             "1 while the kubelet says it registered the DRA driver on our socket, else 0.",
             (Sample((("driver", self.driver),), 1 if self.ready else 0),),
+        )
+        yield MetricFamily(
+            "gauge",
+            "dp_dra_health_streams",
+            "Health streams (NodeWatchResources) the kubelet holds open on the DRA socket.",
+            (Sample((), len(self._health)),),
         )
         yield MetricFamily(
             "counter",

@@ -30,6 +30,7 @@ from dp_core import (
     MovesChanged,
     PoolChanged,
     Publish,
+    PublishHealth,
     RefreshAllocations,
     Register,
     Reject,
@@ -94,6 +95,7 @@ class EffectRunner:
             ClaimUnprepared: self._claim_unprepared,
             ClaimsChanged: self._keep_claims,
             PoolChanged: self._publish_pool,
+            PublishHealth: self._publish_health,
             # Answered by whoever fed the call (Runtime.call, DraRuntime.prepare).
             Reply: _nothing,
             Reject: _nothing,
@@ -152,6 +154,10 @@ class EffectRunner:
     def _publish_pool(self, effect: PoolChanged) -> None:
         if self._dra is not None:
             self._dra.pool_changed(effect)
+
+    def _publish_health(self, effect: PublishHealth) -> None:
+        if self._dra is not None:
+            self._dra.publish_health(effect)
 
     def _log_attribution(self, effect: AttributeConnection) -> None:
         _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from dp_testing.emulator.pb.dra.v1 import api_pb2 as dra_v1
 from dp_testing.emulator.pb.dra.v1beta1 import api_pb2 as dra_v1beta1
+from dp_testing.emulator.pb.drahealth.v1alpha1 import api_pb2 as health
 from dp_testing.emulator.pb.pluginregistration.v1 import api_pb2 as reg
 
 #: `registerapi.DRAPlugin`: the only plugin type this kubelet has a handler for.
@@ -27,6 +28,15 @@ GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 5.0
 #: `defaultClientCallTimeout` for NodePrepareResources and NodeUnprepareResources.
 CALL_TIMEOUT = 45.0
+
+#: The health stream every registered plugin is asked for (ResourceHealthStatus,
+#: on by default from 1.36), and how long after it ends it is asked for again
+#: (`wait.UntilWithContext(..., 5*time.Second)` in dra_plugin_manager.go).
+HEALTH_WATCH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
+HEALTH_RETRY = 5.0
+#: How long a device's reported health holds when the plugin gives no
+#: `health_check_timeout_seconds` (DefaultHealthTimeout, pkg/kubelet/cm/dra).
+HEALTH_TIMEOUT = 30.0
 
 GET_INFO = "/pluginregistration.Registration/GetInfo"
 NOTIFY = "/pluginregistration.Registration/NotifyRegistrationStatus"
@@ -69,6 +79,15 @@ class PrepareResult:
 
 
 @dataclass(frozen=True)
+class ResourceHealth:
+    """One entry of a container's `allocatedResourcesStatus[].resources` for a
+    claim: the device's first CDI ID (else driver/pool/device) and its health."""
+
+    resource_id: str
+    health: str  # "Healthy", "Unhealthy" or "Unknown"
+
+
+@dataclass(frozen=True)
 class Plugin:
     """A registered DRA plugin as the kubelet keeps it."""
 
@@ -94,6 +113,9 @@ __all__ = [
     "DRA_PLUGIN_TYPE",
     "GET_INFO",
     "GET_INFO_TIMEOUT",
+    "HEALTH_RETRY",
+    "HEALTH_TIMEOUT",
+    "HEALTH_WATCH",
     "KUBELET_SERVICES",
     "NOTIFY",
     "NOTIFY_TIMEOUT",
@@ -102,7 +124,9 @@ __all__ = [
     "Device",
     "Plugin",
     "PrepareResult",
+    "ResourceHealth",
     "device",
+    "health",
     "method_path",
     "reg",
 ]

@@ -14,7 +14,13 @@ What the kubelet does with a DRA driver, and nothing else:
   and calls NotifyRegistrationStatus (5 s): true, or false with the error.
 * NodePrepareResources and NodeUnprepareResources go to the endpoint GetInfo
   named, on the chosen version's service, each with a 45 s deadline, on one
-  connection per plugin. Claims missing from a reply are asked for again.
+  connection per plugin, made and connected when it registers, before it
+  is told. Claims missing from a reply are asked for again.
+* On that connection each registered plugin is asked for its health stream,
+  whether it advertised one or not, and asked again `health_retry` seconds
+  (5 s) after every end (`_health`). What the plugin says of each device of
+  a prepared claim is what `claim_health` gives, as the kubelet puts it in
+  the pod's `allocatedResourcesStatus`.
 * restart() forgets every plugin and connection and discovers the sockets
   again; the sockets stay, as the kubelet leaves plugins_registry alone.
 
@@ -36,19 +42,23 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from dp_testing.dra_kubelet._health import HealthCache, HealthStream
 from dp_testing.dra_kubelet._rpc import (
     CALL_TIMEOUT,
     DIAL_TIMEOUT,
     DRA_PLUGIN_TYPE,
     GET_INFO,
     GET_INFO_TIMEOUT,
+    HEALTH_RETRY,
     KUBELET_SERVICES,
     NOTIFY,
     NOTIFY_TIMEOUT,
     SERVICE_MESSAGES,
     Claim,
+    Device,
     Plugin,
     PrepareResult,
+    ResourceHealth,
     device,
     method_path,
     reg,
@@ -65,8 +75,10 @@ class DraEvent(NamedTuple):
     detail: the error sent), "registered" (detail: the chosen service),
     "register-failed" (dial, GetInfo or Notify failed), "deregistered",
     "prepare", "unprepare" (detail: the claim UIDs asked), "retry" (claims
-    missing from a reply asked again), "restart", "stop". `driver` is the
-    plugin name, or the socket path before GetInfo named it.
+    missing from a reply asked again), "health-opened", "health-ended"
+    (detail: the stream's error, or "EOF"), "health" (detail: a device whose
+    health changed, `pool/device=Health`), "restart", "stop". `driver` is
+    the plugin name, or the socket path before GetInfo named it.
     """
 
     time: float
@@ -84,14 +96,21 @@ class DraCallError(RuntimeError):
         self.details = details
 
 
+def _ignore(state: grpc.ChannelConnectivity) -> None:
+    pass
+
+
 class _Connection:
-    """The kubelet's one connection per registered plugin (grpc.Dial, no block)."""
+    """The kubelet's one connection per registered plugin (grpc.NewClient, then Connect)."""
 
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin
         self.channel = grpc.insecure_channel(
             f"unix:{plugin.endpoint}", options=[("grpc.default_authority", "localhost")]
         )
+        # conn.Connect(): the kubelet connects at once, to see early whether
+        # the plugin is there, not at the first call.
+        self.channel.subscribe(_ignore, try_to_connect=True)
 
     def call(self, method: str, request: Any, response: type[Any], timeout: float) -> Any:
         rpc = self.channel.unary_unary(
@@ -113,6 +132,7 @@ class DraKubeletEmulator:
         supported_services: Sequence[str] = KUBELET_SERVICES,
         call_timeout: float = CALL_TIMEOUT,
         retries: int = 2,
+        health_retry: float = HEALTH_RETRY,
     ) -> None:
         unknown = [s for s in supported_services if s not in SERVICE_MESSAGES]
         if unknown:
@@ -122,11 +142,16 @@ class DraKubeletEmulator:
         self.supported_services = tuple(supported_services)
         self.call_timeout = call_timeout
         self.retries = retries
+        self.health_retry = health_retry
         self._lock = threading.Condition()
         self._events: list[DraEvent] = []
         self._plugins: dict[str, _Connection] = {}  # by driver name
         self._seen: dict[Path, tuple[int, int]] = {}  # socket -> identity registered from
         self._by_socket: dict[Path, str] = {}  # socket -> driver registered through it
+        self._health = HealthCache()
+        self._health_streams: dict[str, HealthStream] = {}  # by driver name
+        # Prepared claims by UID: the driver and the devices it answered with.
+        self._claims: dict[str, tuple[str, tuple[Device, ...]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -167,11 +192,17 @@ class DraKubeletEmulator:
             self._thread.join()
             self._thread = None
         with self._lock:
+            streams = list(self._health_streams.values())
+            self._health_streams.clear()
+        for stream in streams:
+            stream.stop()
+        with self._lock:
             for connection in self._plugins.values():
                 connection.channel.close()
             self._plugins.clear()
             self._seen.clear()
             self._by_socket.clear()
+            self._health = HealthCache()
 
     # -- queries -----------------------------------------------------------------------
 
@@ -209,17 +240,105 @@ class DraKubeletEmulator:
     ) -> dict[str, PrepareResult]:
         """NodePrepareResources for `claims` (namespace, uid, name); results by claim UID."""
         replies = self._claims_call(driver, "NodePrepareResources", claims, service)
-        return {
+        results = {
             uid: PrepareResult(tuple(device(d) for d in reply.devices), reply.error)
             for uid, reply in replies.items()
         }
+        with self._lock:
+            for uid, result in results.items():
+                if not result.error:
+                    self._claims[uid] = (driver, result.devices)
+        return results
 
     def unprepare(
         self, driver: str, claims: Iterable[Any], *, service: str | None = None
     ) -> dict[str, str]:
         """NodeUnprepareResources; each claim's error ("" when it was released), by UID."""
         replies = self._claims_call(driver, "NodeUnprepareResources", claims, service)
+        with self._lock:
+            for uid, reply in replies.items():
+                if not reply.error:
+                    self._claims.pop(uid, None)
         return {uid: reply.error for uid, reply in replies.items()}
+
+    # -- device health -----------------------------------------------------------------
+
+    def claim_health(self, uid: str) -> tuple[ResourceHealth, ...]:
+        """The health of each device of prepared claim `uid`, as the kubelet
+        writes it into the pod's `allocatedResourcesStatus` now; () if the
+        claim is not prepared."""
+        with self._lock:
+            return self._claim_health(uid)
+
+    def _claim_health(self, uid: str) -> tuple[ResourceHealth, ...]:
+        driver, devices = self._claims.get(uid, ("", ()))
+        now = time.time()
+        return tuple(
+            ResourceHealth(
+                d.cdi_device_ids[0]
+                if d.cdi_device_ids
+                else f"{driver}/{d.pool_name}/{d.device_name}",
+                self._health.get(driver, d.pool_name, d.device_name, now)[0],
+            )
+            for d in devices
+        )
+
+    def wait_claim_health(
+        self, uid: str, health: str, *, timeout: float = 10.0
+    ) -> tuple[ResourceHealth, ...]:
+        """Block until every device of claim `uid` reads `health`; return them."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                now = self._claim_health(uid)
+                if now and all(entry.health == health for entry in now):
+                    return now
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"claim {uid} never read {health} in {timeout} s: {now}; "
+                        f"events: {[e for e in self._events if e.kind.startswith('health')]}"
+                    )
+                # Also woken by each message; a timeout turns health Unknown unannounced.
+                self._lock.wait(min(left, 0.05))
+
+    def health_message(self, driver: str, pool: str, device_name: str) -> str:
+        """What the plugin last said of a device (its `message`)."""
+        with self._lock:
+            return self._health.get(driver, pool, device_name, time.time())[1]
+
+    def _watch_health(self, driver: str, connection: _Connection) -> None:
+        def on_message(response: Any) -> None:
+            with self._lock:
+                changed = self._health.update(driver, response, time.time())
+            for change in changed:
+                self._record("health", driver, change)
+            if not changed:
+                with self._lock:
+                    self._lock.notify_all()
+
+        def on_event(kind: str, detail: str) -> None:
+            if kind == "health-ended":
+                with self._lock:
+                    self._health.clear(driver)
+            self._record(kind, driver, detail)
+
+        stream = HealthStream(connection.channel, self.health_retry, on_message, on_event)
+        with self._lock:
+            old = self._health_streams.pop(driver, None)
+            self._health_streams[driver] = stream
+        if old is not None:
+            old.stop()
+        with self._lock:
+            self._health.clear(driver)
+        stream.start()
+
+    def _forget_health(self, driver: str) -> None:
+        with self._lock:
+            stream = self._health_streams.pop(driver, None)
+            self._health.clear(driver)
+        if stream is not None:
+            stream.stop()
 
     def _claims_call(
         self, driver: str, method: str, claims: Iterable[Any], service: str | None
@@ -303,9 +422,13 @@ class DraKubeletEmulator:
             return
         with self._lock:
             connection = self._plugins.get(driver)
-            if connection is not None and connection.plugin.socket == str(path):
-                del self._plugins[driver]
-                connection.channel.close()
+            gone = connection is not None and connection.plugin.socket == str(path)
+        if gone:
+            self._forget_health(driver)
+            with self._lock:
+                if self._plugins.get(driver) is connection:
+                    del self._plugins[driver]
+                    connection.channel.close()
         self._record("deregistered", driver, str(path))
 
     def _register(self, path: Path) -> None:
@@ -335,12 +458,17 @@ class DraKubeletEmulator:
                 return
             service = next(s for s in versions if s in self.supported_services)
             plugin = Plugin(info.name, endpoint, service, str(path), versions)
+            self._forget_health(info.name)
+            # Registering makes the connection, starts connecting it and starts
+            # the health stream on it, all before the plugin is told (pm.add).
+            connection = _Connection(plugin)
             with self._lock:
                 old = self._plugins.get(info.name)
                 if old is not None:
                     old.channel.close()
-                self._plugins[info.name] = _Connection(plugin)
+                self._plugins[info.name] = connection
                 self._by_socket[path] = info.name
+            self._watch_health(info.name, connection)
             if self._notify(channel, info.name, True, ""):
                 self._record("registered", info.name, service)
         finally:

@@ -6,11 +6,14 @@
 // (blocking, 10 s), calls GetInfo (1 s), checks the type is DRAPlugin, takes
 // the first of the plugin's supported versions it knows ("v1.DRAPlugin",
 // "v1beta1.DRAPlugin", or only those -dra-services lists) and calls
-// NotifyRegistrationStatus (5 s). Then it prepares and unprepares the
-// -dra-claims on the chosen service with the kubelet's 45 s deadline, asking
-// again for claims a reply left out; each restart forgets every plugin,
-// registers again from the sockets and prepares the claims again. One JSON
-// report on stdout.
+// NotifyRegistrationStatus (5 s); before that it connects and opens the
+// plugin's health stream (drahealth.go). Then it prepares the -dra-claims on
+// the chosen service with the kubelet's 45 s deadline, asking again for
+// claims a reply left out, follows the first claim's health through
+// -dra-health-expect if given, and unprepares them; each restart forgets every
+// plugin, registers again from the sockets and prepares the claims again. It
+// also calls a method no DRA plugin serves on both sockets, to see the status
+// grpc-go reads. One JSON report on stdout.
 package main
 
 import (
@@ -51,6 +54,7 @@ type draPlugin struct {
 	Versions []string `json:"versions"`
 	Socket   string   `json:"socket"`
 	conn     *grpc.ClientConn
+	cancel   context.CancelFunc // its health stream's
 }
 
 type draDevice struct {
@@ -73,7 +77,13 @@ type draReport struct {
 	PrepareMs     float64                  `json:"prepare_ms"`
 	Unprepare     map[string]string        `json:"unprepare"`
 	AfterRestart  []map[string]draPrepared `json:"after_restart"`
-	Errors        []string                 `json:"errors"`
+	// Method no DRA plugin serves, by socket ("registration", "dra"): "Code: message".
+	UnknownMethods map[string]string `json:"unknown_methods"`
+	HealthOpened   int               `json:"health_opened"`    // health streams asked for
+	HealthOpenedMs []float64         `json:"health_opened_ms"` // when each was, since the start
+	HealthErrors   []string          `json:"health_errors"`    // how each one ended
+	HealthSeen     []healthSeen      `json:"health_seen"`      // the first claim's, with -dra-health-expect
+	Errors         []string          `json:"errors"`
 }
 
 type draKubelet struct {
@@ -83,15 +93,18 @@ type draKubelet struct {
 	changed  *sync.Cond
 	plugins  map[string]*draPlugin
 	seen     map[string]os.FileInfo
+	health   map[string]healthCache // by driver
 	rep      *draReport
+	begun    time.Time
 	stop     chan struct{}
 	done     chan struct{}
+	streams  sync.WaitGroup // health streams
 }
 
 type draClaim struct{ namespace, name, uid string }
 
 func runDRA(timeout time.Duration) int {
-	rep := &draReport{Prepare: map[string]draPrepared{}, Unprepare: map[string]string{}, AfterRestart: []map[string]draPrepared{}, Rejected: []string{}, Errors: []string{}}
+	rep := &draReport{Prepare: map[string]draPrepared{}, Unprepare: map[string]string{}, AfterRestart: []map[string]draPrepared{}, Rejected: []string{}, Errors: []string{}, UnknownMethods: map[string]string{}, HealthErrors: []string{}, HealthSeen: []healthSeen{}, HealthOpenedMs: []float64{}}
 	var claims []draClaim
 	for _, c := range strings.Split(*draClaims, ",") {
 		if c == "" {
@@ -104,7 +117,7 @@ func runDRA(timeout time.Duration) int {
 		}
 		claims = append(claims, draClaim{parts[0], parts[1], parts[2]})
 	}
-	k := &draKubelet{dir: *draRegistry, services: strings.Split(*draServices, ","), rep: rep}
+	k := &draKubelet{dir: *draRegistry, services: strings.Split(*draServices, ","), rep: rep, begun: time.Now()}
 	k.changed = sync.NewCond(&k.mu)
 	finish := func(err error) int {
 		k.halt()
@@ -130,6 +143,17 @@ func runDRA(timeout time.Duration) int {
 		return finish(err)
 	}
 	rep.PrepareMs = float64(time.Since(start).Microseconds()) / 1000
+	if *draHealthExpect != "" && len(claims) > 0 {
+		first := claims[0].uid
+		if err := k.awaitHealth(plugin, first, rep.Prepare[first], strings.Split(*draHealthExpect, ","), timeout); err != nil {
+			return finish(err)
+		}
+	}
+	if *draHealthOpens > 0 {
+		if err := k.awaitOpens(*draHealthOpens, timeout); err != nil {
+			return finish(err)
+		}
+	}
 	if rep.Unprepare, err = k.unprepare(plugin, claims); err != nil {
 		return finish(err)
 	}
@@ -157,6 +181,7 @@ func (k *draKubelet) begin() {
 	k.mu.Lock()
 	k.plugins = map[string]*draPlugin{}
 	k.seen = map[string]os.FileInfo{}
+	k.health = map[string]healthCache{}
 	k.mu.Unlock()
 	k.stop, k.done = make(chan struct{}), make(chan struct{})
 	go k.watch()
@@ -172,9 +197,11 @@ func (k *draKubelet) halt() {
 	k.stop = nil
 	k.mu.Lock()
 	for _, p := range k.plugins {
+		p.cancel()
 		p.conn.Close()
 	}
 	k.mu.Unlock()
+	k.streams.Wait()
 }
 
 func (k *draKubelet) watch() {
@@ -283,6 +310,23 @@ func (k *draKubelet) register(path string) {
 			problem = fmt.Sprintf("RegisterPlugin error -- plugin registration failed with err: %v", err)
 		}
 	}
+	if problem == "" {
+		// As pm.add: the health stream starts before the plugin is told.
+		var ctx context.Context
+		ctx, p.cancel = context.WithCancel(context.Background())
+		k.streams.Add(1)
+		go func() {
+			defer k.streams.Done()
+			k.watchHealth(ctx, p)
+		}()
+		code, message := probeUnknown(conn, "/pluginregistration.Registration/NoSuchMethod")
+		unknownReg := code + ": " + message
+		code, message = probeUnknown(p.conn, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NoSuchMethod")
+		k.mu.Lock()
+		k.rep.UnknownMethods["registration"] = unknownReg
+		k.rep.UnknownMethods["dra"] = code + ": " + message
+		k.mu.Unlock()
+	}
 	notice := appendVarint(nil, 1<<3)
 	if problem == "" {
 		notice = appendVarint(notice, 1)
@@ -302,6 +346,7 @@ func (k *draKubelet) register(path string) {
 		return
 	}
 	if old := k.plugins[p.Name]; old != nil {
+		old.cancel()
 		old.conn.Close()
 	}
 	k.plugins[p.Name] = p

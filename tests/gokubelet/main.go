@@ -643,6 +643,15 @@ func preferred(ep *endpoint, available, mustInclude []string, size int) ([][]str
 	return decodePreferred(reply)
 }
 
+// probeUnknown calls a method no plugin serves; the status grpc-go read.
+func probeUnknown(conn *grpc.ClientConn, method string) (string, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var reply []byte
+	st := status.Convert(conn.Invoke(ctx, method, &[]byte{}, &reply))
+	return st.Code().String(), st.Message()
+}
+
 func allocate(ep *endpoint, ids []string) ([]containerResponse, error) {
 	var reply []byte
 	err := ep.conn.Invoke(context.Background(), pluginService+"Allocate", encodeAllocate(ids), &reply)
@@ -668,6 +677,7 @@ type report struct {
 	Samples       map[string][]containerResponse `json:"samples"`
 	AllocateMs    []float64                      `json:"allocate_ms"`
 	UnknownDevice *callError                     `json:"unknown_device,omitempty"`
+	UnknownMethod *callError                     `json:"unknown_method,omitempty"`
 	Preferences   map[string]preference          `json:"preferences"`
 	Changed       map[string][]device            `json:"changed"`
 	BreakS        float64                        `json:"break_s"`
@@ -796,6 +806,10 @@ func main() {
 		}
 		st := status.Convert(err)
 		rep.UnknownDevice = &callError{Resource: names[0], Code: st.Code().String(), Message: st.Message()}
+		// A method the plugin does not serve: grpc-go must read a status from
+		// the answer (a Trailers-Only response without content-type is INTERNAL).
+		rep.UnknownMethod = &callError{Resource: names[0]}
+		rep.UnknownMethod.Code, rep.UnknownMethod.Message = probeUnknown(targets[names[0]].ep.conn, pluginService+"NoSuchMethod")
 	}
 	if *awaitChange > 0 {
 		// Tell whoever runs us (on stderr) that the lists are known, then
