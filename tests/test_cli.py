@@ -212,12 +212,10 @@ def test_demo_prints_node_and_sample_allocations(capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_cleanly_on_signal(
-    signum: int, host: tuple[Path, Path], config_file: Path
+    signum: int, host: tuple[Path, Path], config_file: Path, short_dir: Path
 ) -> None:
-    import tempfile
-
     sysfs, dev = host
-    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-s-"))
+    plugin_dir = short_dir
     emulator = KubeletEmulator(plugin_dir).start()
     command = [
         sys.executable,
@@ -272,14 +270,12 @@ binding:
 
 
 def test_serve_exits_on_signal_while_a_sysfs_write_hangs(
-    host: tuple[Path, Path], tmp_path: Path
+    host: tuple[Path, Path], tmp_path: Path, short_dir: Path
 ) -> None:
     """vfio-pci's unbind, or a driver's, can hang in the kernel while the
     device's user holds it. A stopping dp waits 2 s for the write under way,
     then exits 0 all the same, its sockets removed; the write is left to the
     kernel. Here i40e's unbind is a FIFO nobody reads: opening it blocks."""
-    import tempfile
-
     sysfs, dev = host
     unbind = sysfs / "bus/pci/drivers/i40e/unbind"
     unbind.unlink()
@@ -287,7 +283,7 @@ def test_serve_exits_on_signal_while_a_sysfs_write_hangs(
     override = sysfs / "bus/pci/devices/0000:18:00.0/driver_override"
     config = tmp_path / "binding.yaml"
     config.write_text(BINDING_CONFIG)
-    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-h-"))
+    plugin_dir = short_dir
     emulator = KubeletEmulator(plugin_dir, pod_resources_socket=plugin_dir / "pr.sock").start()
     command = [
         *(sys.executable, "-m", "dp_server", "serve", "--sysfs", str(sysfs), "--dev", str(dev)),
