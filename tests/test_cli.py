@@ -313,3 +313,112 @@ def test_serve_exits_on_signal_while_a_sysfs_write_hangs(
             server.kill()
             server.wait()
         emulator.stop()
+
+
+# --- flags and the operator's shell ----------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "0.001", "nan", "inf", "86401", "soon"])
+def test_a_rescan_interval_out_of_range_is_one_line_and_exit_2(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve", f"--rescan-interval={value}"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("dp-server serve: argument --rescan-interval: ")
+    assert f"{value!r} is not a number of seconds from 1 to 86400" in err
+
+
+def test_version_and_help_with_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out == f"dp-server {version('dp')}\n"
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    # argparse wraps help text at hyphens and spaces; compare it unwrapped.
+    help_text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+    for flag, default in [
+        ("--device-plugin-dir", "/var/lib/kubelet/device-plugins"),
+        ("--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock"),
+        ("--rescan-interval", "30"),
+        ("--log-level", "info"),
+        ("--log-format", "text"),
+        ("--socket-mode", "single"),
+    ]:
+        after = help_text.split(f" {flag} ", 2)[-1]
+        assert f"(default: {default})" in after.split(" --", 1)[0], flag
+
+
+def test_every_line_of_a_config_error_says_dp_server(
+    tmp_path: Path, host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "permittedHostDevices:\n  pciHostDevices:\n"
+        "    - pciVendorSelector: 'ZZZZ:1EB8'\n    - pciVendorSelector: 12\n"
+        "sharedDevices: {example.com/x: {count: 0}}\n"
+    )
+    sysfs, dev = host
+    assert main(["scan", "--sysfs", str(sysfs), "--dev", str(dev), "--config", str(bad)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 3
+    assert all(line.startswith(f"dp-server: {bad}: ") for line in lines), lines
+
+
+def test_scan_into_head_is_quiet(host: tuple[Path, Path], config_file: Path) -> None:
+    """`dp-server scan | head -1`: the reader leaves early, and no traceback follows."""
+    sysfs, dev = host
+    command = [sys.executable, "-m", "dp_server", "scan", "--sysfs", str(sysfs), "--dev", str(dev)]
+    command += ["--config", str(config_file), "--format", "json"]
+    scan = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert scan.stdout is not None and scan.stderr is not None
+    assert scan.stdout.readline() == b"{\n"
+    scan.stdout.close()  # as `head -1` exits
+    code = scan.wait(timeout=30)
+    assert scan.stderr.read() == b""
+    assert code == 141  # as for a process that SIGPIPE ended
+
+
+def test_serve_waits_for_the_kubelets_directory_and_says_so(
+    host: tuple[Path, Path], config_file: Path, short_dir: Path
+) -> None:
+    """dp does not make the kubelet's directory; it says what it waits for, then serves."""
+    sysfs, dev = host
+    plugin_dir = short_dir / "device-plugins"
+    command = [sys.executable, "-m", "dp_server", "serve", "--sysfs", str(sysfs), "--dev", str(dev)]
+    command += ["--config", str(config_file), "--device-plugin-dir", str(plugin_dir)]
+    command += ["--pod-resources-socket", str(short_dir / "pr.sock"), "--state-dir", ""]
+    command += ["--log-format", "json"]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    emulator = None
+    try:
+        assert server.stderr is not None
+        seen: list[dict[str, Any]] = []
+        while not seen or seen[-1]["event"] != "waiting-for-kubelet":
+            line = server.stderr.readline()
+            assert line, "serve ended without saying what it waits for"
+            seen.append(json.loads(line))
+        waiting = seen[-1]
+        assert waiting["level"] == "warning"
+        assert waiting["socket"] == str(plugin_dir / "kubelet.sock")
+        assert f"{plugin_dir} does not exist" in waiting["reason"]
+        assert not plugin_dir.exists()
+        emulator = KubeletEmulator(plugin_dir).start()
+        assert emulator.wait_registered(ALL, 20, listed=True)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0
+        rest = [json.loads(line) for line in server.stderr.read().splitlines() if line]
+        # Said once at start (the next would come a minute later), and only that way.
+        assert [e for e in rest if e["event"] == "waiting-for-kubelet"] == []
+        assert [e for e in seen + rest if e["event"] == "plugin-dir-missing"] == []
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if emulator is not None:
+            emulator.stop()

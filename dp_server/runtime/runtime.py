@@ -414,15 +414,18 @@ class Runtime:
                 message = f"--metrics-address {host or ''}:{port}: cannot listen: {reason}"
                 raise SettingsError(message) from error
         try:
-            self.plugin_dir.mkdir(parents=True, exist_ok=True)
-            self._sockets.remove_stale()
+            # The directory is the kubelet's: it makes it, and dp listens there
+            # once it exists (each Register makes dp's socket first).
+            plugin_dir_present = self.plugin_dir.is_dir()
+            if plugin_dir_present:
+                self._sockets.remove_stale()
             recalled = self._moves.recall()
             if recalled:
                 self.feed(MovesRecalled(recalled))
             self.rescan()
             if self.dra is not None:
                 self.dra.recall()  # before the DRA sockets serve a Prepare
-            if self.settings.socket_mode is SocketMode.SINGLE:
+            if plugin_dir_present and self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
             self._tasks.spawn(self._watch_files())
             self._tasks.spawn(self._timers.run())
