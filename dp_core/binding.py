@@ -246,9 +246,9 @@ class BindingBook:
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if selected_for_binding(pci, selectors)
             )
-        # A device the config stops selecting may go to another plugin and
-        # its VMs (`externalResourceProvider`), whose allocations dp cannot
-        # see: dp forgets having moved it, and never gives it back.
+        # A device the config stops selecting (or leaves to virt-handler) may
+        # go to another plugin and its VMs, whose allocations dp cannot see:
+        # dp forgets having moved it, and never gives it back.
         self._disown([a for a in self.moved if a not in self._selected])
 
     @property

@@ -33,6 +33,7 @@ __all__ = [
     "PermittedHostDevices",
     "SharedDevice",
     "VFIO_INTERFACES",
+    "VIRT_HANDLER_SERVES",
     "Vfio",
     "VfioInterface",
 ]
@@ -67,20 +68,55 @@ def _check_frontend(instance: object, attribute: attrs.Attribute[str], value: st
 
 
 def _check_entry_frontend(entry: PciHostDevice | MediatedDevice) -> None:
-    if entry.frontend == "dra" and entry.external_resource_provider:
+    if entry.frontend == "dra" and entry.virt_handler_serves:
         raise ConfigError(
-            "frontend: dra and externalResourceProvider: true contradict each other: "
-            "another plugin serves the device"
+            "frontend: dra and externalResourceProvider: false contradict each other: "
+            "KubeVirt's virt-handler serves the device"
         )
 
 
+class _ServedBy:
+    """Who serves an entry's devices, by KubeVirt's `externalResourceProvider`.
+
+    In KubeVirt (virt-handler's device manager, pkg/virt-handler/device-manager)
+    `true` means virt-handler leaves the devices to an outside device plugin,
+    such as dp; `false`, KubeVirt's default, means virt-handler serves them
+    itself. An entry of dp's own config that does not say is dp's: dp's config
+    lists what dp serves. The KubeVirt CR form reads an absent flag as KubeVirt
+    does, as `false` (dp_server.config.loader).
+    """
+
+    __slots__ = ()
+    external_resource_provider: bool | None
+
+    @property
+    def virt_handler_serves(self) -> bool:
+        """Whether KubeVirt's virt-handler serves these devices, so dp must not."""
+        return self.external_resource_provider is False
+
+    @property
+    def served_because(self) -> str:
+        """Why dp serves the entry, or why it leaves it to virt-handler."""
+        if self.external_resource_provider is None:
+            return "dp's config lists it"
+        if self.external_resource_provider:
+            return "externalResourceProvider is true: KubeVirt leaves it to an outside plugin"
+        return VIRT_HANDLER_SERVES
+
+
+# Why dp leaves an entry alone: two plugins must not register one resource name.
+VIRT_HANDLER_SERVES = (
+    "externalResourceProvider is false (KubeVirt's default): virt-handler serves it"
+)
+
+
 @attrs.frozen
-class PciHostDevice:
+class PciHostDevice(_ServedBy):
     """KubeVirt's `permittedHostDevices.pciHostDevices[]` entry."""
 
     pci_vendor_selector: PciId
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
-    external_resource_provider: bool = False
+    external_resource_provider: bool | None = None
     frontend: Frontend = attrs.field(default="device-plugin", validator=_check_frontend)
 
     def __attrs_post_init__(self) -> None:
@@ -88,12 +124,12 @@ class PciHostDevice:
 
 
 @attrs.frozen
-class MediatedDevice:
+class MediatedDevice(_ServedBy):
     """KubeVirt's `permittedHostDevices.mediatedDevices[]` entry."""
 
     mdev_name_selector: str = attrs.field()
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
-    external_resource_provider: bool = False
+    external_resource_provider: bool | None = None
     frontend: Frontend = attrs.field(default="device-plugin", validator=_check_frontend)
 
     @mdev_name_selector.validator

@@ -859,10 +859,10 @@ def test_configmap_holds_a_config_of_the_documented_shape(configmap: dict[str, A
         PciId.parse(entry["pciVendorSelector"])
         assert isinstance(entry.get("externalResourceProvider", False), bool)
         names.append(entry["resourceName"])
+    # Served by dp: no externalResourceProvider: false, which would leave it to virt-handler.
     assert pci[0] == {
         "pciVendorSelector": "10DE:1EB8",
         "resourceName": "nvidia.com/TU104GL_Tesla_T4",
-        "externalResourceProvider": False,
     }
     mdevs = permitted["mediatedDevices"]
     assert mdevs == [{"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}]
