@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -422,3 +423,174 @@ def test_serve_waits_for_the_kubelets_directory_and_says_so(
             server.wait()
         if emulator is not None:
             emulator.stop()
+
+
+# --- scan explains its answer ----------------------------------------------------------
+
+
+def _scan(
+    capsys: pytest.CaptureFixture[str], sysfs: Path | str, dev: Path | str, *extra: str
+) -> tuple[str, dict[str, Any]]:
+    """The table and the JSON document `scan` prints for one host and config."""
+    base = ["scan", "--sysfs", str(sysfs), "--dev", str(dev), *extra]
+    assert main(base) == 0
+    table = capsys.readouterr()
+    assert table.err == ""
+    assert main([*base, "--format", "json"]) == 0
+    return table.out, json.loads(capsys.readouterr().out)
+
+
+def test_scan_on_a_kubevirt_cr_says_which_entries_it_serves_and_why(
+    host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cr = REPO / "examples" / "kubevirt-cr.yaml"
+    table, document = _scan(capsys, *host, "--config", str(cr))
+    assert [r["name"] for r in document["resources"]] == [
+        "intel.com/qat_vf",
+        "nvidia.com/GRID_RTX6000-4Q",
+        "nvidia.com/TU104GL_Tesla_T4",
+    ]
+    config = document["config"]
+    assert (config["source"], config["kubevirt_cr"]) == (str(cr), True)
+    who = {e["entry"]: (e["selector"], e["served_by"], e["devices"]) for e in config["entries"]}
+    assert who == {
+        "pciHostDevices[0]": ("10DE:1EB8", "dp", 3),
+        "pciHostDevices[1]": ("8086:4941", "dp", 4),
+        "pciHostDevices[2]": ("144D:A808", "virt-handler", 2),
+        "mediatedDevices[0]": ("GRID RTX6000-4Q", "dp", 2),
+    }
+    nvme = config["entries"][2]
+    assert (
+        nvme["why"]
+        == "externalResourceProvider is false (KubeVirt's default): virt-handler serves it"
+    )
+    assert config["entries"][0]["why"] == (
+        "externalResourceProvider is true: KubeVirt leaves it to an outside plugin"
+    )
+    assert [n["message"] for n in config["notes"]] == [
+        "devices.kubevirt.io/kvm, tun and vhost-net are not served: KubeVirt's virt-handler "
+        "always serves them"
+    ]
+    assert f"config {cr}, a KubeVirt CR read as KubeVirt reads it:" in table
+    assert (
+        "  pciHostDevices[2]  144D:A808 -> devices.kubevirt.io/nvme: left to virt-handler, "
+        "2 functions: externalResourceProvider is false (KubeVirt's default): "
+        "virt-handler serves it" in table
+    )
+    assert "  info: sharedDevices: devices.kubevirt.io/kvm, tun and vhost-net" in table
+
+
+def test_scan_names_the_nearest_id_and_mdev_type_of_a_selector_that_matches_nothing(
+    host: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text(
+        "permittedHostDevices:\n"
+        "  pciHostDevices: [{pciVendorSelector: '10DE:1EB9', resourceName: nvidia.com/T4}]\n"
+        "  mediatedDevices: [{mdevNameSelector: GRID RTX6000-4C}]\n"
+        "sharedDevices:\n"
+        + "".join(f"  devices.kubevirt.io/{n}: {{enabled: false}}\n" for n in SHARED_NAMES)
+    )
+    table, document = _scan(capsys, *host, "--config", str(config))
+    assert document["resources"] == []
+    pci, mdev = document["config"]["entries"]
+    assert (pci["devices"], pci["nearest"]) == (0, "10DE:1EB8")
+    assert pci["note"] == (
+        "no PCI function on this host has the ID 10DE:1EB9; the nearest is 10DE:1EB8 (3 functions)"
+    )
+    assert (mdev["devices"], mdev["nearest"]) == (0, "GRID RTX6000-4Q")
+    assert mdev["note"] == (
+        "no mdev type on this host is named 'GRID RTX6000-4C'; "
+        "the nearest is 'GRID RTX6000-4Q' (2 mdevs)"
+    )
+    assert table.startswith("no resources would be advertised (why: below)\n")
+    assert f"    {pci['note']}\n" in table and f"    {mdev['note']}\n" in table
+
+
+SHARED_NAMES = ("kvm", "tun", "vhost-net")
+
+
+@pytest.mark.parametrize("where", ["nonexistent", "one level too high"])
+def test_scan_says_when_sysfs_is_not_a_sysfs_root(
+    where: str, host: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sysfs, dev = host
+    given = tmp_path / "nonexistent" if where == "nonexistent" else sysfs.parent
+    table, document = _scan(capsys, given, dev)
+    (problem,) = document["problems"]
+    assert problem["path"] == str(given)
+    if where == "nonexistent":
+        assert problem["reason"] == "does not exist; --sysfs must be /sys or a copy of it"
+    else:
+        assert problem["reason"] == (
+            f"is not /sys or a copy of it, but {sysfs} is: did you mean --sysfs {sysfs}?"
+        )
+    assert f"problems reading the host:\n  {given}: {problem['reason']}" in table
+    assert document["host_notes"] == []  # nothing under a wrong root means anything
+
+
+def test_scan_says_a_host_without_iommu_groups_has_its_iommu_off(
+    host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sysfs, dev = host
+    shutil.rmtree(sysfs / "kernel" / "iommu_groups")
+    (sysfs / "kernel" / "iommu_groups").mkdir()  # what a kernel without an IOMMU shows
+    for link in (sysfs / "bus" / "pci" / "devices").glob("*/iommu_group"):
+        (link.parent.resolve() / "iommu_group").unlink()
+    table, document = _scan(capsys, sysfs, dev)
+    (note,) = document["host_notes"]
+    assert note.startswith(f"no IOMMU groups under {sysfs}/kernel/iommu_groups: the IOMMU is off")
+    assert f"the host:\n  {note}" in table
+
+
+def test_the_troubleshooting_table_quotes_what_scan_prints(
+    host: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every `scan` output that docs/operations.md's troubleshooting table quotes
+    is printed, word for word, by scan on a host that has that trouble."""
+    sysfs, dev = host
+    configs = {
+        "examples": "examples/config.yaml",
+        "cr": "examples/kubevirt-cr.yaml",
+        "nic": None,
+        "typo": None,
+        "cr-empty": None,
+        "cr-nothing-outside": None,
+    }
+    texts = {
+        "nic": "permittedHostDevices: {pciHostDevices: [{pciVendorSelector: '8086:1572'}]}\n",
+        "typo": "permittedHostDevices:\n"
+        "  pciHostDevices: [{pciVendorSelector: '10DE:1EB9'}]\n"
+        "  mediatedDevices: [{mdevNameSelector: GRID RTX6000-4C}]\n",
+        "cr-empty": "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nspec: {configuration: {}}\n",
+        "cr-nothing-outside": "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nspec:\n"
+        "  configuration: {permittedHostDevices: {pciHostDevices: "
+        "[{pciVendorSelector: '8086:1572', resourceName: intel.com/x710}]}}\n",
+    }
+    outputs = []
+    for name, shipped in configs.items():
+        path = REPO / shipped if shipped else tmp_path / f"{name}.yaml"
+        if not shipped:
+            path.write_text(texts[name])
+        outputs.append(_scan(capsys, sysfs, dev, "--config", str(path))[0])
+    outputs.append(_scan(capsys, tmp_path / "nonexistent", dev)[0])
+    outputs.append(_scan(capsys, sysfs.parent, dev)[0])
+    shutil.rmtree(sysfs / "kernel" / "iommu_groups")
+    (sysfs / "kernel" / "iommu_groups").mkdir()
+    outputs.append(_scan(capsys, sysfs, dev)[0])
+    printed = "\n".join(outputs)
+
+    operations = (REPO / "docs" / "operations.md").read_text()
+    table = operations.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    symptoms = [row.split("|")[1] for row in table.splitlines() if row.startswith("| ")]
+    quoted = [
+        phrase
+        for symptom in symptoms
+        if "`scan`" in symptom
+        for phrase in re.findall(r"`([^`]+)`", symptom.split("`scan`", 1)[1])
+    ]
+    assert len(quoted) >= 8, quoted
+    for phrase in quoted:
+        # The docs write the host's own paths (/sys/...) and elide with "...".
+        pattern = ".*?".join(re.escape(part) for part in re.split(r"/sys\b|\.\.\.", phrase))
+        assert re.search(pattern, printed), phrase

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
-from dp_server.config.loader import ConfigFileError, load_config
+from dp_server.config.loader import ConfigFileError, ConfigNote, read_config_file
 from dp_server.host.scanner import scan_host
 from dp_server.monitoring.logs import configure_logging
 
@@ -29,24 +29,32 @@ RESCAN_INTERVAL_RANGE = (1.0, 86400.0)
 _log = logging.getLogger("dp.cli")
 
 
-def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
-    """The config and, in pci-ids naming mode, the PCI ID database names."""
-    config = load_config(path)
-    names: dict[PciId, str] = {}
-    if config.naming.source == "pci-ids":
-        # Imported here, as is what only `scan` uses: `serve` is measured in
-        # resident megabytes, and most configs never need these modules.
-        from dp_server.config.pci_ids import find_pci_ids, load_pci_names
+def _pci_names(config: Config) -> tuple[dict[PciId, str], ConfigNote | None]:
+    """In pci-ids naming mode, the PCI ID database's names; a note when it is missing."""
+    if config.naming.source != "pci-ids":
+        return {}, None
+    # Imported here, as is what only `scan` uses: `serve` is measured in
+    # resident megabytes, and most configs never need these modules.
+    from dp_server.config.pci_ids import find_pci_ids, load_pci_names
 
-        found = find_pci_ids(config.naming.pci_ids_path)
-        if found is None:
-            _log.warning(
-                "pci-ids-missing",
-                extra={"dp_fields": {"fallback": "vendor_device names"}},
-            )
-        else:
-            names = load_pci_names(found)
-    return config, names
+    found = find_pci_ids(config.naming.pci_ids_path)
+    if found is None:
+        missing = "no PCI ID database was found: PCI resources get vendor_device names"
+        return {}, ConfigNote("warning", "naming.source", missing)
+    return load_pci_names(found), None
+
+
+def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
+    """The config and, in pci-ids naming mode, the PCI ID database names; notes logged."""
+    loaded = read_config_file(path)
+    loaded.log_notes()
+    names, missing = _pci_names(loaded.config)
+    if missing is not None:
+        _log.warning(
+            "pci-ids-missing",
+            extra={"dp_fields": {"fallback": "vendor_device names"}},
+        )
+    return loaded.config, names
 
 
 class _Parser(argparse.ArgumentParser):
@@ -237,18 +245,23 @@ def parse_address(text: str) -> tuple[str | None, int]:
 def _scan(args: argparse.Namespace) -> int:
     import json
 
+    from dp_server.cli.explain import explain
     from dp_server.cli.report import inventory_document, inventory_table
 
-    config, names = load_settings(args.config)
+    loaded = read_config_file(args.config)
+    config = loaded.config
+    names, missing = _pci_names(config)
     shared_paths = [device.path for device in config.enabled_shared_devices]
     snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
     # What `serve` would bind, shown and never done: scan writes nothing.
     plan = plan_bindings(snapshot, config)
     inventory = build_inventory(snapshot, config, names, plan)
+    explained = explain(loaded, snapshot, args.sysfs, [missing] if missing else [])
     if args.format == "json":
-        print(json.dumps(inventory_document(inventory, snapshot, plan), indent=2))
+        document = inventory_document(inventory, snapshot, plan, explained)
+        print(json.dumps(document, indent=2))
     else:
-        print(inventory_table(inventory, snapshot, plan))
+        print(inventory_table(inventory, snapshot, plan, explained))
     return 0
 
 
@@ -335,7 +348,9 @@ def _quiet_after_broken_pipe() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "warning"))
+    # scan's report holds its warnings (the config's notes, what it could not
+    # read); logged too, each would be printed twice.
+    configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "error"))
     try:
         if args.command == "scan":
             code = _scan(args)
