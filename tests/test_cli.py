@@ -251,7 +251,15 @@ def test_serve_stops_cleanly_on_signal(
         events = [json.loads(line) for line in server.stderr.read().splitlines() if line]  # type: ignore[union-attr]
         registered = {e["resource"] for e in events if e["event"] == "registered"}
         assert registered == set(ALL)
-        assert any(e["event"] == "health-changed" for e in events)
+        # One line per resource and cause, with the count, however many devices.
+        health = [e for e in events if e["event"] == "health-changed"]
+        assert health
+        assert len(health) == len({(e["resource"], e["health"], e["reason"]) for e in health})
+        assert all(e["devices"] >= 1 for e in health)
+        (serving,) = [e for e in events if e["event"] == "serving"]
+        assert serving["resources"] == len(ALL)
+        assert serving["sockets"] == ours[0].name
+        assert serving["config"] == str(config_file)
         assert events[-1]["event"] == "stopped"
         # The kubelet saw the streams end, as it does when a plugin goes away.
         assert emulator.wait_for(lambda e: all(not e.resources()[n].registered for n in ALL), 5)

@@ -443,6 +443,17 @@ class Runtime:
                 await self.dra.close_api()
             raise
         self.ready.set()
+        _log.info(
+            "serving",
+            extra={
+                "dp_fields": {
+                    "resources": len(self.node.resource_names()),
+                    "directory": str(self.plugin_dir),
+                    "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
+                    "config": self.settings.config_path or "none (the defaults)",
+                }
+            },
+        )
         try:
             await self._stop.wait()
         finally:
