@@ -204,11 +204,90 @@ def test_serve_refuses_a_device_plugin_dir_too_long_for_socket_paths(
 def test_demo_prints_node_and_sample_allocations(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
+    assert "a synthetic node" in out and "Nothing on this machine is read or changed." in out
+    # dp's socket, and only dp's: kubelet.sock is the emulated kubelet's.
+    (registered,) = [line for line in out.splitlines() if " resources registered " in line]
+    assert re.fullmatch(
+        r"8 resources registered with the emulated kubelet \(its kubelet\.sock\) "
+        r"through dp's socket dp-[0-9a-f]{6}\.sock",
+        registered,
+    )
     assert "Capacity:" in out and "Allocatable:" in out
     assert "devices.kubevirt.io/kvm:        1000" in out
+    assert (
+        "(devices.kubevirt.io/kvm is 1000: the config's sharedDevices count; the default is 110)"
+        in out
+    )
+    # The T4s' audio functions, which share each GPU's IOMMU group.
+    assert "nvidia.com/TU104_HD_Audio:      2" in out
     assert "PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4=" in out
     assert "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_RTX6000-4Q=" in out
+    # Why one QAT VF gets its character device and the next does not.
+    assert "device  /dev/vfio/devices/vfio0 (mrw)" in out
+    assert (
+        "(0000:6b:00.2 has no VFIO character device: /dev/vfio/devices/vfio1 does not exist)" in out
+    )
     assert "FAILED_PRECONDITION: IOMMU group 93" in out
+    # The DRA half names the device whose Allocate it refuses.
+    assert "Allocate(0000:3b:00.1 of nvidia.com/TU104_HD_Audio, in IOMMU group 59 with" in out
+    assert "refused" not in out.split("The DRA front end")[0]  # every sample pod is admitted
+    assert out.rstrip().endswith("Done; the temporary directory is removed.")
+
+
+CONFIGS = {
+    **{path.name: path.read_text() for path in sorted((REPO / "examples").glob("*.yaml"))},
+    "empty permittedHostDevices": "permittedHostDevices: {}\n",
+    "CR without permittedHostDevices": "apiVersion: kubevirt.io/v1\nkind: KubeVirt\n"
+    "spec: {configuration: {developerConfiguration: {featureGates: [GPU]}}}\n",
+    "dra": (REPO / "dp_server" / "cli" / "demo_dra.py")
+    .read_text()
+    .split('DRA_DEMO_CONFIG = """')[1]
+    .split('"""')[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_demo_serves_the_operators_own_config(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sample pods only for what the config serves; a config serving nothing says
+    so; the DRA half only with the config's dra section."""
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIGS[name])
+    assert main(["demo", "--config", str(config)]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "Traceback" not in captured.err
+    assert f"config {config}" in out
+    capacity = (
+        out.split("Capacity:\n", 1)[1].split("Allocatable:", 1)[0] if "Capacity:" in out else ""
+    )
+    served = {line.split(":")[0].strip() for line in capacity.splitlines() if line.strip()}
+    requested = set(re.findall(r"^    (\S+/\S+)$", out.split("The DRA front end")[0], re.M))
+    assert requested <= served
+    if not served:
+        assert "The config serves nothing on this node through the device-plugin API." in out
+    if "dra:" in CONFIGS[name]:
+        assert "The DRA front end, driver vfio.dp.example.com:" in out
+        assert "claim vm-c: prepared" in out
+    else:
+        assert "The DRA front end: the config has no dra section, so it is off." in out
+    assert out.rstrip().endswith("Done; the temporary directory is removed.")
+
+
+def test_demo_with_a_temp_dir_too_long_for_unix_sockets_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("t" * 90)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"dp-server: demo: TMPDIR={deep} is too long for the demo's unix sockets")
+    assert err.rstrip().endswith("run it with a shorter TMPDIR, such as TMPDIR=/tmp")
+    assert list(deep.iterdir()) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

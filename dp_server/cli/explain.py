@@ -180,8 +180,20 @@ def explain(
 ) -> Explained:
     """Everything that explains the scan of `snapshot` with `loaded`."""
     roots = [p.reason for p in snapshot.problems if p.path in (sysfs, sysfs.rstrip("/") or "/")]
+    permitted = loaded.config.permitted_host_devices
+    if permitted is None:
+        what = "is absent: dp serves every PCI function bound to vfio-pci, under a derived name"
+        extra = [ConfigNote("info", "permittedHostDevices", what), *extra]
+    elif not permitted.pci_host_devices and not permitted.mediated_devices:
+        what = "has no entry: dp serves no PCI device and no mdev"
+        extra = [ConfigNote("info", _entries_path(loaded), what), *extra]
     return Explained(
         attrs.evolve(loaded, notes=(*loaded.notes, *extra)),
         tuple(entry_reports(loaded.config, snapshot)),
         tuple(host_notes(loaded.config, snapshot, sysfs, roots)),
     )
+
+
+def _entries_path(loaded: ConfigFile) -> str:
+    prefix = "spec.configuration." if loaded.kubevirt_cr else ""
+    return f"{prefix}permittedHostDevices"

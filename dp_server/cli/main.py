@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
-from dp_server.config.loader import ConfigFileError, ConfigNote, read_config_file
+from dp_server.cli.settings import pci_names
+from dp_server.config.loader import ConfigFileError, read_config_file
 from dp_server.host.scanner import scan_host
 from dp_server.monitoring.logs import configure_logging
 
@@ -29,26 +30,11 @@ RESCAN_INTERVAL_RANGE = (1.0, 86400.0)
 _log = logging.getLogger("dp.cli")
 
 
-def _pci_names(config: Config) -> tuple[dict[PciId, str], ConfigNote | None]:
-    """In pci-ids naming mode, the PCI ID database's names; a note when it is missing."""
-    if config.naming.source != "pci-ids":
-        return {}, None
-    # Imported here, as is what only `scan` uses: `serve` is measured in
-    # resident megabytes, and most configs never need these modules.
-    from dp_server.config.pci_ids import find_pci_ids, load_pci_names
-
-    found = find_pci_ids(config.naming.pci_ids_path)
-    if found is None:
-        missing = "no PCI ID database was found: PCI resources get vendor_device names"
-        return {}, ConfigNote("warning", "naming.source", missing)
-    return load_pci_names(found), None
-
-
 def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
     """The config and, in pci-ids naming mode, the PCI ID database names; notes logged."""
     loaded = read_config_file(path)
     loaded.log_notes()
-    names, missing = _pci_names(loaded.config)
+    names, missing = pci_names(loaded.config)
     if missing is not None:
         _log.warning(
             "pci-ids-missing",
@@ -250,7 +236,7 @@ def _scan(args: argparse.Namespace) -> int:
 
     loaded = read_config_file(args.config)
     config = loaded.config
-    names, missing = _pci_names(config)
+    names, missing = pci_names(config)
     shared_paths = [device.path for device in config.enabled_shared_devices]
     snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
     # What `serve` would bind, shown and never done: scan writes nothing.
@@ -362,8 +348,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         if args.command == "demo":
             from dp_server.cli.demo import run_demo
+            from dp_server.cli.demo_node import DemoError
 
-            code = run_demo(args)
+            try:
+                code = run_demo(args)
+            except DemoError as error:
+                say_error(f"demo: {error}")
+                return EXIT_CONFIG
             sys.stdout.flush()
             return code
     except ConfigFileError as error:

@@ -24,7 +24,7 @@ from dp_core import (
 )
 from dp_server.cli.explain import EntryReport, Explained
 
-__all__ = ["inventory_document", "inventory_table", "report_converter"]
+__all__ = ["explained_lines", "inventory_document", "inventory_table", "report_converter"]
 
 report_converter = cattrs.Converter()
 report_converter.register_unstructure_hook(DeviceKind, lambda kind: kind.value)
@@ -172,7 +172,8 @@ def _count(report: EntryReport) -> str:
     return f"{report.devices} {one if report.devices == 1 else many}"
 
 
-def _explained_lines(explained: Explained) -> list[str]:
+def explained_lines(explained: Explained) -> list[str]:
+    """The config's entries and notes, and the host's notes, as report lines."""
     lines: list[str] = []
     loaded = explained.config
     if loaded.source is not None:
@@ -238,7 +239,7 @@ def inventory_table(
             lines.append(f"  {decision.address}: from {decision.driver or 'no driver'}")
     lines.append(_iommufd_line(snapshot))
     if explained is not None:
-        lines += _explained_lines(explained)
+        lines += explained_lines(explained)
     if snapshot.problems:
         lines.append("problems reading the host:")
         for problem in snapshot.problems:
