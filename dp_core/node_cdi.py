@@ -79,6 +79,11 @@ class CdiKeeper:
         self.failures = 0  # CdiSpecsWritten reports with a problem
 
     @property
+    def in_place_count(self) -> int:
+        """How many of the specs the shell reported in place."""
+        return len(self._in_place.keys() & self.specs.keys())
+
+    @property
     def in_place(self) -> bool:
         """Whether the shell reported every spec in place."""
         return self._asked and not self.problem and self._in_place.keys() == self.specs.keys()
