@@ -35,3 +35,58 @@ def test_ci_runs_the_readme_commands_as_written() -> None:
     # And the install on Debian's own python3, which PEP 668 guards.
     assert re.search(r'ln -s /usr/bin/python3 "\$scratch/bin/python3"', CI)
     assert 'eval "$readme_install_command"' in CI
+
+
+# --- links between the docs --------------------------------------------------------------
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _markdown_files() -> list[Path]:
+    skip = {".git", ".venv", "venv", "node_modules", "build", "dist"}
+    return sorted(
+        path
+        for path in REPO.rglob("*.md")
+        if not skip & set(path.relative_to(REPO).parts) and "egg-info" not in str(path)
+    )
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to '-'."""
+    import unicodedata
+
+    text = heading.strip().lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LMN")
+    return kept.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code or not line.startswith("#"):
+            continue
+        slug = _slug(line.lstrip("#"))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading() -> None:
+    broken = []
+    for doc in _markdown_files():
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path_part, _, anchor = target.partition("#")
+            linked = (doc.parent / path_part).resolve() if path_part else doc
+            if not linked.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such heading)")
+    assert broken == []
