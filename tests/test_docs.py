@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 CI = (REPO / ".ci" / "run").read_text()
@@ -90,3 +92,57 @@ def test_every_link_between_the_docs_reaches_a_file_and_a_heading() -> None:
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
                 broken.append(f"{doc.relative_to(REPO)}: {target} (no such heading)")
     assert broken == []
+
+
+# --- the examples' own words ------------------------------------------------------------
+
+
+def _commented_commands(path: Path) -> list[list[str]]:
+    """The `dp-server ...` commands a file's comments tell the reader to run."""
+    commands, current = [], ""
+    for line in path.read_text().splitlines():
+        text = line.lstrip("# ").rstrip()
+        if not line.startswith("#") or not (current or text.startswith("dp-server ")):
+            continue
+        current += " " + text.rstrip("\\")
+        if not text.endswith("\\"):
+            commands.append(current.split()[1:])
+            current = ""
+    return commands
+
+
+def test_the_commands_in_the_examples_comments_run_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dp_server.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    ran = 0
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for argv in _commented_commands(path):
+            if argv[0] == "scan":  # `demo --config` is run for every example in test_cli
+                assert main(argv) == 0, (path.name, argv)
+                assert "problems reading the host" not in capsys.readouterr().out, argv
+                ran += 1
+    assert ran >= 2
+
+
+def test_the_binding_example_warns_first_about_the_network_interface_it_unbinds() -> None:
+    """Every network function the example moves is named in the warning it opens with."""
+    from dp_core import plan_bindings
+    from dp_server.config.loader import load_config
+    from dp_testing.topology import fixture_topology, to_snapshot
+
+    path = REPO / "examples" / "config-binding.yaml"
+    header = path.read_text().split("\n\n", 1)[0]
+    assert header.startswith("# WARNING: THIS CONFIG UNBINDS A NETWORK INTERFACE.")
+    snapshot = to_snapshot(fixture_topology())
+    moved = [
+        snapshot.device(address)
+        for address, decision in plan_bindings(snapshot, load_config(path)).items()
+        if decision.binds
+    ]
+    network = [pci for pci in moved if pci is not None and pci.class_code >> 16 == 0x02]
+    assert network
+    for pci in network:
+        assert f"{pci.vendor:04X}:{pci.device:04X}" in header and pci.driver in header
