@@ -1,4 +1,4 @@
-"""Which selected PCI functions the server moves to vfio-pci itself (DESIGN.md §6).
+"""Which selected PCI functions the server moves to vfio-pci itself (docs/design.md §6).
 
 Binding takes a device away from the host, so it is opt-in (`Config.binding`)
 and bounded by rules that refuse it with a reason:

@@ -1,4 +1,4 @@
-"""What dp is doing to the PCI functions it moves to vfio-pci, and what it did (DESIGN.md §6).
+"""What dp is doing to the PCI functions it moves to vfio-pci, and what it did (docs/design.md §6).
 
 `bind_plan.plan_bindings` decides what binding would move; `BindingBook`
 remembers what is in flight, what failed and what dp moved, and gives back

@@ -205,7 +205,8 @@ class SharedDevice:
             raise ConfigError(f"{value!r} is not one or more of the letters r, w, m")
 
 
-# What KubeVirt's virt-handler advertises on every node.
+# The devices KubeVirt's virt-handler advertises on every node (1000 of each;
+# dp's default count is 110, the kubelet's default pod limit).
 DEFAULT_SHARED_DEVICES: tuple[SharedDevice, ...] = (
     SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm"),
     SharedDevice("devices.kubevirt.io/tun", "/dev/net/tun"),
@@ -239,7 +240,7 @@ VFIO_INTERFACES: tuple[VfioInterface, ...] = ("group", "group+cdev", "iommufd")
 
 @attrs.frozen
 class Vfio:
-    """Which VFIO interface a container is given for a PCI device (DESIGN.md §9).
+    """Which VFIO interface a container is given for a PCI device (docs/design.md §9).
 
     - `group`: `/dev/vfio/vfio` and `/dev/vfio/<group>`, the legacy interface;
     - `group+cdev` (the default, what KubeVirt 1.9's own plugin gives): the
@@ -280,7 +281,7 @@ def _check_feature_setting(
 
 @attrs.frozen
 class Dra:
-    """The DRA front end (DESIGN.md §10), on when a config has this section.
+    """The DRA front end (docs/design.md §10), on when a config has this section.
 
     `driver_name` names the driver in ResourceSlices, claims and the kubelet's
     plugin registry: a DNS subdomain of at most 63 characters (the API's
@@ -327,7 +328,7 @@ def _driver_names(value: Iterable[str]) -> tuple[str, ...]:
 
 @attrs.frozen
 class Binding:
-    """Which selected devices the server may move to vfio-pci itself (DESIGN.md §6).
+    """Which selected devices the server may move to vfio-pci itself (docs/design.md §6).
 
     Without a `Binding` the server never writes to sysfs. With one, a selected
     function held by one of `replace_drivers` (or, with `bind_unbound`, held by

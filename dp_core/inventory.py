@@ -1,7 +1,7 @@
 """What each resource advertises, derived from a host snapshot and a config.
 
 This is the one place that decides which devices are selected, how they are
-named and when they are healthy (DESIGN.md §5). It is a pure function of its
+named and when they are healthy (docs/design.md §5). It is a pure function of its
 inputs, so `dp-server scan` and the running server can never disagree.
 """
 

@@ -1,4 +1,4 @@
-"""The device-plugin front end's CDI specs: one per resource (DESIGN.md §9).
+"""The device-plugin front end's CDI specs: one per resource (docs/design.md §9).
 
 `CdiKeeper` decides what each resource's spec holds, asks the shell to keep
 the spec directory in step (`CdiSpecsChanged`) and remembers which specs the

@@ -1,4 +1,4 @@
-"""Binding (DESIGN.md §6): which selected devices the core moves to vfio-pci, and why not.
+"""Binding (docs/design.md §6): which selected devices the core moves to vfio-pci, and why not.
 
 Tables of host + config -> decisions, the Node's BindDevice / BindingFinished
 cycle, and properties over generated hosts: nothing outside the config's

@@ -1,4 +1,4 @@
-"""What each resource advertises: selection, naming, health (DESIGN.md §5, §7)."""
+"""What each resource advertises: selection, naming, health (docs/design.md §5, §7)."""
 
 from __future__ import annotations
 

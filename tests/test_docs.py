@@ -146,3 +146,25 @@ def test_the_binding_example_warns_first_about_the_network_interface_it_unbinds(
     assert network
     for pci in network:
         assert f"{pci.vendor:04X}:{pci.device:04X}" in header and pci.driver in header
+
+
+def test_design_citations_name_sections_of_docs_design_md() -> None:
+    """The code and docs cite the project's own design document, by section."""
+    sections = {
+        int(number)
+        for number in re.findall(r"^## (\d+)\. ", (REPO / "docs" / "design.md").read_text(), re.M)
+    }
+    assert sections == set(range(1, len(sections) + 1))
+    cited: list[tuple[str, int]] = []
+    for path in REPO.rglob("*"):
+        skipped = {".git", ".venv", "__pycache__"} & set(path.relative_to(REPO).parts)
+        if skipped or path.suffix not in (".py", ".md", ".yaml", ".go") or not path.is_file():
+            continue
+        if path == Path(__file__).resolve():  # it names the old file, to look for it
+            continue
+        text = path.read_text(errors="replace")
+        assert "DESIGN.md" not in text.replace("docs/design.md", ""), path
+        for numbers in re.findall(r"design\.md[^§\n]{0,40}§(\d+(?:[–,-] ?§?\d+)*)", text):
+            cited += [(str(path), int(n)) for n in re.findall(r"\d+", numbers)]
+    assert len(cited) >= 30
+    assert [c for c in cited if c[1] not in sections] == []

@@ -319,7 +319,7 @@ class _HeaderRecordingPlugin(asyncio.Protocol):
 
 
 async def test_authority_is_localhost(make_kubelet: Any, sock_dir: Path) -> None:
-    """The kubelet dials with `:authority` forced to localhost (DESIGN.md §3)."""
+    """The kubelet dials with `:authority` forced to localhost (docs/design.md §3)."""
     kubelet = make_kubelet()
     requests: list[dict[str, str]] = []
     p = "/v1beta1.DevicePlugin/"

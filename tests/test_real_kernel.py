@@ -1,8 +1,8 @@
-"""dp on a real kernel's sysfs and /dev, under QEMU (DESIGN.md §8).
+"""dp on a real kernel's sysfs and /dev, under QEMU (docs/design.md §8).
 
 The fixture trees are written by our own generator; this checks the scanner
 and the IOMMU rules against what Linux itself lays out: a q35 machine with
-an emulated Intel IOMMU and devices in the shapes DESIGN.md §5 cares about.
+an emulated Intel IOMMU and devices in the shapes docs/design.md §5 cares about.
 The guest's init binds devices to vfio-pci as an operator would (dp never
 does), then runs the scan, and asks the kernel itself, through the VFIO API
 (VFIO_GROUP_GET_STATUS), which groups are viable. A second boot serves the
