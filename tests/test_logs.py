@@ -61,5 +61,7 @@ def test_debug_level_shows_dps_lines_not_every_http2_frame() -> None:
         assert logging.getLogger("dp.runtime").isEnabledFor(logging.DEBUG)
         for chatty in ("hpack.hpack", "h2.connection", "asyncio"):
             assert not logging.getLogger(chatty).isEnabledFor(logging.DEBUG), chatty
+        # One line per API request is the client's trace, not an operator's line.
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
     finally:
         root.handlers[:], root.level = saved

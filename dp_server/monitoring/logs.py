@@ -94,3 +94,6 @@ def configure_logging(fmt: str = "text", level: str = "info") -> None:
     # which resource) under the wire's.
     for chatty in ("hpack", "h2", "asyncio"):
         logging.getLogger(chatty).setLevel(logging.INFO)
+    # httpx logs each API-server request at info; the DRA front end logs what
+    # it wrote (resourceslices-published) and what failed, in dp's own form.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

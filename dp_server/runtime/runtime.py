@@ -443,17 +443,14 @@ class Runtime:
                 await self.dra.close_api()
             raise
         self.ready.set()
-        _log.info(
-            "serving",
-            extra={
-                "dp_fields": {
-                    "resources": len(self.node.resource_names()),
-                    "directory": str(self.plugin_dir),
-                    "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
-                    "config": self.settings.config_path or "none (the defaults)",
-                }
-            },
-        )
+        serving: dict[str, object] = {
+            "resources": len(self.node.resource_names()),
+            "directory": str(self.plugin_dir),
+            "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
+        }
+        if self.settings.config_path or self._reload is not None:
+            serving["config"] = self.settings.config_path or "none (the defaults)"
+        _log.info("serving", extra={"dp_fields": serving})
         try:
             await self._stop.wait()
         finally:
