@@ -59,17 +59,9 @@ def _nearest(wanted: str, present: Iterable[str], same_prefix: str = "") -> str 
 
 def _pci_report(where: str, entry: PciHostDevice, ids: Counter[str]) -> EntryReport:
     selector = str(entry.pci_vendor_selector).upper()
-    count = ids.get(selector, 0)
-    report = EntryReport(
-        where,
-        selector,
-        entry.resource_name,
-        "virt-handler" if entry.virt_handler_serves else "dp",
-        entry.served_because,
-        count,
-    )
-    if count:
-        return _frontend_note(report, entry)
+    report = _report(where, selector, entry, ids.get(selector, 0))
+    if report.devices:
+        return report
     nearest = _nearest(selector, ids, same_prefix=selector[:5])
     note = f"no PCI function on this host has the ID {selector}"
     if nearest is not None:
@@ -81,17 +73,9 @@ def _mdev_report(
     where: str, entry: MediatedDevice, snapshot: HostSnapshot, made: Counter[str]
 ) -> EntryReport:
     selector = entry.mdev_name_selector
-    count = made.get(selector.strip(), 0)
-    report = EntryReport(
-        where,
-        selector,
-        entry.resource_name,
-        "virt-handler" if entry.virt_handler_serves else "dp",
-        entry.served_because,
-        count,
-    )
-    if count:
-        return _frontend_note(report, entry)
+    report = _report(where, selector, entry, made.get(selector.strip(), 0))
+    if report.devices:
+        return report
     offered = [t for t in snapshot.mdev_types if t.name.strip() == selector.strip()]
     if offered:
         parents = ", ".join(sorted({str(t.parent) for t in offered}))
@@ -108,10 +92,15 @@ def _mdev_report(
     return attrs.evolve(report, note=note, nearest=nearest)
 
 
-def _frontend_note(report: EntryReport, entry: PciHostDevice | MediatedDevice) -> EntryReport:
-    if report.served_by == "dp" and entry.frontend == "dra":
-        return attrs.evolve(report, note="offered through DRA (frontend: dra)")
-    return report
+def _report(
+    where: str, selector: str, entry: PciHostDevice | MediatedDevice, devices: int
+) -> EntryReport:
+    served_by = "virt-handler" if entry.virt_handler_serves else "dp"
+    through_dra = served_by == "dp" and entry.frontend == "dra" and devices > 0
+    note = "offered through DRA (frontend: dra)" if through_dra else ""
+    return EntryReport(
+        where, selector, entry.resource_name, served_by, entry.served_because, devices, note
+    )
 
 
 def entry_reports(config: Config, snapshot: HostSnapshot) -> list[EntryReport]:
