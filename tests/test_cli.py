@@ -290,6 +290,31 @@ def test_demo_with_a_temp_dir_too_long_for_unix_sockets_says_so_in_one_line(
     assert list(deep.iterdir()) == []
 
 
+def _events_until(
+    server: subprocess.Popen[str], done: Any, timeout: float = 20.0
+) -> tuple[list[dict[str, Any]], str]:
+    """The JSON log lines `server` writes, read until `done(lines so far)` holds;
+    and the start of a line read past them. Read from the descriptor, so that no
+    buffer hides a line from select."""
+    import select
+
+    assert server.stderr is not None
+    fd = server.stderr.fileno()
+    seen: list[dict[str, Any]] = []
+    pending = b""
+    deadline = time.monotonic() + timeout
+    while not done(seen):
+        left = deadline - time.monotonic()
+        assert left > 0, f"not seen in {timeout} s: {seen}"
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        assert chunk, f"serve ended: {seen}"
+        *lines, pending = (pending + chunk).split(b"\n")
+        seen += [json.loads(line) for line in lines if line]
+    return seen, pending.decode()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_cleanly_on_signal(
     signum: int, host: tuple[Path, Path], config_file: Path, short_dir: Path
@@ -318,6 +343,12 @@ def test_serve_stops_cleanly_on_signal(
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert emulator.wait_registered(ALL, 20, listed=True)
+        # The kubelet lists a resource as soon as it has answered Register; dp
+        # logs `registered` once that answer has reached it. Stop after that.
+        events, partial = _events_until(
+            server,
+            lambda seen: {e["resource"] for e in seen if e["event"] == "registered"} == set(ALL),
+        )
         ours = [p for p in plugin_dir.iterdir() if p.name.startswith("dp-")]
         assert len(ours) == 1
         started = time.monotonic()
@@ -327,7 +358,8 @@ def test_serve_stops_cleanly_on_signal(
         assert code == 0
         assert elapsed < 5
         assert not ours[0].exists()
-        events = [json.loads(line) for line in server.stderr.read().splitlines() if line]  # type: ignore[union-attr]
+        rest = partial + server.stderr.read()  # type: ignore[union-attr]
+        events += [json.loads(line) for line in rest.splitlines() if line]
         registered = {e["resource"] for e in events if e["event"] == "registered"}
         assert registered == set(ALL)
         # One line per resource and cause, with the count, however many devices.

@@ -62,6 +62,9 @@ def test_debug_level_shows_dps_lines_not_every_http2_frame() -> None:
         for chatty in ("hpack.hpack", "h2.connection", "asyncio"):
             assert not logging.getLogger(chatty).isEnabledFor(logging.DEBUG), chatty
         # One line per API request is the client's trace, not an operator's line.
-        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        import lightkube  # noqa: F401 - its HTTP client's logger is the one that must be quiet
+
+        for client in ("httpx", "httpx2"):
+            assert not logging.getLogger(client).isEnabledFor(logging.INFO), client
     finally:
         root.handlers[:], root.level = saved

@@ -96,4 +96,5 @@ def configure_logging(fmt: str = "text", level: str = "info") -> None:
         logging.getLogger(chatty).setLevel(logging.INFO)
     # httpx logs each API-server request at info; the DRA front end logs what
     # it wrote (resourceslices-published) and what failed, in dp's own form.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for client in ("httpx", "httpx2"):  # lightkube's HTTP client, by either name
+        logging.getLogger(client).setLevel(logging.WARNING)
