@@ -1,4 +1,4 @@
-"""One device as the kubelet sees it in a resource's device list (DESIGN.md §5)."""
+"""One device as the kubelet sees it in a resource's device list (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Allocations, IOMMU group reservations and preferred-allocation packing.
 
-VFIO hands a whole IOMMU group to one user (DESIGN.md §5). An allocation
+VFIO hands a whole IOMMU group to one user (docs/design.md §5). An allocation
 therefore reserves every group it touches until the PodResources API shows
 that no active pod holds its devices any more; the reservation is what makes
 siblings Unhealthy and what refuses an Allocate that would split a group.

@@ -1,4 +1,4 @@
-"""What the core answers a kubelet request with, carried by `Reply` (DESIGN.md §3)."""
+"""What the core answers a kubelet request with, carried by `Reply` (docs/design.md §3)."""
 
 from __future__ import annotations
 

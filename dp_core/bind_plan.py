@@ -1,4 +1,4 @@
-"""Which selected PCI functions the server moves to vfio-pci itself (DESIGN.md §6).
+"""Which selected PCI functions the server moves to vfio-pci itself (docs/design.md §6).
 
 Binding takes a device away from the host, so it is opt-in (`Config.binding`)
 and bounded by rules that refuse it with a reason:
@@ -110,7 +110,7 @@ def selected_for_binding(
     if pci.is_bridge:
         return False
     entry = selectors.get((pci.vendor, pci.device))
-    return entry is not None and not entry.external_resource_provider
+    return entry is not None and not entry.virt_handler_serves
 
 
 def _candidate(

@@ -1,4 +1,4 @@
-"""What dp is doing to the PCI functions it moves to vfio-pci, and what it did (DESIGN.md §6).
+"""What dp is doing to the PCI functions it moves to vfio-pci, and what it did (docs/design.md §6).
 
 `bind_plan.plan_bindings` decides what binding would move; `BindingBook`
 remembers what is in flight, what failed and what dp moved, and gives back
@@ -246,9 +246,9 @@ class BindingBook:
             self._selected = frozenset(
                 pci.address for pci in snapshot.pci_devices if selected_for_binding(pci, selectors)
             )
-        # A device the config stops selecting may go to another plugin and
-        # its VMs (`externalResourceProvider`), whose allocations dp cannot
-        # see: dp forgets having moved it, and never gives it back.
+        # A device the config stops selecting (or leaves to virt-handler) may
+        # go to another plugin and its VMs, whose allocations dp cannot see:
+        # dp forgets having moved it, and never gives it back.
         self._disown([a for a in self.moved if a not in self._selected])
 
     @property

@@ -1,4 +1,4 @@
-"""Container Device Interface (CDI) specs as values: names, kinds, versions (DESIGN.md §9).
+"""Container Device Interface (CDI) specs as values: names, kinds, versions (docs/design.md §9).
 
 A CDI spec file names a `kind` (`vendor/class`) and lists devices, each with
 the container edits a runtime applies when a container asks for

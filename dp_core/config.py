@@ -33,6 +33,7 @@ __all__ = [
     "PermittedHostDevices",
     "SharedDevice",
     "VFIO_INTERFACES",
+    "VIRT_HANDLER_SERVES",
     "Vfio",
     "VfioInterface",
 ]
@@ -67,20 +68,55 @@ def _check_frontend(instance: object, attribute: attrs.Attribute[str], value: st
 
 
 def _check_entry_frontend(entry: PciHostDevice | MediatedDevice) -> None:
-    if entry.frontend == "dra" and entry.external_resource_provider:
+    if entry.frontend == "dra" and entry.virt_handler_serves:
         raise ConfigError(
-            "frontend: dra and externalResourceProvider: true contradict each other: "
-            "another plugin serves the device"
+            "frontend: dra and externalResourceProvider: false contradict each other: "
+            "KubeVirt's virt-handler serves the device"
         )
 
 
+class _ServedBy:
+    """Who serves an entry's devices, by KubeVirt's `externalResourceProvider`.
+
+    In KubeVirt (virt-handler's device manager, pkg/virt-handler/device-manager)
+    `true` means virt-handler leaves the devices to an outside device plugin,
+    such as dp; `false`, KubeVirt's default, means virt-handler serves them
+    itself. An entry of dp's own config that does not say is dp's: dp's config
+    lists what dp serves. The KubeVirt CR form reads an absent flag as KubeVirt
+    does, as `false` (dp_server.config.loader).
+    """
+
+    __slots__ = ()
+    external_resource_provider: bool | None
+
+    @property
+    def virt_handler_serves(self) -> bool:
+        """Whether KubeVirt's virt-handler serves these devices, so dp must not."""
+        return self.external_resource_provider is False
+
+    @property
+    def served_because(self) -> str:
+        """Why dp serves the entry, or why it leaves it to virt-handler."""
+        if self.external_resource_provider is None:
+            return "dp's config lists it"
+        if self.external_resource_provider:
+            return "externalResourceProvider is true: KubeVirt leaves it to an outside plugin"
+        return VIRT_HANDLER_SERVES
+
+
+# Why dp leaves an entry alone: two plugins must not register one resource name.
+VIRT_HANDLER_SERVES = (
+    "externalResourceProvider is false (KubeVirt's default): virt-handler serves it"
+)
+
+
 @attrs.frozen
-class PciHostDevice:
+class PciHostDevice(_ServedBy):
     """KubeVirt's `permittedHostDevices.pciHostDevices[]` entry."""
 
     pci_vendor_selector: PciId
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
-    external_resource_provider: bool = False
+    external_resource_provider: bool | None = None
     frontend: Frontend = attrs.field(default="device-plugin", validator=_check_frontend)
 
     def __attrs_post_init__(self) -> None:
@@ -88,12 +124,12 @@ class PciHostDevice:
 
 
 @attrs.frozen
-class MediatedDevice:
+class MediatedDevice(_ServedBy):
     """KubeVirt's `permittedHostDevices.mediatedDevices[]` entry."""
 
     mdev_name_selector: str = attrs.field()
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
-    external_resource_provider: bool = False
+    external_resource_provider: bool | None = None
     frontend: Frontend = attrs.field(default="device-plugin", validator=_check_frontend)
 
     @mdev_name_selector.validator
@@ -169,7 +205,8 @@ class SharedDevice:
             raise ConfigError(f"{value!r} is not one or more of the letters r, w, m")
 
 
-# What KubeVirt's virt-handler advertises on every node.
+# The devices KubeVirt's virt-handler advertises on every node (1000 of each;
+# dp's default count is 110, the kubelet's default pod limit).
 DEFAULT_SHARED_DEVICES: tuple[SharedDevice, ...] = (
     SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm"),
     SharedDevice("devices.kubevirt.io/tun", "/dev/net/tun"),
@@ -203,7 +240,7 @@ VFIO_INTERFACES: tuple[VfioInterface, ...] = ("group", "group+cdev", "iommufd")
 
 @attrs.frozen
 class Vfio:
-    """Which VFIO interface a container is given for a PCI device (DESIGN.md §9).
+    """Which VFIO interface a container is given for a PCI device (docs/design.md §9).
 
     - `group`: `/dev/vfio/vfio` and `/dev/vfio/<group>`, the legacy interface;
     - `group+cdev` (the default, what KubeVirt 1.9's own plugin gives): the
@@ -244,7 +281,7 @@ def _check_feature_setting(
 
 @attrs.frozen
 class Dra:
-    """The DRA front end (DESIGN.md §10), on when a config has this section.
+    """The DRA front end (docs/design.md §10), on when a config has this section.
 
     `driver_name` names the driver in ResourceSlices, claims and the kubelet's
     plugin registry: a DNS subdomain of at most 63 characters (the API's
@@ -291,7 +328,7 @@ def _driver_names(value: Iterable[str]) -> tuple[str, ...]:
 
 @attrs.frozen
 class Binding:
-    """Which selected devices the server may move to vfio-pci itself (DESIGN.md §6).
+    """Which selected devices the server may move to vfio-pci itself (docs/design.md §6).
 
     Without a `Binding` the server never writes to sysfs. With one, a selected
     function held by one of `replace_drivers` (or, with `bind_unbound`, held by

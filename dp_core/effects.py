@@ -47,7 +47,7 @@ class Register:
 
 @attrs.frozen
 class AttributeConnection:
-    """Connection `connection` is attributed to `resource` (DESIGN.md §4)."""
+    """Connection `connection` is attributed to `resource` (docs/design.md §4)."""
 
     connection: int
     resource: str
@@ -100,7 +100,7 @@ class RefreshAllocations:
 
 @attrs.frozen
 class BindDevice:
-    """Move a PCI function to vfio-pci (DESIGN.md §6).
+    """Move a PCI function to vfio-pci (docs/design.md §6).
 
     The shell writes `vfio-pci` to its `driver_override`, unbinds it from
     `driver` (when it has one) and asks the kernel to probe it, checking first

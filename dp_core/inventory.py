@@ -1,7 +1,7 @@
 """What each resource advertises, derived from a host snapshot and a config.
 
 This is the one place that decides which devices are selected, how they are
-named and when they are healthy (DESIGN.md §5). It is a pure function of its
+named and when they are healthy (docs/design.md §5). It is a pure function of its
 inputs, so `dp-server scan` and the running server can never disagree.
 """
 
@@ -15,7 +15,14 @@ import attrs
 
 from .advertised import AdvertisedDevice
 from .bind_plan import BindDecision
-from .config import Config, MediatedDevice, PciHostDevice, SharedDevice, VfioInterface
+from .config import (
+    VIRT_HANDLER_SERVES,
+    Config,
+    MediatedDevice,
+    PciHostDevice,
+    SharedDevice,
+    VfioInterface,
+)
 from .host import IOMMUFD_NODE, VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
 from .pci import PciAddress, PciDevice, PciId
@@ -219,8 +226,8 @@ def _select_pci(
     if entry is None:
         return None
     name = entry.resource_name or _derived_pci_name(pci, config, pci_names)
-    if entry.external_resource_provider:
-        return name, "externalResourceProvider is true: another plugin serves it"
+    if entry.virt_handler_serves:
+        return name, VIRT_HANDLER_SERVES
     if entry.frontend == "dra":
         return name, DRA_FRONTEND
     if pci.driver not in (VFIO_DRIVER, None):
@@ -236,7 +243,9 @@ def _held_by(pci: PciDevice) -> str:
 
 
 def _bind_outcome(bind: BindDecision) -> str:
-    return "dp is moving it to vfio-pci" if bind.binds else f"not moved to vfio-pci: {bind.refusal}"
+    if bind.binds:
+        return "the config's binding has dp move it to vfio-pci"
+    return f"not moved to vfio-pci: {bind.refusal}"
 
 
 def _group_paths(group_number: int | None, nodes: Mapping[str, str]) -> tuple[str, ...]:
@@ -364,8 +373,8 @@ def _select_mdev(
     if entry is None:
         return None
     name = entry.resource_name or f"{config.naming.domain}/{mdev_resource_suffix(type_name)}"
-    if entry.external_resource_provider:
-        return name, "externalResourceProvider is true: another plugin serves it"
+    if entry.virt_handler_serves:
+        return name, VIRT_HANDLER_SERVES
     if entry.frontend == "dra":
         return name, DRA_FRONTEND
     return name, ""

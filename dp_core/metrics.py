@@ -244,8 +244,9 @@ def _cdi(node: Node) -> list[MetricFamily]:
         _family(
             "gauge",
             "dp_cdi_specs",
-            "CDI spec files dp keeps, one per resource with a device whose nodes exist.",
-            [((), len(keeper.specs))],
+            "CDI spec files in place in the spec directory (dp keeps one per resource with "
+            "a device whose nodes exist; 0 while the directory is missing).",
+            [((), keeper.in_place_count)],
         ),
         _family(
             "counter",

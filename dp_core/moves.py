@@ -1,4 +1,4 @@
-"""A function dp moved to vfio-pci itself, as remembered across restarts (DESIGN.md §6)."""
+"""A function dp moved to vfio-pci itself, as remembered across restarts (docs/design.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The node's part in moving functions to vfio-pci and back (DESIGN.md §6).
+"""The node's part in moving functions to vfio-pci and back (docs/design.md §6).
 
 `Binder` holds the binding plan and the `BindingBook` (binding.py), which
 keeps what was planned, moved and given back. `Node` owns one and feeds it
@@ -44,7 +44,7 @@ class Binder:
 
         Binds run one at a time, and a slow driver can hold one for seconds:
         ask this when a `BindDevice`'s turn comes, since a config change or a
-        rescan since it was emitted may have withdrawn it (DESIGN.md §6).
+        rescan since it was emitted may have withdrawn it (docs/design.md §6).
         """
         decision = self.plan.get(address)
         return (

@@ -1,4 +1,4 @@
-"""The device-plugin front end's CDI specs: one per resource (DESIGN.md §9).
+"""The device-plugin front end's CDI specs: one per resource (docs/design.md §9).
 
 `CdiKeeper` decides what each resource's spec holds, asks the shell to keep
 the spec directory in step (`CdiSpecsChanged`) and remembers which specs the
@@ -77,6 +77,11 @@ class CdiKeeper:
         self._asked = False  # whether a CdiSpecsChanged has gone out yet
         self.problem = ""  # why some spec is not in place, as last reported
         self.failures = 0  # CdiSpecsWritten reports with a problem
+
+    @property
+    def in_place_count(self) -> int:
+        """How many of the specs the shell reported in place."""
+        return len(self._in_place.keys() & self.specs.keys())
 
     @property
     def in_place(self) -> bool:

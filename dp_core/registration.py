@@ -1,4 +1,4 @@
-"""Registration and one-socket attribution (DESIGN.md §4).
+"""Registration and one-socket attribution (docs/design.md §4).
 
 The kubelet never names the resource on a plugin connection, so a connection
 is attributed by timing: while `Register(X)` is in flight (or, for kubelets

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,46 @@ settings.register_profile(
     "dp", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dp"))
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh directory short enough for unix socket paths (108 bytes on Linux),
+    which pytest's tmp_path is not; removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="dp-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- nothing left behind -------------------------------------------------------------
+
+# What the temp dir held when the run began; pytest's own base directory
+# (pytest-of-<user>, which keeps the last three runs' tmp_path trees) aside.
+_TEMP_BEFORE: set[str] = set()
+
+
+def _temp_entries() -> set[str]:
+    try:
+        names = os.listdir(tempfile.gettempdir())
+    except OSError:
+        return set()
+    return {name for name in names if not name.startswith("pytest-of-")}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _TEMP_BEFORE.update(_temp_entries())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a test left something in the temp dir (tests clean what they make)."""
+    left = sorted(_temp_entries() - _TEMP_BEFORE)
+    if left:
+        where = tempfile.gettempdir()
+        print(f"\nFAILED: the tests left behind in {where}: {', '.join(left[:10])}")
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

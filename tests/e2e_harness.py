@@ -46,6 +46,7 @@ class Harness:
         self.root = Path(tempfile.mkdtemp(prefix="dp-t-"))
         self.sysfs, self.dev = write_sysfs(fixture_topology(), self.root / "host")
         self.plugin_dir = self.root / "dp"
+        self.plugin_dir.mkdir()  # the kubelet's, there before dp starts, as on a node
         self.pod_resources = self.root / "pr.sock"
         self.emulator: KubeletEmulator | None = None
         self.runtime: Runtime | None = None

@@ -1,4 +1,4 @@
-"""A fake kernel for the rebinding files of a fixture sysfs tree (DESIGN.md §8).
+"""A fake kernel for the rebinding files of a fixture sysfs tree (docs/design.md §8).
 
 `FakeKernel.write` stands in for `dp_server.binding.binder.write_attribute`: it applies
 what the kernel does for a write to a function's `driver_override`, a driver's

@@ -3,16 +3,17 @@ import-linter contracts state them (docs/architecture.md draws them)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from tools import installed_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_import_contract_is_kept() -> None:
-    command = shutil.which("lint-imports")
+    command = installed_tool("lint-imports")
     assert command is not None, "import-linter is a test dependency: pip install -e '.[test]'"
     run = subprocess.run(
         [command, "--config", str(ROOT / "pyproject.toml")],

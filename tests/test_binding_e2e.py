@@ -87,7 +87,7 @@ async def test_selected_devices_move_to_vfio_and_turn_healthy(
     assert harness.runtime is not None
     (vga,) = [s for s in harness.runtime.node.inventory.skipped if s.id == "0000:03:00.0"]
     assert "boot display" in vga.reason
-    # The order DESIGN.md §6 asks for: override, unbind, probe.
+    # The order docs/design.md §6 asks for: override, unbind, probe.
     assert [path for path, _ in kernel.writes if "18:00.0" in path or _ == "0000:18:00.0"] == [
         "bus/pci/devices/0000:18:00.0/driver_override",
         "bus/pci/drivers/i40e/unbind",

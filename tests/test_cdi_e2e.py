@@ -132,12 +132,14 @@ async def test_a_missing_directory_leaves_allocate_without_cdi_names_until_it_ex
     assert status == 200
     assert f"CDI specs not in place: cannot list {cdi}: No such file or directory" in health
     assert await _metric(harness, "dp_cdi_specs_ok") == 0
+    assert await _metric(harness, "dp_cdi_specs") == 0  # none is in place: no directory
     assert await _metric(harness, "dp_cdi_spec_errors_total") == 3
 
     cdi.mkdir()
     runtime.rescan()
     assert len(read_dir(cdi)) == len(ALL)
     assert await _metric(harness, "dp_cdi_specs_ok") == 1
+    assert await _metric(harness, "dp_cdi_specs") == len(ALL)
     assert "CDI" not in (await _status(harness, "/healthz"))[1]
     assert [r.getMessage() for r in caplog.records].count("cdi-specs-written") == 1
     response = await harness.kubelet("allocate", GPU, ["0000:3b:00.0"])

@@ -7,6 +7,7 @@ import re
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 from hypothesis import given
@@ -29,6 +30,7 @@ from dp_server.config.loader import (
     dump_config,
     load_config,
     parse_config,
+    parse_config_file,
 )
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -648,7 +650,13 @@ spec:
 """
 
 
-def test_kubevirt_cr() -> None:
+NOT_SHARED = tuple(attrs.evolve(device, enabled=False) for device in DEFAULT_SHARED_DEVICES)
+
+
+def test_kubevirt_cr_means_what_it_means_in_kubevirt() -> None:
+    """virt-handler serves an entry unless it says externalResourceProvider: true
+    (pkg/virt-handler/device-manager/device_controller.go), and kvm, tun and
+    vhost-net always: dp serves exactly the entries left to an outside plugin."""
     config = parse_config(CR)
     assert config == Config(
         permitted_host_devices=PermittedHostDevices(
@@ -659,9 +667,66 @@ def test_kubevirt_cr() -> None:
                     external_resource_provider=True,
                 ),
             ),
-            mediated_devices=(MediatedDevice("GRID T4-1Q", "nvidia.com/GRID_T4-1Q"),),
-        )
+            mediated_devices=(
+                MediatedDevice(
+                    "GRID T4-1Q", "nvidia.com/GRID_T4-1Q", external_resource_provider=False
+                ),
+            ),
+        ),
+        shared_devices=NOT_SHARED,
     )
+    assert config.enabled_shared_devices == ()
+    (gpu,) = config.permitted_host_devices.pci_host_devices  # type: ignore[union-attr]
+    (vgpu,) = config.permitted_host_devices.mediated_devices  # type: ignore[union-attr]
+    assert not gpu.virt_handler_serves and vgpu.virt_handler_serves
+
+
+def test_a_kubevirt_cr_serves_through_dp_only_what_virt_handler_leaves() -> None:
+    """Served on the fixture host: the T4s (true), not the vGPUs (no flag),
+    nor kvm, tun and vhost-net, which virt-handler registers on every node."""
+    from dp_core import build_inventory
+    from dp_testing.topology import fixture_topology, to_snapshot
+
+    cr = CR.replace('"GRID T4-1Q"', '"GRID RTX6000-4Q"')
+    inventory = build_inventory(to_snapshot(fixture_topology()), parse_config(cr))
+    assert inventory.names == ("nvidia.com/TU104GL_Tesla_T4",)
+    left = {s.resource_name: s.reason for s in inventory.skipped}
+    assert left["nvidia.com/GRID_T4-1Q"] == (
+        "externalResourceProvider is false (KubeVirt's default): virt-handler serves it"
+    )
+
+
+def test_dps_own_config_reads_the_flag_as_kubevirt_does_when_it_is_given() -> None:
+    """Absent: dp's own config lists what dp serves. true: left to an outside
+    plugin, dp. false: virt-handler's; dp leaves it alone."""
+    config = parse_config(
+        "permittedHostDevices:\n  pciHostDevices:\n"
+        '    - {pciVendorSelector: "10DE:1EB8"}\n'
+        '    - {pciVendorSelector: "8086:4941", externalResourceProvider: true}\n'
+        '    - {pciVendorSelector: "144D:A808", externalResourceProvider: false}\n'
+    )
+    assert config.permitted_host_devices is not None
+    served = [not e.virt_handler_serves for e in config.permitted_host_devices.pci_host_devices]
+    assert served == [True, True, False]
+    assert config.enabled_shared_devices == DEFAULT_SHARED_DEVICES
+
+
+def test_a_block_pasted_from_a_cr_into_dps_own_config_is_warned_about() -> None:
+    block = (
+        "permittedHostDevices:\n  pciHostDevices:\n"
+        '    - {pciVendorSelector: "10DE:1EB8", externalResourceProvider: true}\n'
+        '    - {pciVendorSelector: "8086:4941"}\n'
+        '    - {pciVendorSelector: "144D:A808"}\n'
+    )
+    (note,) = parse_config_file(block, "node.yaml").notes
+    assert note.level == "warning" and note.path == "permittedHostDevices"
+    assert note.message.startswith(
+        "externalResourceProvider is true on 1 entry and absent on 2 entries: dp serves both"
+    )
+    assert "give dp the whole CR" in note.message
+    # Every entry saying it, or none: nothing to warn about.
+    assert parse_config_file(block.replace('"}', '", externalResourceProvider: false}')).notes == ()
+    assert parse_config_file(block.replace(", externalResourceProvider: true", "")).notes == ()
 
 
 def test_kubevirt_cr_errors_keep_the_cr_path() -> None:
@@ -687,10 +752,41 @@ def test_kubevirt_cr_duplicate_selector_path() -> None:
     )
 
 
-def test_kubevirt_cr_without_permitted_host_devices() -> None:
-    text = "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nspec: {configuration: {}}\n"
-    assert parse_config(text) == Config()
-    assert parse_config("apiVersion: kubevirt.io/v1\nkind: KubeVirt\n") == Config()
+@pytest.mark.parametrize(
+    ("spec", "absent"),
+    [
+        (
+            "spec: {configuration: {developerConfiguration: {featureGates: [GPU]}}}",
+            "spec.configuration.permittedHostDevices",
+        ),
+        (
+            "spec: {configuration: {permittedHostDevices: null}}",
+            "spec.configuration.permittedHostDevices",
+        ),
+        ("spec: {configuration: {}}", "spec.configuration.permittedHostDevices"),
+        ("spec: {imagePullPolicy: IfNotPresent}", "spec.configuration"),
+        ("metadata: {name: kubevirt}", "spec"),
+    ],
+)
+def test_a_kubevirt_cr_without_permitted_host_devices_serves_nothing_and_says_so(
+    spec: str, absent: str
+) -> None:
+    """KubeVirt then names no host device: dp must not serve every vfio-pci function."""
+    loaded = parse_config_file(f"apiVersion: kubevirt.io/v1\nkind: KubeVirt\n{spec}\n", "cr")
+    assert loaded.kubevirt_cr
+    assert loaded.config == Config(PermittedHostDevices(), shared_devices=NOT_SHARED)
+    warning, always = loaded.notes
+    assert (warning.level, warning.path) == ("warning", absent)
+    assert warning.message.startswith("is absent: the CR names no host device, so dp serves none")
+    assert (always.level, always.path) == ("info", "sharedDevices")
+    assert "virt-handler always serves them" in always.message
+
+
+def test_a_kubevirt_cr_that_leaves_nothing_to_outside_plugins_says_so() -> None:
+    loaded = parse_config_file(CR.replace("externalResourceProvider: true", ""), "cr")
+    assert [n.message for n in loaded.notes if n.level == "warning"] == [
+        "no entry says externalResourceProvider: true: virt-handler serves every one, and dp none"
+    ]
 
 
 def test_kubevirt_cr_spec_not_a_mapping() -> None:
@@ -720,7 +816,10 @@ def test_usb_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None
     assert config.permitted_host_devices is not None
     assert len(config.permitted_host_devices.pci_host_devices) == 1
     assert [r.name for r in caplog.records] == ["dp.config"]
-    assert "node.yaml: permittedHostDevices.usb: ignored (1 entries)" in caplog.text
+    assert (
+        "node.yaml: permittedHostDevices.usb: ignored (1 entry): "
+        "dp does not serve USB host devices" in caplog.text
+    )
 
 
 def test_usb_in_cr_warns_with_cr_path(caplog: pytest.LogCaptureFixture) -> None:
@@ -808,10 +907,10 @@ def test_dump_shape() -> None:
     assert list(dumped) == ["permittedHostDevices", "sharedDevices", "naming", "vfio"]
     assert dumped["vfio"] == {"interface": "group+cdev"}
     assert dumped["permittedHostDevices"]["pciHostDevices"] == [
+        # Not given, not dumped: an entry of dp's own config that does not say is dp's.
         {
             "pciVendorSelector": "10DE:1EB8",
             "resourceName": "nvidia.com/TU104GL_Tesla_T4",
-            "externalResourceProvider": False,
             "frontend": "device-plugin",
         },
         {

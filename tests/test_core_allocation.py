@@ -1,4 +1,4 @@
-"""Allocate, IOMMU group reservations and GetPreferredAllocation (DESIGN.md §5, §7)."""
+"""Allocate, IOMMU group reservations and GetPreferredAllocation (docs/design.md §5, §7)."""
 
 from __future__ import annotations
 

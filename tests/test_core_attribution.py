@@ -1,4 +1,4 @@
-"""One-socket attribution against a model kubelet that knows the truth (DESIGN.md §3, §4).
+"""One-socket attribution against a model kubelet that knows the truth (docs/design.md §3, §4).
 
 The model kubelet records which resource each connection it opens really
 belongs to; the node never sees that. Hypothesis drives it through

@@ -1,4 +1,4 @@
-"""Binding (DESIGN.md §6): which selected devices the core moves to vfio-pci, and why not.
+"""Binding (docs/design.md §6): which selected devices the core moves to vfio-pci, and why not.
 
 Tables of host + config -> decisions, the Node's BindDevice / BindingFinished
 cycle, and properties over generated hosts: nothing outside the config's
@@ -163,13 +163,18 @@ def test_devices_binding_does_not_look_at(device: PciDevice) -> None:
     assert plan_bindings(host([device]), config(NIC, drivers=("i40e", "pcieport"))) == {}
 
 
-def test_external_resource_provider_is_left_to_the_other_plugin() -> None:
-    external = Config(
-        PermittedHostDevices((PciHostDevice(NIC, external_resource_provider=True),)),
+def test_a_device_virt_handler_serves_is_left_to_it() -> None:
+    theirs = Config(
+        PermittedHostDevices((PciHostDevice(NIC, external_resource_provider=False),)),
         shared_devices=(),
         binding=Binding(("i40e",)),
     )
-    assert plan_bindings(host([nic()]), external) == {}
+    assert plan_bindings(host([nic()]), theirs) == {}
+    # Left by virt-handler to an outside plugin: dp's, to move.
+    ours = attrs.evolve(
+        theirs, permitted_host_devices=PermittedHostDevices((PciHostDevice(NIC, None, True),))
+    )
+    assert [d.binds for d in plan_bindings(host([nic()]), ours).values()] == [True]
 
 
 # ---------------------------------------------------------------------------
@@ -245,7 +250,10 @@ def test_inventory_advertises_a_device_being_moved_and_skips_a_refused_one() -> 
     (resource,) = inventory.resources
     (device,) = resource.devices
     assert device.id == "0000:18:00.0" and not device.healthy
-    assert device.reason == "bound to host driver i40e; dp is moving it to vfio-pci"
+    assert (
+        device.reason
+        == "bound to host driver i40e; the config's binding has dp move it to vfio-pci"
+    )
     (skipped,) = inventory.skipped
     assert skipped.id == "0000:18:00.1"
     assert skipped.reason == (
@@ -770,7 +778,7 @@ def test_only_selected_devices_that_can_end_up_usable_are_bound(
         device = snap.device(address)
         assert device is not None and not device.is_bridge
         entry = config_.pci_selectors().get((device.vendor, device.device))
-        assert entry is not None and not entry.external_resource_provider
+        assert entry is not None and not entry.virt_handler_serves
     for address in binds:
         device = snap.device(address)
         assert device is not None

@@ -235,8 +235,8 @@ def test_without_dra_there_is_no_pool() -> None:
         (lambda: Dra("x" * 64 + ".com"), "is not a DNS subdomain"),
         (lambda: PciHostDevice(GPU, frontend="gpu"), "is not one of 'device-plugin', 'dra'"),
         (
-            lambda: PciHostDevice(GPU, external_resource_provider=True, frontend="dra"),
-            "contradict",
+            lambda: PciHostDevice(GPU, external_resource_provider=False, frontend="dra"),
+            "contradict each other: KubeVirt's virt-handler serves the device",
         ),
         (lambda: config(dra=False), "frontend is dra, which needs the dra section"),
         (

@@ -1,4 +1,4 @@
-"""What each resource advertises: selection, naming, health (DESIGN.md §5, §7)."""
+"""What each resource advertises: selection, naming, health (docs/design.md §5, §7)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,11 @@ def config_for(*entries: PciHostDevice, **kwargs: object) -> Config:
         pytest.param("nvidia", PciHostDevice(GPU, GPU_RESOURCE), False, None, None,
                      "host driver nvidia", id="host-driver"),
         pytest.param("vfio-pci", PciHostDevice(GPU, GPU_RESOURCE, external_resource_provider=True),
-                     False, None, None, "externalResourceProvider", id="external-provider"),
-        pytest.param("nvidia", PciHostDevice(GPU, GPU_RESOURCE, external_resource_provider=True),
-                     False, None, None, "externalResourceProvider", id="external-host-driver"),
+                     True, True, "", None, id="left-to-outside-plugins"),
+        pytest.param("vfio-pci", PciHostDevice(GPU, GPU_RESOURCE, external_resource_provider=False),
+                     False, None, None, "virt-handler serves it", id="virt-handlers"),
+        pytest.param("nvidia", PciHostDevice(GPU, GPU_RESOURCE, external_resource_provider=False),
+                     False, None, None, "virt-handler serves it", id="virt-handlers-host-driver"),
     ],
 )  # fmt: skip
 def test_pci_selection(
@@ -317,15 +319,23 @@ def test_auto_mode_serves_every_mdev_type() -> None:
     assert inventory.names == ("devices.kubevirt.io/GRID_T4-1Q", "devices.kubevirt.io/GRID_T4-2Q")
 
 
-def test_external_mdev_is_skipped() -> None:
+def test_an_mdev_virt_handler_serves_is_skipped() -> None:
     inventory = build_inventory(
         mdev_host(),
-        mdev_config(MediatedDevice("GRID T4-2Q", "nvidia.com/q2", external_resource_provider=True)),
+        mdev_config(
+            MediatedDevice("GRID T4-2Q", "nvidia.com/q2", external_resource_provider=False)
+        ),
     )
     assert inventory.resources == ()
     (skipped,) = inventory.skipped
     assert (skipped.id, skipped.resource_name) == (UUID_C, "nvidia.com/q2")
-    assert "externalResourceProvider" in skipped.reason
+    assert (
+        skipped.reason
+        == "externalResourceProvider is false (KubeVirt's default): virt-handler serves it"
+    )
+    # Left to an outside plugin, dp serves it.
+    outside = MediatedDevice("GRID T4-2Q", "nvidia.com/q2", external_resource_provider=True)
+    assert build_inventory(mdev_host(), mdev_config(outside)).names == ("nvidia.com/q2",)
 
 
 def test_mdev_of_unknown_type_is_ignored() -> None:

@@ -103,8 +103,9 @@ def test_health_changes_are_reported_and_logged() -> None:
     assert log.level == "warning"
     assert dict(log.fields) == {
         "resource": GPU_RESOURCE,
-        "device": T4_B,
         "health": "Unhealthy",
+        "devices": 1,
+        "ids": T4_B,
         "reason": "/dev/vfio/20 does not exist",
     }
     # And back again.
@@ -113,6 +114,33 @@ def test_health_changes_are_reported_and_logged() -> None:
     (log,) = [e for e in effects_of(effects, Log) if e.event == "health-changed"]
     assert log.level == "info"
     assert one(effects, Publish).devices[1].healthy
+
+
+def test_many_devices_turning_unhealthy_for_one_reason_are_one_log_line() -> None:
+    """A host without /dev/vhost-net: 110 HealthChanged (the metrics count each),
+    one warning with the count; when it comes back, one line again."""
+    from dp_core import Config, SharedDevice
+
+    vhost = SharedDevice("devices.kubevirt.io/vhost-net", "/dev/vhost-net")
+    node = Node(Config(shared_devices=(vhost,)))
+    present = attrs.evolve(two_gpus_and_vfs(), dev_nodes={"/dev/vhost-net"})
+    node.handle(HostObserved(present, 0.0))
+    effects = node.handle(HostObserved(attrs.evolve(present, dev_nodes=set()), 1.0))
+    assert len(effects_of(effects, HealthChanged)) == 110
+    (log,) = [e for e in effects_of(effects, Log) if e.event == "health-changed"]
+    assert (log.level, dict(log.fields)) == (
+        "warning",
+        {
+            "resource": "devices.kubevirt.io/vhost-net",
+            "health": "Unhealthy",
+            "devices": 110,
+            "ids": "vhost-net-000, vhost-net-001, vhost-net-002, ...",
+            "reason": "/dev/vhost-net does not exist",
+        },
+    )
+    effects = node.handle(HostObserved(present, 2.0))
+    (log,) = [e for e in effects_of(effects, Log) if e.event == "health-changed"]
+    assert (log.level, dict(log.fields)["devices"], dict(log.fields)["reason"]) == ("info", 110, "")
 
 
 def test_a_change_of_reason_only_is_published_but_not_reported() -> None:

@@ -1,4 +1,4 @@
-"""Registration and one-socket attribution (DESIGN.md §3, §4).
+"""Registration and one-socket attribution (docs/design.md §3, §4).
 
 First the `Registrar` alone, as a table of event scripts and the phases they
 end in; then the same behaviour through `Node`, as inputs and the effects

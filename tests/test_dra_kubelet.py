@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -61,11 +59,8 @@ class FakePreparer:
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    # Unix socket paths are limited to 107 bytes: pytest's tmp_path is too deep.
-    path = Path(tempfile.mkdtemp(prefix="dp-dra-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def root(short_dir: Path) -> Path:
+    return short_dir
 
 
 def make_endpoints(root: Path, preparer: FakePreparer, **kw: object) -> DraEndpoints:

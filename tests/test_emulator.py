@@ -9,14 +9,11 @@ ListAndWatch lists or end the streams.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import socket
 import struct
-import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,16 +48,8 @@ WAIT = 10.0
 
 
 @pytest.fixture
-def sock_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory short enough for unix socket paths (108 bytes on Linux)."""
-    if len(os.fsencode(tmp_path)) <= 60:
-        yield tmp_path
-        return
-    short = Path(tempfile.mkdtemp(prefix="dp-"))
-    try:
-        yield short
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+def sock_dir(short_dir: Path) -> Path:
+    return short_dir
 
 
 def device(device_id: str, healthy: bool = True, numa: int | None = None) -> bp.Device:
@@ -330,7 +319,7 @@ class _HeaderRecordingPlugin(asyncio.Protocol):
 
 
 async def test_authority_is_localhost(make_kubelet: Any, sock_dir: Path) -> None:
-    """The kubelet dials with `:authority` forced to localhost (DESIGN.md §3)."""
+    """The kubelet dials with `:authority` forced to localhost (docs/design.md §3)."""
     kubelet = make_kubelet()
     requests: list[dict[str, str]] = []
     p = "/v1beta1.DevicePlugin/"

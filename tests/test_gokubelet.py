@@ -145,7 +145,7 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
     assert len(endpoints) == (1 if mode == "single" else len(scan))
 
     # Each resource's first healthy device was allocated; until the pod is
-    # known to be gone, the rest of its IOMMU group is Unhealthy (DESIGN.md §5).
+    # known to be gone, the rest of its IOMMU group is Unhealthy (docs/design.md §5).
     sampled = {
         name: next(d for d in r["devices"] if d["health"] == "Healthy") for name, r in scan.items()
     }

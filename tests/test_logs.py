@@ -47,3 +47,24 @@ def test_json_carries_the_event_and_its_fields() -> None:
         "device": "0000:3b:00.0",
         "count": 1,
     }
+
+
+def test_debug_level_shows_dps_lines_not_every_http2_frame() -> None:
+    """h2 and hpack log each frame and header at debug; at --log-level debug the
+    operator wants dp's own debug lines (which connection went to which resource)."""
+    from dp_server.monitoring.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        configure_logging("text", "debug")
+        assert logging.getLogger("dp.runtime").isEnabledFor(logging.DEBUG)
+        for chatty in ("hpack.hpack", "h2.connection", "asyncio"):
+            assert not logging.getLogger(chatty).isEnabledFor(logging.DEBUG), chatty
+        # One line per API request is the client's trace, not an operator's line.
+        import lightkube  # noqa: F401 - its HTTP client's logger is the one that must be quiet
+
+        for client in ("httpx", "httpx2"):
+            assert not logging.getLogger(client).isEnabledFor(logging.INFO), client
+    finally:
+        root.handlers[:], root.level = saved

@@ -1,8 +1,8 @@
-"""dp on a real kernel's sysfs and /dev, under QEMU (DESIGN.md §8).
+"""dp on a real kernel's sysfs and /dev, under QEMU (docs/design.md §8).
 
 The fixture trees are written by our own generator; this checks the scanner
 and the IOMMU rules against what Linux itself lays out: a q35 machine with
-an emulated Intel IOMMU and devices in the shapes DESIGN.md §5 cares about.
+an emulated Intel IOMMU and devices in the shapes docs/design.md §5 cares about.
 The guest's init binds devices to vfio-pci as an operator would (dp never
 does), then runs the scan, and asks the kernel itself, through the VFIO API
 (VFIO_GROUP_GET_STATUS), which groups are viable. A second boot serves the
@@ -467,7 +467,10 @@ def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
     assert resource["name"] == "example.com/nic"
     (device,) = resource["devices"]
     assert device["id"] == nic and device["health"] == "Unhealthy"
-    assert device["reason"] == "bound to host driver e1000e; dp is moving it to vfio-pci"
+    assert (
+        device["reason"]
+        == "bound to host driver e1000e; the config's binding has dp move it to vfio-pci"
+    )
     (skipped,) = scan["skipped"]
     assert skipped["id"] == vga and skipped["driver"] == "bochs-drm"
     assert skipped["resource_name"] == "example.com/display"
@@ -498,7 +501,10 @@ def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
     assert [e for e, *_ in binding if e != "bind-refused"] == ["bind", "bound"]
     # Advertised Unhealthy while it moved, then Healthy.
     assert [(e["health"], e["reason"]) for e in log if e["event"] == "health-changed"] == [
-        ("Unhealthy", "bound to host driver e1000e; dp is moving it to vfio-pci"),
+        (
+            "Unhealthy",
+            "bound to host driver e1000e; the config's binding has dp move it to vfio-pci",
+        ),
         ("Healthy", ""),
     ]
     after = parsed(steps[4])

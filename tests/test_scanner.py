@@ -14,7 +14,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 
-from dp_core import HostSnapshot, PciAddress, VfioDevEntry
+from dp_core import HostSnapshot, PciAddress, ScanProblem, VfioDevEntry
 from dp_server.host import scanner
 from dp_server.host.scanner import UNKNOWN_CLASS, UNKNOWN_DRIVER, scan_host
 from dp_testing.generator import generate_topology
@@ -409,12 +409,35 @@ def test_dev_paths_outside_dev_are_refused(tree: tuple[Path, Path]) -> None:
     assert not any("passwd" in node for node in result.dev_nodes)
 
 
-def test_empty_and_missing_roots_do_not_raise(tmp_path: Path) -> None:
-    assert scan_host(tmp_path / "nothing", tmp_path / "none") == HostSnapshot(pci_drivers=())
+def test_empty_and_missing_roots_do_not_raise_and_are_named(tmp_path: Path) -> None:
+    """A root that is not one is a host with nothing on it, and a problem that says so."""
+    nothing, none = tmp_path / "nothing", tmp_path / "none"
+    assert scan_host(nothing, none) == HostSnapshot(
+        pci_drivers=(),
+        problems=(
+            ScanProblem(str(none), "does not exist; --dev must be /dev or a copy of it"),
+            ScanProblem(str(nothing), "does not exist; --sysfs must be /sys or a copy of it"),
+        ),
+    )
     (tmp_path / "sys" / "bus" / "pci").mkdir(parents=True)
     (tmp_path / "sys" / "bus" / "pci" / "devices").write_text("not a directory")
+    (tmp_path / "dev" / "vfio").mkdir(parents=True)
     result = scan_host(tmp_path / "sys", tmp_path / "dev")
     assert result.pci_devices == () and len(result.problems) == 1
+    # One level too high: the roots below are named.
+    result = scan_host(tmp_path, tmp_path)
+    assert {(p.path, p.reason) for p in result.problems} >= {
+        (
+            str(tmp_path),
+            f"is not /sys or a copy of it, but {tmp_path / 'sys'} is: "
+            f"did you mean --sysfs {tmp_path / 'sys'}?",
+        ),
+        (
+            str(tmp_path),
+            f"is not /dev or a copy of it, but {tmp_path / 'dev'} is: "
+            f"did you mean --dev {tmp_path / 'dev'}?",
+        ),
+    }
 
 
 # --------------------------------------------------------------------------

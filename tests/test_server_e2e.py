@@ -1,4 +1,4 @@
-"""The server end to end, through the grpcio kubelet emulator (DESIGN.md §3, §4)."""
+"""The server end to end, through the grpcio kubelet emulator (docs/design.md §3, §4)."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
 """Moving selected PCI functions to vfio-pci and back: the kernel's rebinding
-files, one move at a time, and the record of what dp moved (DESIGN.md §6)."""
+files, one move at a time, and the record of what dp moved (docs/design.md §6)."""

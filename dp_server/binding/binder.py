@@ -1,6 +1,6 @@
 """Carrying out `BindDevice` and `UnbindDevice`: the kernel's rebinding files.
 
-DESIGN.md §6: write `vfio-pci` to the function's `driver_override`, unbind it
+docs/design.md §6: write `vfio-pci` to the function's `driver_override`, unbind it
 from its driver, then ask the kernel to probe it; never `new_id`, which would
 bind every function with that vendor and device ID. The core decided that the
 function may be moved (`dp_core.binding`); this checks just before writing

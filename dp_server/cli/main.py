@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
-from dp_server.config.loader import ConfigFileError, load_config
+from dp_server.cli.settings import pci_names
+from dp_server.config.loader import ConfigFileError, read_config_file
 from dp_server.host.scanner import scan_host
 from dp_server.monitoring.logs import configure_logging
 
@@ -19,68 +22,128 @@ __all__ = ["main"]
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1  # the server stopped itself: a restart is what it needs
+EXIT_PIPE = 141  # the reader went away (`| head`), as for a process SIGPIPE ended
 DRA_CDI_SPEC_DIR = "/var/run/cdi"
+# A rescan reads all of sysfs's PCI tree; more often than once a second is a
+# busy loop on a large host, and less than daily leaves a change unseen for long.
+RESCAN_INTERVAL_RANGE = (1.0, 86400.0)
 _log = logging.getLogger("dp.cli")
 
 
 def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
-    """The config and, in pci-ids naming mode, the PCI ID database names."""
-    config = load_config(path)
-    names: dict[PciId, str] = {}
-    if config.naming.source == "pci-ids":
-        # Imported here, as is what only `scan` uses: `serve` is measured in
-        # resident megabytes, and most configs never need these modules.
-        from dp_server.config.pci_ids import find_pci_ids, load_pci_names
+    """The config and, in pci-ids naming mode, the PCI ID database names; notes logged."""
+    loaded = read_config_file(path)
+    loaded.log_notes()
+    names, missing = pci_names(loaded.config)
+    if missing is not None:
+        _log.warning(
+            "pci-ids-missing",
+            extra={"dp_fields": {"fallback": "vendor_device names"}},
+        )
+    return loaded.config, names
 
-        found = find_pci_ids(config.naming.pci_ids_path)
-        if found is None:
-            _log.warning(
-                "pci-ids-missing",
-                extra={"dp_fields": {"fallback": "vendor_device names"}},
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake said in one line (as every other error is)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds from `low` to `high`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:  # NaN is in no range
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds from {low:g} to {high:g}"
             )
-        else:
-            names = load_pci_names(found)
-    return config, names
+        return value
+
+    return parse
 
 
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sysfs", default="/sys", help="sysfs root (default: /sys)")
     parser.add_argument("--dev", default="/dev", help="dev root (default: /dev)")
-    parser.add_argument("--config", default=None, help="YAML config file")
-
-
-def _log_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info"
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML config file: dp's own or a KubeVirt CR (default: none, which serves "
+        "every function bound to vfio-pci and kvm, tun and vhost-net)",
     )
+
+
+def _log_arguments(parser: argparse.ArgumentParser, default_level: str) -> None:
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="(default: text)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=default_level,
+        help=f"(default: {default_level})",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dp")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dp-server",
         description="One-socket Kubernetes device plugin for VFIO, mdev and shared devices.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     scan = commands.add_parser("scan", help="show what would be advertised; changes nothing")
     _host_arguments(scan)
-    scan.add_argument("--format", choices=("table", "json"), default="table")
+    scan.add_argument(
+        "--format", choices=("table", "json"), default="table", help="(default: table)"
+    )
 
     serve = commands.add_parser("serve", help="serve the kubelet")
     _host_arguments(serve)
-    serve.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
     serve.add_argument(
-        "--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock"
+        "--device-plugin-dir",
+        default="/var/lib/kubelet/device-plugins",
+        metavar="DIR",
+        help="the kubelet's device-plugin directory, where its kubelet.sock is and dp's "
+        "socket goes; the kubelet makes it, dp waits for it "
+        "(default: /var/lib/kubelet/device-plugins)",
+    )
+    serve.add_argument(
+        "--pod-resources-socket",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        metavar="PATH",
+        help="the kubelet's PodResources API, which says what pods hold "
+        "(default: /var/lib/kubelet/pod-resources/kubelet.sock)",
     )
     serve.add_argument(
         "--socket-mode",
         choices=[mode.value for mode in SocketMode],
         default=SocketMode.SINGLE.value,
-        help="one socket for every resource (default) or one per resource",
+        help="one socket for every resource, or one per resource (default: single)",
     )
     serve.add_argument(
-        "--rescan-interval", type=float, default=30.0, help="seconds between host rescans"
+        "--rescan-interval",
+        type=seconds_between(*RESCAN_INTERVAL_RANGE),
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between full host rescans, from 1 to 86400; changes in /dev/vfio are "
+        "seen at once besides (default: 30)",
     )
     serve.add_argument(
         "--state-dir",
@@ -131,18 +194,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /metrics, /healthz and /readyz over HTTP here: :9475 (every address), "
         "127.0.0.1:9475, [::1]:9475 (default: off)",
     )
-    _log_arguments(serve)
+    _log_arguments(serve, "info")
 
     demo = commands.add_parser(
         "demo", help="serve the built-in fixture node to a built-in kubelet emulator"
     )
-    demo.add_argument("--config", default=None, help="YAML config (default: the demo's own)")
     demo.add_argument(
-        "--socket-mode", choices=[mode.value for mode in SocketMode], default="single"
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML config to serve the fixture node with (default: the demo's own)",
     )
-    _log_arguments(demo)
+    demo.add_argument(
+        "--socket-mode",
+        choices=[mode.value for mode in SocketMode],
+        default="single",
+        help="(default: single)",
+    )
     # The demo prints its own report; only real trouble belongs on stderr.
-    demo.set_defaults(log_level="error")
+    _log_arguments(demo, "error")
     return parser
 
 
@@ -161,18 +231,23 @@ def parse_address(text: str) -> tuple[str | None, int]:
 def _scan(args: argparse.Namespace) -> int:
     import json
 
+    from dp_server.cli.explain import explain
     from dp_server.cli.report import inventory_document, inventory_table
 
-    config, names = load_settings(args.config)
+    loaded = read_config_file(args.config)
+    config = loaded.config
+    names, missing = pci_names(config)
     shared_paths = [device.path for device in config.enabled_shared_devices]
     snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
     # What `serve` would bind, shown and never done: scan writes nothing.
     plan = plan_bindings(snapshot, config)
     inventory = build_inventory(snapshot, config, names, plan)
+    explained = explain(loaded, snapshot, args.sysfs, [missing] if missing else [])
     if args.format == "json":
-        print(json.dumps(inventory_document(inventory, snapshot, plan), indent=2))
+        document = inventory_document(inventory, snapshot, plan, explained)
+        print(json.dumps(document, indent=2))
     else:
-        print(inventory_table(inventory, snapshot, plan))
+        print(inventory_table(inventory, snapshot, plan, explained))
     return 0
 
 
@@ -185,7 +260,7 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
         try:
             metrics_address = parse_address(args.metrics_address)
         except ValueError as error:
-            print(f"dp-server: --metrics-address: {error}", file=sys.stderr)
+            say_error(f"--metrics-address: {error}")
             return EXIT_CONFIG
     settings = Settings(
         sysfs=args.sysfs,
@@ -208,7 +283,7 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
             settings, config, pci_names=names, reload=lambda: load_settings(args.config)
         )
     except SettingsError as error:
-        print(f"dp-server: {error}", file=sys.stderr)
+        say_error(error)
         return EXIT_CONFIG
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -216,10 +291,10 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
     try:
         await runtime.run()
     except SettingsError as error:
-        print(f"dp-server: {error}", file=sys.stderr)
+        say_error(error)
         return EXIT_CONFIG
     if runtime.failure is not None:
-        print(f"dp-server: {runtime.failure}", file=sys.stderr)
+        say_error(runtime.failure)
         return EXIT_FAILED
     return 0
 
@@ -242,23 +317,51 @@ def _exit_now_if_a_write_hangs(code: int) -> None:
         os._exit(code)
 
 
+def say_error(message: object) -> None:
+    """An error for the operator on stderr, every line of it marked as dp-server's."""
+    for line in str(message).splitlines() or [""]:
+        print(f"dp-server: {line}", file=sys.stderr)
+
+
+def _quiet_after_broken_pipe() -> int:
+    # The reader left (`dp-server scan | head`): what is still buffered must
+    # not raise again when the interpreter flushes stdout on its way out.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "warning"))
+    # scan's report holds its warnings (the config's notes, what it could not
+    # read); logged too, each would be printed twice.
+    configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "error"))
     try:
         if args.command == "scan":
-            return _scan(args)
+            code = _scan(args)
+            sys.stdout.flush()  # a reader that left is found here, not at exit
+            return code
         if args.command == "serve":
             code = asyncio.run(_serve_until_signalled(args))
             _exit_now_if_a_write_hangs(code)
             return code
         if args.command == "demo":
             from dp_server.cli.demo import run_demo
+            from dp_server.cli.demo_node import DemoError
 
-            return run_demo(args)
+            try:
+                code = run_demo(args)
+            except DemoError as error:
+                say_error(f"demo: {error}")
+                return EXIT_CONFIG
+            sys.stdout.flush()
+            return code
     except ConfigFileError as error:
-        print(f"dp-server: {error}", file=sys.stderr)
+        say_error(error)
         return EXIT_CONFIG
+    except BrokenPipeError:
+        return _quiet_after_broken_pipe()
     raise AssertionError(f"unhandled command {args.command}")
 
 

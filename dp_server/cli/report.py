@@ -1,4 +1,6 @@
-"""What `dp-server scan` prints: the inventory as JSON (via cattrs) or a table."""
+"""What `dp-server scan` prints: the inventory as JSON (via cattrs) or a table,
+with what explains it (`explain`): who serves each config entry and what it
+selects here, the config's notes, and what about the host shortens the answer."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from dp_core import (
     ScanProblem,
     cdev_state,
 )
+from dp_server.cli.explain import EntryReport, Explained
 
-__all__ = ["inventory_document", "inventory_table", "report_converter"]
+__all__ = ["explained_lines", "inventory_document", "inventory_table", "report_converter"]
 
 report_converter = cattrs.Converter()
 report_converter.register_unstructure_hook(DeviceKind, lambda kind: kind.value)
@@ -89,8 +92,42 @@ def _iommufd_line(snapshot: HostSnapshot) -> str:
     return f"{IOMMUFD_NODE}: absent (no iommufd: the interface `iommufd` cannot serve here)"
 
 
+def _entry(report: EntryReport) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "entry": report.where,
+        "selector": report.selector,
+        "resource": report.resource,
+        "served_by": report.served_by,
+        "why": report.why,
+        "devices": report.devices,
+    }
+    if report.note:
+        document["note"] = report.note
+    if report.nearest is not None:
+        document["nearest"] = report.nearest
+    return document
+
+
+report_converter.register_unstructure_hook(EntryReport, _entry)
+
+
+def _config_document(explained: Explained) -> dict[str, Any]:
+    return {
+        "source": explained.config.source,
+        "kubevirt_cr": explained.config.kubevirt_cr,
+        "entries": [report_converter.unstructure(e, EntryReport) for e in explained.entries],
+        "notes": [
+            {"level": note.level, "path": note.path, "message": note.message}
+            for note in explained.notes
+        ],
+    }
+
+
 def inventory_document(
-    inventory: Inventory, snapshot: HostSnapshot, plan: Plan | None = None
+    inventory: Inventory,
+    snapshot: HostSnapshot,
+    plan: Plan | None = None,
+    explained: Explained | None = None,
 ) -> dict[str, Any]:
     """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`.
 
@@ -100,6 +137,11 @@ def inventory_document(
 
     With a binding plan, `"binding"` lists what `serve` would move to vfio-pci
     and what it refuses to, with the reason.
+
+    With `explained`, `"config"` has each entry (who serves it and why, how
+    many devices it selects here, and for one that selects none, the nearest
+    ID or mdev type name there is) and the config's notes; `"host_notes"` says
+    what about the host shortens the answer (no IOMMU groups, say).
     """
     resources = [
         {
@@ -119,10 +161,47 @@ def inventory_document(
     }
     if plan:
         document["binding"] = [report_converter.unstructure(d, BindDecision) for d in plan.values()]
+    if explained is not None:
+        document["config"] = _config_document(explained)
+        document["host_notes"] = list(explained.host)
     return document
 
 
-def inventory_table(inventory: Inventory, snapshot: HostSnapshot, plan: Plan | None = None) -> str:
+def _count(report: EntryReport) -> str:
+    one, many = ("function", "functions") if report.where.startswith("pci") else ("mdev", "mdevs")
+    return f"{report.devices} {one if report.devices == 1 else many}"
+
+
+def explained_lines(explained: Explained) -> list[str]:
+    """The config's entries and notes, and the host's notes, as report lines."""
+    lines: list[str] = []
+    loaded = explained.config
+    if loaded.source is not None:
+        kind = ", a KubeVirt CR read as KubeVirt reads it" if loaded.kubevirt_cr else ""
+        lines.append(f"config {loaded.source}{kind}:")
+    elif explained.entries or explained.notes:
+        lines.append("config:")
+    for report in explained.entries:
+        served = "served by dp" if report.served_by == "dp" else "left to virt-handler"
+        name = report.resource or "(a derived name)"
+        line = f"  {report.where}  {report.selector} -> {name}: {served}, {_count(report)}"
+        lines.append(f"{line}: {report.why}")
+        if report.note:
+            lines.append(f"    {report.note}")
+    for note in explained.notes:
+        lines.append(f"  {note.level}: {note.path}: {note.message}")
+    if explained.host:
+        lines.append("the host:")
+        lines += [f"  {note}" for note in explained.host]
+    return lines
+
+
+def inventory_table(
+    inventory: Inventory,
+    snapshot: HostSnapshot,
+    plan: Plan | None = None,
+    explained: Explained | None = None,
+) -> str:
     lines: list[str] = []
     for resource in inventory.resources:
         lines.append(
@@ -159,10 +238,13 @@ def inventory_table(inventory: Inventory, snapshot: HostSnapshot, plan: Plan | N
         for decision in binds:
             lines.append(f"  {decision.address}: from {decision.driver or 'no driver'}")
     lines.append(_iommufd_line(snapshot))
+    if explained is not None:
+        lines += explained_lines(explained)
     if snapshot.problems:
         lines.append("problems reading the host:")
         for problem in snapshot.problems:
             lines.append(f"  {problem.path}: {problem.reason}")
     if not inventory.resources:
-        lines.insert(0, "no resources would be advertised")
+        why = " (why: below)" if len(lines) > 1 else ""
+        lines.insert(0, f"no resources would be advertised{why}")
     return "\n".join(lines)

@@ -9,7 +9,14 @@ Two documents are accepted:
 * our own config, a mapping with `permittedHostDevices`, `sharedDevices` and
   `naming` (all optional; an empty file means the defaults);
 * a whole KubeVirt CR (`apiVersion: kubevirt.io/...`, `kind: KubeVirt`), of
-  which only `spec.configuration.permittedHostDevices` is read.
+  which only `spec.configuration.permittedHostDevices` is read, with
+  KubeVirt's meaning: dp serves the entries virt-handler leaves to an outside
+  plugin (`externalResourceProvider: true`) and nothing virt-handler serves
+  itself (the other entries, and kvm, tun and vhost-net).
+
+What an operator should know about a config that loads (an ignored section,
+what a CR leaves to virt-handler) comes back as `ConfigNote`s with the config
+(`read_config_file`); `load_config` logs them.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+import attrs
 import yaml
 from cattrs.errors import (
     AttributeValidationNote,
@@ -30,7 +38,13 @@ from cattrs.errors import (
     IterableValidationNote,
 )
 
-from dp_core.config import DEFAULT_SHARED_DEVICES, Config, PermittedHostDevices
+from dp_core.config import (
+    DEFAULT_SHARED_DEVICES,
+    Config,
+    MediatedDevice,
+    PciHostDevice,
+    PermittedHostDevices,
+)
 from dp_core.pci import PciId
 from dp_server.config.hooks import (
     IGNORED_KEYS,
@@ -44,11 +58,15 @@ from dp_server.config.hooks import (
 )
 
 __all__ = [
+    "ConfigFile",
     "ConfigFileError",
+    "ConfigNote",
     "config_converter",
     "dump_config",
     "load_config",
     "parse_config",
+    "parse_config_file",
+    "read_config_file",
 ]
 
 log = logging.getLogger("dp.config")
@@ -65,6 +83,35 @@ class ConfigFileError(Exception):
 
     def __str__(self) -> str:
         return "\n".join(self.problems)
+
+
+@attrs.frozen
+class ConfigNote:
+    """Something to know about a config that loads: `<source>: <field path>: <message>`."""
+
+    level: Literal["info", "warning"]
+    path: str
+    message: str
+
+
+@attrs.frozen
+class ConfigFile:
+    """A config as read: the `Config`, where it came from, and its notes."""
+
+    config: Config
+    source: str | None = None  # the file; None: no file, the defaults
+    kubevirt_cr: bool = False  # read from a KubeVirt CR, with KubeVirt's meaning
+    notes: tuple[ConfigNote, ...] = ()
+
+    def log_notes(self) -> None:
+        for note in self.notes:
+            log.log(
+                logging.WARNING if note.level == "warning" else logging.INFO,
+                "%s: %s: %s",
+                self.source or "<config>",
+                note.path,
+                note.message,
+            )
 
 
 # --- error plumbing ------------------------------------------------------------------
@@ -271,26 +318,80 @@ def _structure_at(
         return None, _flatten(exc, prefix)
 
 
-def _warn_ignored(permitted: object, prefix: tuple[Segment, ...], source: str) -> None:
+def _entries(count: int) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"
+
+
+def _ignored(permitted: object, prefix: tuple[Segment, ...]) -> list[ConfigNote]:
     if isinstance(permitted, Mapping) and "usb" in permitted:
         entries = permitted["usb"]
         count = len(entries) if isinstance(entries, list) else 0
-        log.warning(
-            "%s: %s: ignored (%d entries); dp does not serve USB host devices",
-            source,
-            _format_path((*prefix, "usb")),
-            count,
+        return [
+            ConfigNote(
+                "warning",
+                _format_path((*prefix, "usb")),
+                f"ignored ({_entries(count)}): dp does not serve USB host devices",
+            )
+        ]
+    return []
+
+
+def _entry_lists(
+    permitted: PermittedHostDevices,
+) -> tuple[tuple[str, tuple[PciHostDevice | MediatedDevice, ...]], ...]:
+    return (
+        ("pciHostDevices", permitted.pci_host_devices),
+        ("mediatedDevices", permitted.mediated_devices),
+    )
+
+
+def _pasted_block(config: Config) -> list[ConfigNote]:
+    """A block whose entries say `externalResourceProvider: true` and not, as in a CR.
+
+    In dp's own config an entry that says nothing is dp's; in a KubeVirt CR
+    the same entry is virt-handler's. A block mixing the two was most likely
+    copied from a CR, where dp would leave the silent ones alone.
+    """
+    if config.permitted_host_devices is None:
+        return []
+    flags = [
+        entry.external_resource_provider
+        for _, entries in _entry_lists(config.permitted_host_devices)
+        for entry in entries
+    ]
+    if True not in flags or None not in flags:
+        return []
+    return [
+        ConfigNote(
+            "warning",
+            "permittedHostDevices",
+            f"externalResourceProvider is true on {_entries(flags.count(True))} and absent "
+            f"on {_entries(flags.count(None))}: dp serves both, as its own config lists what "
+            "it serves, but in a KubeVirt CR an entry without it is virt-handler's; if this "
+            "block comes from a CR, give dp the whole CR, or write "
+            "externalResourceProvider: false on virt-handler's entries",
         )
+    ]
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    """The Config that a YAML document describes, or ConfigFileError listing every problem."""
+    """The Config that a YAML document describes, or ConfigFileError listing every problem.
+
+    Its notes are logged to the `dp.config` logger.
+    """
+    loaded = parse_config_file(text, source)
+    loaded.log_notes()
+    return loaded.config
+
+
+def parse_config_file(text: str, source: str = "<config>") -> ConfigFile:
+    """A YAML document's Config with its notes, or ConfigFileError listing every problem."""
     try:
         document = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigFileError([_yaml_error_line(source, exc)]) from None
     if document is None:
-        return Config()
+        return ConfigFile(Config(), source)
     if not isinstance(document, Mapping):
         raise ConfigFileError(
             [
@@ -306,13 +407,32 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         return _parse_kubevirt_cr(document, source)
 
     permitted = document.get("permittedHostDevices")
-    _warn_ignored(permitted, ("permittedHostDevices",), source)
     config, errors = _structure_at(document, Config, ())
     cross = _cross_checks(permitted, document.get("sharedDevices"), ("permittedHostDevices",))
-    return _result(config, errors, cross, source)
+    config = _result(config, errors, cross, source)
+    notes = _ignored(permitted, ("permittedHostDevices",)) + _pasted_block(config)
+    return ConfigFile(config, source, notes=tuple(notes))
 
 
-def _parse_kubevirt_cr(document: Mapping[Any, Any], source: str) -> Config:
+# What virt-handler serves on every node (its permanent device plugins:
+# PermanentHostDevicePlugins in pkg/virt-handler/device-manager).
+_VIRT_HANDLER_ALWAYS = ConfigNote(
+    "info",
+    "sharedDevices",
+    "devices.kubevirt.io/kvm, tun and vhost-net are not served: KubeVirt's virt-handler "
+    "always serves them",
+)
+_NOT_SHARED = tuple(attrs.evolve(device, enabled=False) for device in DEFAULT_SHARED_DEVICES)
+
+
+def _kubevirt_entry(entry: Any) -> Any:
+    """An entry of a CR as KubeVirt reads it: no externalResourceProvider is false."""
+    if entry.external_resource_provider is None:
+        return attrs.evolve(entry, external_resource_provider=False)
+    return entry
+
+
+def _parse_kubevirt_cr(document: Mapping[Any, Any], source: str) -> ConfigFile:
     if not _is_kubevirt_cr(document):
         found = f"apiVersion {show(document.get('apiVersion'))}, kind {show(document.get('kind'))}"
         raise ConfigFileError(
@@ -327,34 +447,58 @@ def _parse_kubevirt_cr(document: Mapping[Any, Any], source: str) -> Config:
         )
     node: object = document
     prefix: tuple[Segment, ...] = ()
-    for key in ("spec", "configuration"):
+    for key in ("spec", "configuration", "permittedHostDevices"):
         assert isinstance(node, Mapping)
         node = node.get(key)
         prefix = (*prefix, key)
         if node is None:
-            log.warning(
-                "%s: %s is absent: no permittedHostDevices, serving every vfio-pci function",
-                source,
+            # KubeVirt then starts no host-device plugin and lists none for an
+            # outside one: nothing here names a device for dp. Serving every
+            # vfio-pci function instead would take devices nobody named.
+            absent = ConfigNote(
+                "warning",
                 _format_path(prefix),
+                "is absent: the CR names no host device, so dp serves none from it; "
+                "list them there with externalResourceProvider: true, or give dp its own config",
             )
-            return Config()
+            config = Config(PermittedHostDevices(), shared_devices=_NOT_SHARED)
+            return ConfigFile(config, source, True, (absent, _VIRT_HANDLER_ALWAYS))
         if not isinstance(node, Mapping):
             raise ConfigFileError(
                 [_line(source, prefix, f"expected a mapping, got {kind_of(node)}: {show(node)}")]
             )
-    assert isinstance(node, Mapping)
-    prefix = (*prefix, "permittedHostDevices")
-    permitted = node.get("permittedHostDevices")
-    _warn_ignored(permitted, prefix, source)
-    structured, errors = _structure_at(permitted, PermittedHostDevices | None, prefix)
+    permitted = node
+    structured, errors = _structure_at(permitted, PermittedHostDevices, prefix)
     cross = _cross_checks(permitted, None, prefix)
     config: Config | None = None
     if not errors and not cross:
+        kubevirt = PermittedHostDevices(
+            tuple(_kubevirt_entry(entry) for entry in structured.pci_host_devices),
+            tuple(_kubevirt_entry(entry) for entry in structured.mediated_devices),
+        )
         try:
-            config = Config(permitted_host_devices=structured)
+            config = Config(permitted_host_devices=kubevirt, shared_devices=_NOT_SHARED)
         except ValueError as exc:
             errors.append((prefix, str(exc), True))
-    return _result(config, errors, cross, source)
+    config = _result(config, errors, cross, source)
+    notes = [*_ignored(permitted, prefix), _VIRT_HANDLER_ALWAYS]
+    assert config.permitted_host_devices is not None
+    outside = [
+        entry
+        for _, entries in _entry_lists(config.permitted_host_devices)
+        for entry in entries
+        if not entry.virt_handler_serves
+    ]
+    if not outside:
+        notes.append(
+            ConfigNote(
+                "warning",
+                _format_path(prefix),
+                "no entry says externalResourceProvider: true: virt-handler serves every one, "
+                "and dp none",
+            )
+        )
+    return ConfigFile(config, source, True, tuple(notes))
 
 
 def _result(
@@ -375,9 +519,19 @@ def _result(
 
 
 def load_config(path: str | os.PathLike[str] | None) -> Config:
-    """Read and parse the config file at `path`; None means the defaults."""
+    """Read and parse the config file at `path`; None means the defaults.
+
+    Its notes are logged to the `dp.config` logger.
+    """
+    loaded = read_config_file(path)
+    loaded.log_notes()
+    return loaded.config
+
+
+def read_config_file(path: str | os.PathLike[str] | None) -> ConfigFile:
+    """The config file at `path` with its notes; None means the defaults."""
     if path is None:
-        return Config()
+        return ConfigFile(Config())
     source = os.fspath(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -389,7 +543,7 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
         raise ConfigFileError(
             [f"{source}: cannot read config file: {exc.strerror or exc}"]
         ) from None
-    return parse_config(text, source)
+    return parse_config_file(text, source)
 
 
 def dump_config(config: Config) -> dict[str, Any]:

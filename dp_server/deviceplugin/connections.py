@@ -1,7 +1,7 @@
 """Which plugin connection a call arrived on: the one hook on grpclib's server.
 
 The kubelet opens one HTTP/2 connection per resource and names the resource
-nowhere on it, so one-socket attribution (DESIGN.md §4) needs to know when a
+nowhere on it, so one-socket attribution (docs/design.md §4) needs to know when a
 connection opens and closes, and which connection each call is on. grpclib's
 public API tells a handler neither, so `ConnectionServer` wraps the protocol
 grpclib makes for each accepted connection:

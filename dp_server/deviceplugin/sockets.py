@@ -125,7 +125,8 @@ class PluginSockets:
         except OSError:
             info = None
         if info is None or not stat.S_ISDIR(info.st_mode):
-            if not self._missing:
+            # Before dp first listened there, the wait for the kubelet says it.
+            if not self._missing and self._filesystem is not None:
                 _log.warning(
                     "plugin-dir-missing",
                     extra={

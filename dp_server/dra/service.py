@@ -66,7 +66,8 @@ class DraPluginService:
                         devices = outcome.devices
                     else:
                         error = outcome.error
-            _log.info("dra-prepare", extra=_fields(claim, error=error, devices=len(devices)))
+            # The core logs the outcome (claim-prepared, claim-refused); this is the call's trace.
+            _log.debug("dra-prepare", extra=_fields(claim, error=error, devices=len(devices)))
             replies[claim.uid] = pb.NodePrepareResourceResponse(
                 devices=[_device(pb, device) for device in devices] if not error else [],
                 error=error,
@@ -86,7 +87,7 @@ class DraPluginService:
                 except Exception as exc:
                     _log.exception("dra-unprepare-crashed", extra=_fields(claim))
                     error = f"internal error unpreparing claim {_name(claim)}: {exc}"
-            _log.info("dra-unprepare", extra=_fields(claim, error=error or ""))
+            _log.debug("dra-unprepare", extra=_fields(claim, error=error or ""))
             replies[claim.uid] = pb.NodeUnprepareResourceResponse(error=error or "")
         await stream.send_message(pb.NodeUnprepareResourcesResponse(claims=replies))
 

@@ -49,6 +49,7 @@ from dp_core import (
 )
 from dp_server.host.iommu_groups import cross_checked_groups
 from dp_server.host.reasons import why as _why
+from dp_server.host.roots import root_problems
 from dp_server.host.vfio_dev import cdev_nodes, read_vfio_dev
 
 __all__ = ["UNKNOWN_CLASS", "UNKNOWN_DRIVER", "scan_host"]
@@ -563,6 +564,8 @@ def _scan_host(
     # Without a trailing slash, so problem paths read `/sys/bus/...`, not `/sys//bus`;
     # "/" becomes "", which joins to the same absolute paths.
     scan = _Scan(os.fspath(sysfs_root).rstrip("/"), os.fspath(dev_root).rstrip("/"))
+    for path, reason in root_problems(os.fspath(sysfs_root), os.fspath(dev_root)):
+        scan.problem(path, reason)
     kernel_groups = scan.kernel_groups()
     known_groups = None if kernel_groups is None else {str(n): n for n in kernel_groups}
     found = scan.pci_functions(known_groups)

@@ -89,3 +89,12 @@ def configure_logging(fmt: str = "text", level: str = "info") -> None:
     logging.getLogger("grpclib").setLevel(logging.CRITICAL)
     # watchfiles logs every batch of changes at info; the runtime logs what it does about them.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
+    # h2 and its header codec log every frame and header at debug: thousands of
+    # lines a second that would bury dp's own debug lines (which RPC went to
+    # which resource) under the wire's.
+    for chatty in ("hpack", "h2", "asyncio"):
+        logging.getLogger(chatty).setLevel(logging.INFO)
+    # httpx logs each API-server request at info; the DRA front end logs what
+    # it wrote (resourceslices-published) and what failed, in dp's own form.
+    for client in ("httpx", "httpx2"):  # lightkube's HTTP client, by either name
+        logging.getLogger(client).setLevel(logging.WARNING)

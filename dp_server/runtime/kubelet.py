@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from dp_server.runtime.memory import CollectionPolicy
 
 __all__ = ["KubeletFollower"]
 
+_log = logging.getLogger("dp.runtime")
+
 # After a kubelet connection closes, kubelet.sock is looked at every 5 ms for a
 # second, then every 50 ms for half a minute: a restarted kubelet's new socket
 # is seen within milliseconds if it comes back at once, within 50 ms if it takes
@@ -29,6 +32,7 @@ __all__ = ["KubeletFollower"]
 _FOLLOW_FAST = (0.005, 1.0)  # (step, for how long)
 _FOLLOW_SLOW = (0.05, 30.0)
 _LOOK_WHILE_ABSENT = 1.0  # seconds between looks at kubelet.sock while there is none
+_SAY_WHILE_ABSENT = 60.0  # seconds between log lines saying dp still waits for it
 
 
 class KubeletFollower:
@@ -63,6 +67,7 @@ class KubeletFollower:
         self._identity: tuple[int, int] | None = None
         self._follower: asyncio.Task[None] | None = None
         self._since = 0.0
+        self._said_waiting: float | None = None  # when dp last said it waits for kubelet.sock
 
     @property
     def connections(self) -> int:
@@ -108,9 +113,27 @@ class KubeletFollower:
         self._retire()
         if identity is None:
             self._feed(KubeletStopped(self._now()))
+            self._said_waiting = self._now()
             self.follow(fast=False)
         else:
+            self._said_waiting = None
             self._feed(KubeletStarted(self._now()))
+
+    def say_waiting(self) -> None:
+        """Log what dp waits for while there is no kubelet.sock (at start, then each minute)."""
+        self._said_waiting = self._now()
+        directory = self.kubelet_socket.parent
+        if directory.is_dir():
+            why = "no kubelet is listening: is the kubelet running on this node?"
+        else:
+            why = (
+                f"{directory} does not exist: the kubelet makes it at start "
+                "(is --device-plugin-dir the kubelet's directory?)"
+            )
+        _log.warning(
+            "waiting-for-kubelet",
+            extra={"dp_fields": {"socket": str(self.kubelet_socket), "reason": why}},
+        )
 
     def follow(self, *, fast: bool = True) -> None:
         """Look at kubelet.sock often for a while (`fast`), or, while there is
@@ -138,6 +161,9 @@ class KubeletFollower:
                 # Still no kubelet: keep a slow look besides the watcher, which
                 # misses a socket made before its watch was in place.
                 step = _LOOK_WHILE_ABSENT
+                said = self._said_waiting
+                if said is None or self._now() - said >= _SAY_WHILE_ABSENT:
+                    self.say_waiting()
             else:
                 return
             await asyncio.sleep(step)

@@ -414,15 +414,18 @@ class Runtime:
                 message = f"--metrics-address {host or ''}:{port}: cannot listen: {reason}"
                 raise SettingsError(message) from error
         try:
-            self.plugin_dir.mkdir(parents=True, exist_ok=True)
-            self._sockets.remove_stale()
+            # The directory is the kubelet's: it makes it, and dp listens there
+            # once it exists (each Register makes dp's socket first).
+            plugin_dir_present = self.plugin_dir.is_dir()
+            if plugin_dir_present:
+                self._sockets.remove_stale()
             recalled = self._moves.recall()
             if recalled:
                 self.feed(MovesRecalled(recalled))
             self.rescan()
             if self.dra is not None:
                 self.dra.recall()  # before the DRA sockets serve a Prepare
-            if self.settings.socket_mode is SocketMode.SINGLE:
+            if plugin_dir_present and self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
             self._tasks.spawn(self._watch_files())
             self._tasks.spawn(self._timers.run())
@@ -440,6 +443,14 @@ class Runtime:
                 await self.dra.close_api()
             raise
         self.ready.set()
+        serving: dict[str, object] = {
+            "resources": len(self.node.resource_names()),
+            "directory": str(self.plugin_dir),
+            "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
+        }
+        if self.settings.config_path or self._reload is not None:
+            serving["config"] = self.settings.config_path or "none (the defaults)"
+        _log.info("serving", extra={"dp_fields": serving})
         try:
             await self._stop.wait()
         finally:

@@ -4,7 +4,7 @@ The server under test speaks grpclib + betterproto2. If the tests' kubelet spoke
 the same stack, a bug shared by both ends (framing, headers, message encoding,
 connection handling) would pass unnoticed. So this emulator uses grpcio (the
 C-core stack) and protobuf's own runtime messages, and reproduces the kubelet's
-device-manager behaviour that the server depends on (DESIGN.md §3):
+device-manager behaviour that the server depends on (docs/design.md §3):
 
 * Register is synchronous: inside the handler the kubelet dials the endpoint
   (blocking, 10 s), calls GetDevicePluginOptions, then replies; ListAndWatch

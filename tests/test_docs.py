@@ -1,0 +1,170 @@
+"""What the README and docs tell a newcomer to run, and what they cite, hold."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+CI = (REPO / ".ci" / "run").read_text()
+
+
+def _first_commands() -> list[str]:
+    block = README.split("```sh\n", 1)[1].split("```", 1)[0]
+    return block.strip().splitlines()
+
+
+def test_the_readme_commands_make_and_use_a_virtual_environment() -> None:
+    """PEP 668: a distribution's python3 refuses `pip install`, so each command
+    makes .venv itself and runs only what it installed there."""
+    install, test = _first_commands()
+    for command in (install, test):
+        assert command.startswith("python3 -m venv .venv && "), command
+        steps = command.split(" && ")[1:]
+        assert steps and all(step.startswith(".venv/bin/") for step in steps), command
+    assert install.endswith(" && .venv/bin/dp-server demo")
+    assert test.endswith(" && .venv/bin/python -m pytest")
+
+
+def test_ci_runs_the_readme_commands_as_written() -> None:
+    install, test = _first_commands()
+    assert f'readme_install_command="{install}"' in CI
+    assert f'readme_test_command="{test}"' in CI
+    assert 'eval "$readme_test_command"' in CI
+    # And the install on Debian's own python3, which PEP 668 guards.
+    assert re.search(r'ln -s /usr/bin/python3 "\$scratch/bin/python3"', CI)
+    assert 'eval "$readme_install_command"' in CI
+
+
+# --- links between the docs --------------------------------------------------------------
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _markdown_files() -> list[Path]:
+    skip = {".git", ".venv", "venv", "node_modules", "build", "dist"}
+    return sorted(
+        path
+        for path in REPO.rglob("*.md")
+        if not skip & set(path.relative_to(REPO).parts) and "egg-info" not in str(path)
+    )
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to '-'."""
+    import unicodedata
+
+    text = heading.strip().lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LMN")
+    return kept.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code or not line.startswith("#"):
+            continue
+        slug = _slug(line.lstrip("#"))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading() -> None:
+    broken = []
+    for doc in _markdown_files():
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path_part, _, anchor = target.partition("#")
+            linked = (doc.parent / path_part).resolve() if path_part else doc
+            if not linked.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such heading)")
+    assert broken == []
+
+
+# --- the examples' own words ------------------------------------------------------------
+
+
+def _commented_commands(path: Path) -> list[list[str]]:
+    """The `dp-server ...` commands a file's comments tell the reader to run."""
+    commands, current = [], ""
+    for line in path.read_text().splitlines():
+        text = line.lstrip("# ").rstrip()
+        if not line.startswith("#") or not (current or text.startswith("dp-server ")):
+            continue
+        current += " " + text.rstrip("\\")
+        if not text.endswith("\\"):
+            commands.append(current.split()[1:])
+            current = ""
+    return commands
+
+
+def test_the_commands_in_the_examples_comments_run_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dp_server.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    ran = 0
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for argv in _commented_commands(path):
+            if argv[0] == "scan":  # `demo --config` is run for every example in test_cli
+                assert main(argv) == 0, (path.name, argv)
+                assert "problems reading the host" not in capsys.readouterr().out, argv
+                ran += 1
+    assert ran >= 2
+
+
+def test_the_binding_example_warns_first_about_the_network_interface_it_unbinds() -> None:
+    """Every network function the example moves is named in the warning it opens with."""
+    from dp_core import plan_bindings
+    from dp_server.config.loader import load_config
+    from dp_testing.topology import fixture_topology, to_snapshot
+
+    path = REPO / "examples" / "config-binding.yaml"
+    header = path.read_text().split("\n\n", 1)[0]
+    assert header.startswith("# WARNING: THIS CONFIG UNBINDS A NETWORK INTERFACE.")
+    snapshot = to_snapshot(fixture_topology())
+    moved = [
+        snapshot.device(address)
+        for address, decision in plan_bindings(snapshot, load_config(path)).items()
+        if decision.binds
+    ]
+    network = [pci for pci in moved if pci is not None and pci.class_code >> 16 == 0x02]
+    assert network
+    for pci in network:
+        assert f"{pci.vendor:04X}:{pci.device:04X}" in header and pci.driver in header
+
+
+def test_design_citations_name_sections_of_docs_design_md() -> None:
+    """The code and docs cite the project's own design document, by section."""
+    sections = {
+        int(number)
+        for number in re.findall(r"^## (\d+)\. ", (REPO / "docs" / "design.md").read_text(), re.M)
+    }
+    assert sections == set(range(1, len(sections) + 1))
+    cited: list[tuple[str, int]] = []
+    for path in REPO.rglob("*"):
+        skipped = {".git", ".venv", "__pycache__"} & set(path.relative_to(REPO).parts)
+        if skipped or path.suffix not in (".py", ".md", ".yaml", ".go") or not path.is_file():
+            continue
+        if path == Path(__file__).resolve():  # it names the old file, to look for it
+            continue
+        text = path.read_text(errors="replace")
+        assert "DESIGN.md" not in text.replace("docs/design.md", ""), path
+        for numbers in re.findall(r"design\.md[^§\n]{0,40}§(\d+(?:[–,-] ?§?\d+)*)", text):
+            cited += [(str(path), int(n)) for n in re.findall(r"\d+", numbers)]
+    assert len(cited) >= 30
+    assert [c for c in cited if c[1] not in sections] == []
