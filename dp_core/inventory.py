@@ -385,7 +385,8 @@ def _mdev_device(
 ) -> AdvertisedDevice:
     paths = _group_paths(mdev.iommu_group, nodes)
     healthy, reason = _group_health(paths, snapshot)
-    parent = snapshot.device(mdev.parent)
+    # A parent that is no PCI function (a virtual device) has no NUMA node.
+    parent = None if mdev.parent_address is None else snapshot.device(mdev.parent_address)
     return AdvertisedDevice(
         id=mdev.uuid,
         healthy=healthy,

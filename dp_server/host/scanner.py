@@ -2,7 +2,8 @@
 
 This is the shell's only reader of the host's devices. It turns
 `/sys/bus/pci/devices/*` (with each function's `vfio-dev/`),
-`/sys/kernel/iommu_groups/*`, `/sys/bus/mdev/devices/*`, `/dev/vfio/*`,
+`/sys/kernel/iommu_groups/*`, `/sys/class/mdev_bus/*` (the mdev types of
+every parent, PCI function or not), `/sys/bus/mdev/devices/*`, `/dev/vfio/*`,
 `/dev/vfio/devices/*` and `/dev/iommu` into plain data and never decides
 anything: what is healthy, what may be allocated or rebound is the core's
 business.
@@ -368,9 +369,6 @@ class _Scan:
                 self.problem(path, f"garbage value {text[:40]!r}; {consequence}")
                 boot_vga = True
 
-        if "mdev_supported_types" in present:
-            self.mdev_supported_types(address, f"{base}/mdev_supported_types")
-
         vfio_dev = None
         if "vfio-dev" in present:
             vfio_dev = read_vfio_dev(f"{base}/vfio-dev", self.problem)
@@ -450,7 +448,22 @@ class _Scan:
 
     # -- mediated devices -------------------------------------------------
 
-    def mdev_supported_types(self, parent: PciAddress, types_dir: str) -> None:
+    def mdev_parents(self) -> None:
+        """The mdev types of every parent `class/mdev_bus/` lists.
+
+        The kernel links each parent there by its device name, whatever its
+        bus: a PCI function's address, or the name of a virtual device (the
+        sample drivers' `mtty`), s390's `matrix` or a subchannel.
+        """
+        bus_dir = f"{self.sys}/class/mdev_bus"
+        for name in sorted(self.optional_listdir(bus_dir) or ()):
+            path = f"{bus_dir}/{name}"
+            if name.startswith(".") or not name.isprintable():
+                self.problem(path, "is not a device name; its mdev types are ignored")
+                continue
+            self.mdev_supported_types(name, f"{path}/mdev_supported_types")
+
+    def mdev_supported_types(self, parent: str, types_dir: str) -> None:
         type_ids = self.listdir(types_dir, "no mdev type of this parent is known")
         for type_id in type_ids or ():
             type_dir = f"{types_dir}/{type_id}"
@@ -483,10 +496,13 @@ class _Scan:
                 continue
             try:
                 target = os.readlink(path)
-                parent_name = target.rstrip("/").rpartition("/")[0].rpartition("/")[2]
-                parent = PciAddress.parse(parent_name)
             except (OSError, ValueError) as exc:
-                self.problem(path, f"cannot tell the parent function: {_why(exc)}; mdev skipped")
+                self.problem(path, f"cannot tell the parent device: {_why(exc)}; mdev skipped")
+                continue
+            # The mdev's directory is inside its parent's, whatever the parent is.
+            parent = target.rstrip("/").rpartition("/")[0].rpartition("/")[2]
+            if parent in ("", ".", "..") or not parent.isprintable():
+                self.problem(path, f"link to {target[:80]!r} names no parent device; mdev skipped")
                 continue
             try:
                 type_id = _link_name(f"{path}/mdev_type")
@@ -532,9 +548,12 @@ def _by_address(dev: PciDevice) -> tuple[int, int, int, int]:
     return (a.domain, a.bus, a.slot, a.function)
 
 
-def _type_key(t: MdevType) -> tuple[int, int, int, int, str]:
-    a = t.parent
-    return (a.domain, a.bus, a.slot, a.function, t.type_id)
+def _type_key(t: MdevType) -> tuple[int, int, int, int, int, str, str]:
+    # PCI parents by address, then the others (virtual devices) by name.
+    a = t.parent_address
+    if a is None:
+        return (1, 0, 0, 0, 0, t.parent, t.type_id)
+    return (0, a.domain, a.bus, a.slot, a.function, "", t.type_id)
 
 
 def scan_host(
@@ -567,6 +586,7 @@ def _scan_host(
     known_groups = None if kernel_groups is None else {str(n): n for n in kernel_groups}
     found = scan.pci_functions(known_groups)
     devices = dict(sorted(found.items(), key=lambda item: _by_address(item[1])))
+    scan.mdev_parents()
     mdevs = scan.mdevs(known_groups)
     if kernel_groups is None:
         # The groups directory could not be listed: ask each group a function
