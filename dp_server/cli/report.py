@@ -16,6 +16,7 @@ from dp_core import (
     DeviceKind,
     HostSnapshot,
     Inventory,
+    MdevDevice,
     PciAddress,
     ScanProblem,
     cdev_state,
@@ -70,8 +71,20 @@ def _cdev(device: AdvertisedDevice, snapshot: HostSnapshot) -> CdevState | None:
     return None if pci is None else cdev_state(pci, snapshot)
 
 
+def _mdev(device: AdvertisedDevice, snapshot: HostSnapshot) -> MdevDevice | None:
+    return next((m for m in snapshot.mdevs if m.uuid == device.id), None)
+
+
 def _devices(kind: DeviceKind, devices: Any, snapshot: HostSnapshot) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = report_converter.unstructure(list(devices))
+    if kind is DeviceKind.MDEV:
+        # The type and the parent by the kernel's names (a parent may be no PCI function).
+        for device, document in zip(devices, documents, strict=True):
+            mdev = _mdev(device, snapshot)
+            if mdev is not None:
+                document["mdev_type"] = mdev.type_id
+                document["parent"] = mdev.parent
+        return documents
     if kind is not DeviceKind.PCI:
         return documents
     for device, document in zip(devices, documents, strict=True):
@@ -95,7 +108,8 @@ def inventory_document(
     """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`.
 
     A PCI device says which VFIO character device it has (`cdev`, a path or
-    null) and, without one, why (`cdev_reason`); `iommufd` says whether
+    null) and, without one, why (`cdev_reason`); an mdev, its type
+    (`mdev_type`) and its parent device (`parent`); `iommufd` says whether
     `/dev/iommu` exists.
 
     With a binding plan, `"binding"` lists what `serve` would move to vfio-pci
@@ -143,6 +157,9 @@ def inventory_table(inventory: Inventory, snapshot: HostSnapshot, plan: Plan | N
             cdev = _cdev(device, snapshot) if resource.kind is DeviceKind.PCI else None
             if cdev is not None:
                 line += f" cdev={(cdev.path or '-').removeprefix('/dev/vfio/devices/'):<6}"
+            mdev = _mdev(device, snapshot) if resource.kind is DeviceKind.MDEV else None
+            if mdev is not None:
+                line += f" type={mdev.type_id} parent={mdev.parent}"
             if device.reason:
                 line += f"  {device.reason}"
             if cdev is not None and cdev.reason:
