@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import shutil
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 import go_kubelet
+import qemu_guest
 from e2e_harness import Harness
 
 # Shared, noisy CI machines: never fail a property on wall-clock time.
@@ -28,11 +30,37 @@ async def harness() -> AsyncIterator[Harness]:
 
 
 @pytest.fixture(scope="session")
-def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The grpc-go kubelet, built once; skipped without Go unless DP_REQUIRE_GO_KUBELET=1."""
+def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The grpc-go kubelet, built once and removed at the end of the run;
+    skipped without Go unless DP_REQUIRE_GO_KUBELET=1."""
     why = go_kubelet.missing()
     if why is not None:
         if os.environ.get("DP_REQUIRE_GO_KUBELET") == "1":
             pytest.fail(f"DP_REQUIRE_GO_KUBELET=1 but gokubelet cannot be built: {why}")
         pytest.skip(why)
-    return go_kubelet.build(tmp_path_factory.mktemp("gokubelet"))
+    directory = tmp_path_factory.mktemp("gokubelet")
+    try:
+        yield go_kubelet.build(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def require_qemu() -> None:
+    """Skip (or with DP_REQUIRE_QEMU=1, as CI sets, fail) where no guest can be booted."""
+    why = qemu_guest.missing()
+    if why is not None:
+        if os.environ.get("DP_REQUIRE_QEMU") == "1":
+            pytest.fail(f"DP_REQUIRE_QEMU=1 but no guest can be booted: {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def guest_python_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The guests' python image (python3.11, its stdlib, dp), made once per run
+    and removed at its end: it is the largest thing the suite makes."""
+    require_qemu()
+    workdir = tmp_path_factory.mktemp("guest-python")
+    try:
+        yield qemu_guest.python_image(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

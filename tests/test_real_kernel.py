@@ -23,7 +23,8 @@ where that is a failure.
 from __future__ import annotations
 
 import json
-import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +107,15 @@ TRUTH_STEP = "py /scenario/truth.py"
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory: pytest.TempPathFactory) -> qemu_guest.Guest:
-    why = qemu_guest.missing()
-    if why is not None:
-        if os.environ.get("DP_REQUIRE_QEMU") == "1":
-            pytest.fail(f"DP_REQUIRE_QEMU=1 but no guest can be booted: {why}")
-        pytest.skip(why)
-    return qemu_guest.Guest(tmp_path_factory.mktemp("guest"), Path(__file__).parent.parent)
+def guest(
+    tmp_path_factory: pytest.TempPathFactory, guest_python_image: Path
+) -> Iterator[qemu_guest.Guest]:
+    """Debian's cloud kernel (6.1), unpacked for this module and removed after it."""
+    directory = tmp_path_factory.mktemp("cloud-kernel")
+    try:
+        yield qemu_guest.Guest(qemu_guest.debian_kernel(directory), guest_python_image)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def machine(tmp_path: Path) -> list[str]:
@@ -121,10 +124,7 @@ def machine(tmp_path: Path) -> list[str]:
     on NUMA node 1; a pci-testdev (no driver exists for it); an NVMe drive
     (the kernel's nvme driver takes it); and a conventional PCI bridge with an
     e1000 and a virtio disk behind it, which share one IOMMU group."""
-    disks = {}
-    for name in ("nvme", "scratch"):
-        disks[name] = tmp_path / f"{name}.img"
-        disks[name].write_bytes(bytes(1 << 20))
+    disks = {name: qemu_guest.disk(tmp_path / f"{name}.img") for name in ("nvme", "scratch")}
     return [
         *("-object", "memory-backend-ram,id=m0,size=384M"),
         *("-numa", "node,nodeid=0,cpus=0,memdev=m0"),
@@ -427,9 +427,14 @@ cat /py/tmp/state/moves.json
 
 @pytest.fixture(scope="module")
 def generic_guest(
-    guest: qemu_guest.Guest, tmp_path_factory: pytest.TempPathFactory
-) -> qemu_guest.Guest:
-    return guest.with_kernel(tmp_path_factory.mktemp("generic"), GENERIC_KERNEL, GENERIC_MODULES)
+    tmp_path_factory: pytest.TempPathFactory, guest_python_image: Path
+) -> Iterator[qemu_guest.Guest]:
+    directory = tmp_path_factory.mktemp("generic-kernel")
+    try:
+        kernel = qemu_guest.debian_kernel(directory, GENERIC_KERNEL, GENERIC_MODULES)
+        yield qemu_guest.Guest(kernel, guest_python_image)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_serve_binds_an_e1000e_to_vfio_pci_and_leaves_the_boot_display(
