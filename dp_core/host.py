@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import attrs
 
-from .pci import PciAddress, PciDevice
+from .pci import PciAddress, PciDevice, VfioDevEntry
 
 __all__ = [
     "IOMMUFD_NODE",
@@ -169,13 +169,16 @@ class MdevType:
 class MdevDevice:
     """A created mediated device, `/sys/bus/mdev/devices/<uuid>`.
 
-    `parent` and `parent_address` as for `MdevType`.
+    `parent` and `parent_address` as for `MdevType`. `vfio_dev` is its
+    `vfio-dev/vfioN` entry: an mdev is a VFIO device of its own, with a
+    character device on a kernel with `CONFIG_VFIO_DEVICE_CDEV`.
     """
 
     uuid: str
     parent: str = attrs.field(converter=_parent_name, validator=_check_parent)
     type_id: str
     iommu_group: int | None = None
+    vfio_dev: VfioDevEntry | None = None
     parent_address: PciAddress | None = attrs.field(
         init=False, eq=False, repr=False, default=attrs.Factory(_parent_address, takes_self=True)
     )

@@ -121,12 +121,18 @@ class FakeMdevType:
 
 @attrs.frozen
 class FakeMdev:
-    """One created mediated device; the kernel gives each its own IOMMU group."""
+    """One created mediated device; the kernel gives each its own IOMMU group.
+
+    `vfio_dev` and `vfio_dev_file` as for `FakePci`: an mdev is a VFIO device
+    of its own, with its `vfio-dev/vfioN` entry from Linux 6.1.
+    """
 
     uuid: str
     parent: PciAddress | str
     type_id: str
     group: int | None = None
+    vfio_dev: str | None = None
+    vfio_dev_file: bool = True
 
 
 # Typed converters: mypy's attrs plugin cannot type a bare `converter=tuple`.
@@ -190,7 +196,7 @@ class Topology:
                     raise ValueError(f"{fn.address}: upstream {fn.upstream} is not a bridge")
             if fn.numa is not None and fn.numa < 0:
                 raise ValueError(f"{fn.address}: numa must be None or >= 0")
-        cdevs = [fn.vfio_dev for fn in self.pci if fn.vfio_dev is not None]
+        cdevs = [fn.vfio_dev for fn in (*self.pci, *self.mdevs) if fn.vfio_dev is not None]
         for name in cdevs:
             if _CDEV_NAME.match(name) is None:
                 raise ValueError(f"vfio-dev entry {name!r} is not vfio<N>")
@@ -250,6 +256,12 @@ def _is_vfio_node(path: str) -> bool:
 # The expected snapshot
 
 
+def _vfio_dev_entry(device: FakePci | FakeMdev) -> VfioDevEntry | None:
+    if device.vfio_dev is None:
+        return None
+    return VfioDevEntry(device.vfio_dev, has_dev=device.vfio_dev_file)
+
+
 def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> HostSnapshot:
     """The snapshot a correct `scan_host` returns for `write_sysfs(topology, ...)`.
 
@@ -278,9 +290,7 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
             virtfns=tuple(virtfns.get(fn.address, ())),
             sriov_numvfs=len(virtfns.get(fn.address, ())),
             boot_vga=fn.boot_vga,
-            vfio_dev=None
-            if fn.vfio_dev is None
-            else VfioDevEntry(fn.vfio_dev, has_dev=fn.vfio_dev_file),
+            vfio_dev=_vfio_dev_entry(fn),
         )
         for fn in topology.pci
     )
@@ -297,7 +307,7 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
         for t in sorted(topology.mdev_types, key=lambda t: (_parent_key(t.parent), t.type_id))
     )
     mdevs = tuple(
-        MdevDevice(m.uuid, m.parent, m.type_id, m.group)
+        MdevDevice(m.uuid, m.parent, m.type_id, m.group, _vfio_dev_entry(m))
         for m in sorted(topology.mdevs, key=lambda m: m.uuid)
     )
     wanted = None if dev_paths is None else frozenset(dev_paths)
@@ -417,7 +427,8 @@ def iommufd_guest_topology() -> Topology:
     whose parents are no PCI function but virtual devices
     (`/sys/devices/virtual/mtty/mtty`, `.../mdpy/mdpy`, linked from
     `/sys/class/mdev_bus/`), each mdev in an IOMMU group of its own, numbered
-    after the PCI groups as it was created.
+    after the PCI groups as it was created, and with a character device of its
+    own (`vfio-dev/vfio1`, `/dev/vfio/devices/vfio1`).
     """
     intel, redhat = 0x8086, 0x1B36
     host_bridge = _a("0000:00:00.0")
@@ -447,11 +458,11 @@ def iommufd_guest_topology() -> Topology:
         FakeMdevType("mdpy", "mdpy-xga", "mdpy-xga", 4),
     ]
     mdevs = [
-        FakeMdev("83b8f4f2-509f-382f-3c1e-e6bfe0fa1001", "mtty", "mtty-2", 6),
-        FakeMdev("83b8f4f2-509f-382f-3c1e-e6bfe0fa1002", "mdpy", "mdpy-vga", 7),
+        FakeMdev("83b8f4f2-509f-382f-3c1e-e6bfe0fa1001", "mtty", "mtty-2", 6, vfio_dev="vfio1"),
+        FakeMdev("83b8f4f2-509f-382f-3c1e-e6bfe0fa1002", "mdpy", "mdpy-vga", 7, vfio_dev="vfio2"),
     ]
     dev_nodes = {VFIO_CONTAINER, IOMMUFD_NODE, "/dev/vfio/5", "/dev/vfio/6", "/dev/vfio/7"}
-    dev_nodes.add("/dev/vfio/devices/vfio0")
+    dev_nodes |= {f"/dev/vfio/devices/vfio{n}" for n in range(3)}
     return Topology(pci=pci, mdev_types=mdev_types, mdevs=mdevs, dev_nodes=dev_nodes)
 
 
@@ -634,6 +645,8 @@ def write_sysfs(topology: Topology, root: Path) -> tuple[Path, Path]:
             if mdev.group is not None:
                 tree.link(f"{mdev_dir}/iommu_group", f"kernel/iommu_groups/{mdev.group}")
                 group_members[mdev.group].append(mdev_dir)
+            if mdev.vfio_dev is not None:
+                _write_vfio_dev(tree, f"{mdev_dir}/vfio-dev/{mdev.vfio_dev}", mdev.vfio_dev_file)
             tree.link(f"{type_dir}/devices/{mdev.uuid}", mdev_dir)
             tree.link(f"bus/mdev/devices/{mdev.uuid}", mdev_dir)
 

@@ -46,17 +46,18 @@ def _scan(tmp_path: Path, interface: str, fmt: str, capsys: pytest.CaptureFixtur
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("interface", "nic_paths"),
-    [
-        ("group", ["/dev/vfio/vfio", "/dev/vfio/5"]),
-        ("group+cdev", ["/dev/vfio/vfio", "/dev/vfio/5", "/dev/vfio/devices/vfio0"]),
-        ("iommufd", ["/dev/iommu", "/dev/vfio/devices/vfio0"]),
-    ],
-)
-def test_scan_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], interface: str, nic_paths: list[str]
-) -> None:
+def _paths(interface: str, group: int, cdev: str) -> list[str]:
+    """The nodes `interface` gives a device in `group` with character device `cdev`."""
+    group_nodes = ["/dev/vfio/vfio", f"/dev/vfio/{group}"]
+    return {
+        "group": group_nodes,
+        "group+cdev": [*group_nodes, f"/dev/vfio/devices/{cdev}"],
+        "iommufd": ["/dev/iommu", f"/dev/vfio/devices/{cdev}"],
+    }[interface]
+
+
+@pytest.mark.parametrize("interface", ["group", "group+cdev", "iommufd"])
+def test_scan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], interface: str) -> None:
     document = json.loads(_scan(tmp_path, interface, "json", capsys))
     assert document["iommufd"] == {"path": "/dev/iommu", "present": True}
     assert document["problems"] == []
@@ -67,13 +68,13 @@ def test_scan_json(
         NIC,
         "Healthy",
         "/dev/vfio/devices/vfio0",
-        nic_paths,
+        _paths(interface, 5, "vfio0"),
     )
-    # mdevs keep the group interface whatever the setting, with no NUMA node:
-    # their parents are virtual devices.
-    for name, uuid, mdev_type, parent, group in [
-        ("example.com/serial", SERIAL, "mtty-2", "mtty", 6),
-        ("example.com/display", DISPLAY, "mdpy-vga", "mdpy", 7),
+    # An mdev is a VFIO device of its own: its nodes follow the interface as a
+    # function's do. It has no NUMA node: its parent is a virtual device.
+    for name, uuid, mdev_type, parent, group, cdev in [
+        ("example.com/serial", SERIAL, "mtty-2", "mtty", 6, "vfio1"),
+        ("example.com/display", DISPLAY, "mdpy-vga", "mdpy", 7, "vfio2"),
     ]:
         (device,) = resources[name]["devices"]
         assert device == {
@@ -81,9 +82,10 @@ def test_scan_json(
             "health": "Healthy",
             "numa_node": None,
             "iommu_group": group,
-            "host_paths": ["/dev/vfio/vfio", f"/dev/vfio/{group}"],
+            "host_paths": _paths(interface, group, cdev),
             "mdev_type": mdev_type,
             "parent": parent,
+            "cdev": f"/dev/vfio/devices/{cdev}",
         }
 
 
@@ -93,4 +95,12 @@ def test_scan_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (nic,) = [line for line in table if line.startswith(f"  {NIC}")]
     assert nic.split() == [NIC, "Healthy", "numa=-", "group=5", "cdev=vfio0"]
     (serial,) = [line for line in table if line.startswith(f"  {SERIAL}")]
-    assert serial.split() == [SERIAL, "Healthy", "numa=-", "group=6", "type=mtty-2", "parent=mtty"]
+    assert serial.split() == [
+        SERIAL,
+        "Healthy",
+        "numa=-",
+        "group=6",
+        "cdev=vfio1",
+        "type=mtty-2",
+        "parent=mtty",
+    ]

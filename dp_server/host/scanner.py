@@ -515,7 +515,10 @@ class _Scan:
                 group = self.link_target(
                     group_link, None, known_groups, _group_number, "IOMMU group treated as unknown"
                 )
-            found.append(MdevDevice(name, parent, type_id, group))
+            vfio_dev = None
+            if os.path.isdir(f"{path}/vfio-dev"):
+                vfio_dev = read_vfio_dev(f"{path}/vfio-dev", self.problem)
+            found.append(MdevDevice(name, parent, type_id, group, vfio_dev))
         return found
 
     # -- /dev -------------------------------------------------------------
