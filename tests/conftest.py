@@ -45,20 +45,11 @@ def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def require_qemu() -> None:
-    """Skip (or with DP_REQUIRE_QEMU=1, as CI sets, fail) where no guest can be booted."""
-    why = qemu_guest.missing()
-    if why is not None:
-        if os.environ.get("DP_REQUIRE_QEMU") == "1":
-            pytest.fail(f"DP_REQUIRE_QEMU=1 but no guest can be booted: {why}")
-        pytest.skip(why)
-
-
 @pytest.fixture(scope="session")
 def guest_python_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The guests' python image (python3.11, its stdlib, dp), made once per run
     and removed at its end: it is the largest thing the suite makes."""
-    require_qemu()
+    qemu_guest.require()
     workdir = tmp_path_factory.mktemp("guest-python")
     try:
         yield qemu_guest.python_image(workdir)

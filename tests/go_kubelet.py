@@ -164,10 +164,14 @@ class StreamingKubelet:
     satisfies the check has arrived, however loaded the machine is.
     """
 
-    def __init__(self, binary: Path | str, plugin_dir: Path | str) -> None:
+    def __init__(
+        self, binary: Path | str, plugin_dir: Path | str, pod_resources: Path | None = None
+    ) -> None:
+        """`pod_resources`: also serve the PodResources API there (no pod holds anything)."""
         Path(plugin_dir).mkdir(parents=True, exist_ok=True)
+        extra = ["-pod-resources", str(pod_resources)] if pod_resources else []
         self.process = subprocess.Popen(
-            [str(binary), "-stream", "-dir", str(plugin_dir)],
+            [str(binary), "-stream", "-dir", str(plugin_dir), *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

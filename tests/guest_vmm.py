@@ -61,14 +61,18 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import json
 import mmap
 import os
+import re
 import stat
 import struct
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["group_interface", "iommufd_interface", "make_dev"]
+__all__ = ["as_vmm", "cdi_nodes", "group_interface", "iommufd_interface", "make_dev"]
 
 
 def _io(kind: str, number: int) -> int:
@@ -107,6 +111,7 @@ ATTACH_PT = struct.Struct("=III")  # argsz, flags, pt_id
 IOAS_ALLOC = struct.Struct("=III")  # size, flags, out_ioas_id
 IOAS_MAP = struct.Struct("=IIIIQQQ")  # size, flags, ioas_id, __reserved, user_va, length, iova
 
+GROUP_NODE = re.compile(r"^/dev/vfio/[0-9]+$")
 _MAPPED = 1 << 20  # the "guest memory" a VMM maps for the device's DMA
 _IOVA = 0x100000
 
@@ -282,3 +287,50 @@ def iommufd_interface(root: str, cdev: str, iommu: str | int) -> dict[str, Any]:
         memory.close()
     steps["opened"] = opener.opened
     return steps
+
+
+def cdi_nodes(cdi_dir: Path, names: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The device nodes and env the container gets from the CDI devices `names`."""
+    import cdi_reader  # tests/cdi_reader.py, beside this file in the guest
+
+    # The specs of the kinds asked for (another spec, such as a DRA claim's
+    # metadata with its mounts, is no business of a VMM's).
+    kinds = {name.partition("=")[0] for name in names}
+    specs = [
+        cdi_reader.read_spec(path.read_bytes(), str(path))
+        for path in sorted(Path(cdi_dir).glob("*.json"))
+        if json.loads(path.read_bytes()).get("kind") in kinds
+    ]
+    nodes: list[tuple[str, str]] = []
+    env: list[str] = []
+    for name in names:
+        edits = cdi_reader.resolve(specs, name)
+        for node in edits.device_nodes:
+            if (node.path, node.host_path) not in nodes:
+                nodes.append((node.path, node.host_path))
+        env += [e for e in edits.env if e not in env]
+    return nodes, env
+
+
+def as_vmm(nodes: list[tuple[str, str]], device: str) -> dict[str, Any]:
+    """Make the container's /dev from `nodes`, as a runtime does, and drive
+    each VFIO interface they allow for `device` (a PCI address or mdev UUID)."""
+    root = tempfile.mkdtemp(prefix="ctr-", dir="/tmp")
+    made = make_dev(root, nodes)
+    done: dict[str, Any] = {"nodes": made}
+    group = next((p for p in made if GROUP_NODE.match(p)), None)
+    cdev = next((p for p in made if p.startswith("/dev/vfio/devices/")), None)
+    if group is not None and "/dev/vfio/vfio" in made:
+        done["group"] = group_interface(root, "/dev/vfio/vfio", group, device)
+    if cdev is not None:
+        if "/dev/iommu" in made:
+            done["iommufd"] = iommufd_interface(root, cdev, "/dev/iommu")
+        else:
+            # group+cdev: KubeVirt's devices.kubevirt.io/iommufd plugin opens
+            # /dev/iommu outside the container and passes the descriptor.
+            passed = os.open("/dev/iommu", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                done["iommufd"] = iommufd_interface(root, cdev, passed)
+            finally:
+                os.close(passed)
+    return done

@@ -61,6 +61,7 @@ __all__ = [
     "iommufd_kernel_dir",
     "missing",
     "python_image",
+    "require",
 ]
 
 
@@ -76,6 +77,18 @@ def missing() -> str | None:
     if linked.returncode == 0:  # the initramfs has no C library for it
         return f"{busybox} is dynamically linked (apt-get install busybox-static)"
     return None
+
+
+def require() -> None:
+    """Skip the test (or with DP_REQUIRE_QEMU=1, as CI sets, fail it) where no
+    guest can be booted."""
+    import pytest
+
+    why = missing()
+    if why is not None:
+        if os.environ.get("DP_REQUIRE_QEMU") == "1":
+            pytest.fail(f"DP_REQUIRE_QEMU=1 but no guest can be booted: {why}")
+        pytest.skip(why)
 
 
 def _run(*command: str | Path, **kwargs: object) -> str:

@@ -77,7 +77,7 @@ for address in sorted(os.listdir("/sys/bus/pci/devices")):
         devices[address]["boot_vga"] = int(open(base + "boot_vga").read())
 viable = {}
 for name in os.listdir("/dev/vfio"):
-    if name == "vfio":
+    if not name.isdigit():  # the container, and devices/ where the kernel has cdevs
         continue
     fd = os.open(f"/dev/vfio/{name}", os.O_RDWR)
     status = bytearray(struct.pack("II", 8, 0))

@@ -394,15 +394,15 @@ class Runtime:
             except Exception:  # noqa: BLE001 - the next change must still be seen
                 _log.exception("watch-event-failed")
 
-    async def _watch_uevents(self) -> None:
+    def _open_uevents(self) -> UeventMonitor | None:
         # Devices that come or change driver without touching /dev/vfio (VFs
         # made by sriov_numvfs, a hot-plugged function): the kernel's uevents,
         # for the kernel's own /sys only (a fixture tree has no such events).
         if os.path.realpath(self.settings.sysfs) != "/sys":
-            return
-        monitor = UeventMonitor.open()
-        if monitor is None:
-            return
+            return None
+        return UeventMonitor.open()
+
+    async def _follow_uevents(self, monitor: UeventMonitor) -> None:
         async for _ in monitor.changes():
             self.try_rescan()
 
@@ -433,13 +433,16 @@ class Runtime:
             recalled = self._moves.recall()
             if recalled:
                 self.feed(MovesRecalled(recalled))
+            # Listening before the first scan: no device that comes meanwhile is missed.
+            uevents = self._open_uevents()
             self.rescan()
             if self.dra is not None:
                 self.dra.recall()  # before the DRA sockets serve a Prepare
             if self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
             self._tasks.spawn(self._watch_files())
-            self._tasks.spawn(self._watch_uevents())
+            if uevents is not None:
+                self._tasks.spawn(self._follow_uevents(uevents))
             self._tasks.spawn(self._timers.run())
             await self._check_sockets()
             if not self.kubelet.present:
