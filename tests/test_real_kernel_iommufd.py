@@ -24,8 +24,9 @@ scripts/build-test-kernel.sh). One boot per scenario:
    to vfio-pci by dp and handed out with their character devices, withdrawn
    with `sriov_numvfs=0`; and the binding plan refusing to move the PF.
 4. `dra`: the DRA front end (tests/guest_dra.py) with `vfio.interface:
-   iommufd`: the claim's CDI spec names `/dev/iommu` and the character device,
-   and a VMM binds it with those nodes alone.
+   iommufd`, then `group+cdev`: the claim's CDI spec names the character
+   device (with `/dev/iommu`, or with the group nodes), and a VMM uses the
+   function with those nodes alone.
 
 Every kubelet here is gokubelet (grpc-go), driven by its events
 (tests/go_kubelet.py StreamingKubelet); dp serves with `--rescan-interval
@@ -590,12 +591,14 @@ def test_vfs_made_while_dp_serves(guest: qemu_guest.Guest, gokubelet: Path, tmp_
 
 
 # --------------------------------------------------------------------------
-# 4. DRA on the new kernel, iommufd
+# 4. DRA on the new kernel
 
 DRA_DRIVER = "vfio.dp.example.com"
+# The DRA flow again, on a fresh state, with the next interface's config.
+DRA_AGAIN = "rm -rf /py/tmp/dra && cp /scenario/config-group+cdev.yaml /scenario/config.yaml"
 
 
-def test_dra_claim_names_iommufd_nodes_a_vmm_can_use(
+def test_dra_claims_name_the_cdev_and_a_vmm_can_use_them(
     guest: qemu_guest.Guest, tmp_path: Path
 ) -> None:
     from test_real_kernel import DRA_CONFIG, DRA_STEP, TRUTH, machine
@@ -611,22 +614,33 @@ def test_dra_claim_names_iommufd_nodes_a_vmm_can_use(
             "py /scenario/truth.py",
             VIEW_STEP,
             DRA_STEP + " vmm",
+            DRA_AGAIN,
+            DRA_STEP + " vmm",
         ],
         {
             "config.yaml": "vfio: {interface: iommufd}\n" + DRA_CONFIG,
+            "config-group+cdev.yaml": "vfio: {interface: group+cdev}\n" + DRA_CONFIG,
             "truth.py": TRUTH,
             "guest_dra.py": (TESTS / "guest_dra.py").read_text(),
         },
     )
-    assert steps[0][0] == 0, steps[0][1]
-    truth, view, report = parsed(steps[1]), parsed(steps[2]), parsed(steps[3])
+    assert steps[0][0] == 0 and steps[4][0] == 0, (steps[0][1], steps[4][1])
+    truth, view = parsed(steps[1]), parsed(steps[2])
+    for interface, report in (("iommufd", parsed(steps[3])), ("group+cdev", parsed(steps[5]))):
+        check_dra(interface, report, truth, view)
+
+
+def check_dra(
+    interface: str, report: dict[str, Any], truth: dict[str, Any], view: dict[str, Any]
+) -> None:
     assert "failure" not in report and None not in report["waited"].values(), report
     assert report["server_exit"] == 0, report["server_log"]
     nic, group = report["kernel"]["nic"], report["kernel"]["group"]
     assert truth["viable"][str(group)] is True
     cdev = view["functions"][nic]["cdev"]["name"]
 
-    # The claim's CDI spec names iommufd's node and the function's character device.
+    # The claim's CDI spec names the function's character device, and
+    # /dev/iommu in iommufd mode, the group nodes in group+cdev.
     uid = report["uids"]["vm-nic"]
     name = "pci-" + nic.replace(":", "-").replace(".", "-")
     claim_id = f"{DRA_DRIVER}/claim={uid}-{name}"
@@ -634,13 +648,14 @@ def test_dra_claim_names_iommufd_nodes_a_vmm_can_use(
     spec_name = f"{DRA_DRIVER}_claim_{uid}.json"
     edits = resolve([read_spec(report["cdi_prepared"][spec_name], spec_name)], claim_id)
     nodes = [(n.path, n.host_path, n.permissions) for n in edits.device_nodes]
-    assert nodes == [
-        ("/dev/iommu", "/dev/iommu", "mrw"),
-        (f"/dev/vfio/devices/{cdev}", f"/dev/vfio/devices/{cdev}", "mrw"),
-    ]
-    assert report["dev_vfio"]["/dev/iommu"] == {"char": True, "rdev": [10, 257]}
-    # A VMM given those nodes alone binds the function to iommufd.
-    check_vmm(report["vmm"], [p for p, _, _ in nodes], "iommufd")
+    want = paths_for(interface, group, cdev)
+    assert nodes == [(p, p, "mrw") for p in want], interface
+    for path in want:
+        assert report["dev_vfio"][path]["char"] is True, (path, report["dev_vfio"])
+    if interface == "iommufd":
+        assert report["dev_vfio"]["/dev/iommu"]["rdev"] == [10, 257]
+    # A VMM given those nodes alone uses the function through them.
+    check_vmm(report["vmm"], want, interface)
 
     # The group is still kept whole: its other member's claim is refused.
     (refused,) = report["prepare_sibling"].values()
