@@ -449,12 +449,8 @@ class _Scan:
     # -- mediated devices -------------------------------------------------
 
     def mdev_parents(self) -> None:
-        """The mdev types of every parent `class/mdev_bus/` lists.
-
-        The kernel links each parent there by its device name, whatever its
-        bus: a PCI function's address, or the name of a virtual device (the
-        sample drivers' `mtty`), s390's `matrix` or a subchannel.
-        """
+        """The mdev types of every parent, which the kernel links into `class/mdev_bus/`
+        by its device name: a PCI address, or a virtual device's name (`mtty`, `matrix`)."""
         bus_dir = f"{self.sys}/class/mdev_bus"
         for name in sorted(self.optional_listdir(bus_dir) or ()):
             path = f"{bus_dir}/{name}"
@@ -495,19 +491,14 @@ class _Scan:
                 self.problem(path, "is not an mdev UUID; ignored")
                 continue
             try:
+                # The mdev's directory is inside its parent's, whatever the parent is.
                 target = os.readlink(path)
-            except (OSError, ValueError) as exc:
-                self.problem(path, f"cannot tell the parent device: {_why(exc)}; mdev skipped")
-                continue
-            # The mdev's directory is inside its parent's, whatever the parent is.
-            parent = target.rstrip("/").rpartition("/")[0].rpartition("/")[2]
-            if parent in ("", ".", "..") or not parent.isprintable():
-                self.problem(path, f"link to {target[:80]!r} names no parent device; mdev skipped")
-                continue
-            try:
+                parent = target.rstrip("/").rpartition("/")[0].rpartition("/")[2]
+                if parent in ("", ".", "..") or not parent.isprintable():
+                    raise ValueError(f"link to {target[:80]!r} names no device")
                 type_id = _link_name(f"{path}/mdev_type")
             except (OSError, ValueError) as exc:
-                self.problem(f"{path}/mdev_type", f"cannot read link: {_why(exc)}; mdev skipped")
+                self.problem(path, f"cannot tell its parent and type: {_why(exc)}; mdev skipped")
                 continue
             group = None
             group_link = f"{path}/iommu_group"
