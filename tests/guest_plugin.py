@@ -74,6 +74,10 @@ def cdev_nodes() -> list[str]:
     return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
 
+def all_healthy(devices: Devices) -> bool:
+    return bool(devices) and all(d["health"] == "Healthy" for d in devices)
+
+
 def health(devices: Devices) -> dict[str, str]:
     return {d["id"]: d["health"] for d in devices}
 
@@ -223,9 +227,8 @@ def vmm() -> Obj:
         served = Served(f"vmm-{interface}", f"/scenario/config-{interface}.yaml")
         run: Obj = report["interfaces"].setdefault(interface, {})
         try:
-            every = lambda devices: bool(devices) and all(d["health"] == "Healthy" for d in devices)  # noqa: E731
             run["lists"] = {
-                name: served.listed(name, every)["devices"]
+                name: served.listed(name, all_healthy)["devices"]
                 for name in ("example.com/nic", "example.com/serial", "example.com/display")
             }
             run["nic"] = handed_out(served, "example.com/nic", nic)

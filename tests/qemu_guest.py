@@ -240,11 +240,13 @@ def disk(path: Path, size: int = 1 << 20) -> Path:
 
 
 class Guest:
-    """Boots `kernel` with the python image; `run` boots a fresh guest each time."""
+    """Boots `kernel` with the python image on `cpus` vCPUs; `run` boots a
+    fresh guest each time."""
 
-    def __init__(self, kernel: Kernel, python_image: Path) -> None:
+    def __init__(self, kernel: Kernel, python_image: Path, cpus: int = 2) -> None:
         self.kernel = kernel
         self.python_image = python_image
+        self.cpus = cpus
         self.boots: list[float] = []  # seconds from QEMU's start to its exit, per `run`
 
     def _initramfs(self, workdir: Path, steps: list[str]) -> Path:
@@ -325,7 +327,7 @@ poweroff -f
         initrd = self._initramfs(workdir, steps)
         command = [
             "qemu-system-x86_64",
-            *("-accel", "tcg", "-m", "768", "-smp", "2"),
+            *("-accel", "tcg", "-m", "768", "-smp", str(self.cpus)),
             *("-machine", "q35,kernel-irqchip=split"),
             *("-device", "intel-iommu,intremap=on,caching-mode=on"),
             *("-nographic", "-vga", "none", "-nic", "none", "-no-reboot"),

@@ -118,18 +118,19 @@ def guest(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def machine(tmp_path: Path) -> list[str]:
+def machine(tmp_path: Path, cpus: int = 2) -> list[str]:
     """q35 with two NUMA nodes and: an e1000e alone on a root port; a
     two-function e1000e on another; an e1000e behind a PCIe expander bridge
     on NUMA node 1; a pci-testdev (no driver exists for it); an NVMe drive
     (the kernel's nvme driver takes it); and a conventional PCI bridge with an
-    e1000 and a virtio disk behind it, which share one IOMMU group."""
+    e1000 and a virtio disk behind it, which share one IOMMU group. With one
+    vCPU, node 1 has memory and no CPU."""
     disks = {name: qemu_guest.disk(tmp_path / f"{name}.img") for name in ("nvme", "scratch")}
     return [
         *("-object", "memory-backend-ram,id=m0,size=384M"),
         *("-numa", "node,nodeid=0,cpus=0,memdev=m0"),
         *("-object", "memory-backend-ram,id=m1,size=384M"),
-        *("-numa", "node,nodeid=1,cpus=1,memdev=m1"),
+        *("-numa", "node,nodeid=1,memdev=m1" + (",cpus=1" if cpus > 1 else "")),
         *("-device", "pcie-root-port,id=rp1,chassis=1", "-device", "e1000e,bus=rp1,romfile="),
         *("-device", "pcie-root-port,id=rp2,chassis=2"),
         *("-device", "e1000e,bus=rp2,addr=0x0.0,multifunction=on,romfile="),
