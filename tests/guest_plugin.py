@@ -273,13 +273,6 @@ def mdev_changes(served: Served, serial: list[str]) -> Obj:
     }
 
 
-def bind_to_vfio(address: str) -> None:
-    write(f"/sys/bus/pci/devices/{address}/driver_override", "vfio-pci")
-    if driver(address) is not None:
-        write(f"/sys/bus/pci/devices/{address}/driver/unbind", address)
-    write("/sys/bus/pci/drivers_probe", address)
-
-
 def lifecycle() -> Obj:
     """Items 5 and 4: dp moves a function from its host driver to vfio-pci (it
     gets its cdev); then, on a config without binding, the operator takes it

@@ -47,8 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_real_kernel import DRA_CONFIG, DRA_STEP, TRUTH, machine
-from test_real_kernel import bind_to_vfio as bind_listed
+from test_real_kernel import DRA_CONFIG, DRA_STEP, TRUTH, bind_to_vfio, machine
 
 from tests.cdi_reader import read_spec, resolve
 
@@ -142,20 +141,6 @@ print(json.dumps({"kernel": os.uname().release, "functions": functions, "parents
                   "mdevs": mdevs, "nodes": nodes}))
 """
 VIEW_STEP = "py /scenario/kernel_view.py"
-
-
-def bind_to_vfio(ids: str) -> str:
-    """The operator's part, for every function with one of `ids`: driver_override,
-    unbind, drivers_probe."""
-    return f"""
-for d in /sys/bus/pci/devices/*; do
-  case "$(cat $d/vendor):$(cat $d/device)" in {ids})
-    echo vfio-pci > $d/driver_override
-    if [ -e $d/driver ]; then echo ${{d##*/}} > $d/driver/unbind; fi
-    echo ${{d##*/}} > /sys/bus/pci/drivers_probe;;
-  esac
-done
-"""
 
 
 MTTY = "/sys/class/mdev_bus/mtty/mdev_supported_types/mtty-2/create"
@@ -612,7 +597,7 @@ def test_dra_claims_name_the_cdev_and_a_vmm_can_use_them(
         "dra",
         machine(tmp_path, cpus=guest.cpus),
         [
-            bind_listed("0x8086:0x10d3|0x8086:0x100e|0x1af4:0x1001"),
+            bind_to_vfio("0x8086:0x10d3|0x8086:0x100e|0x1af4:0x1001"),
             "py /scenario/truth.py",
             VIEW_STEP,
             DRA_STEP + " vmm",
