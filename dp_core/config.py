@@ -240,7 +240,7 @@ VFIO_INTERFACES: tuple[VfioInterface, ...] = ("group", "group+cdev", "iommufd")
 
 @attrs.frozen
 class Vfio:
-    """Which VFIO interface a container is given for a PCI device (docs/design.md §9).
+    """Which VFIO interface a container is given for a PCI device or an mdev (docs/design.md §9).
 
     - `group`: `/dev/vfio/vfio` and `/dev/vfio/<group>`, the legacy interface;
     - `group+cdev` (the default, what KubeVirt 1.9's own plugin gives): the
@@ -251,7 +251,8 @@ class Vfio:
       iommufd on).
 
     A device is Healthy only while every node it would be given exists. An
-    mdev always gets the group interface: iommufd cannot take it by descriptor.
+    mdev is given its nodes by the same rule: it is a VFIO device of its own,
+    in a group of its own, with a character device of its own.
     """
 
     interface: VfioInterface = attrs.field(default="group+cdev")

@@ -145,13 +145,16 @@ def pci_attributes(pci: PciDevice, resource_name: str) -> tuple[Attributes, tupl
 def mdev_attributes(
     mdev: MdevDevice, snapshot: HostSnapshot, resource_name: str
 ) -> tuple[Attributes, tuple[str, ...]]:
-    """An mdev's attributes (the parent's IDs and NUMA node), and why any was left out."""
-    parent = snapshot.device(mdev.parent)
+    """An mdev's attributes (the parent's IDs and NUMA node), and why any was left out.
+
+    A parent that is no PCI function (a virtual device, as the kernel's sample
+    drivers and s390's vfio-ap have) gives no IDs, NUMA node or bus ID.
+    """
+    address = mdev.parent_address
+    parent = None if address is None else snapshot.device(address)
     numa = parent.numa_node if parent is not None else None
     pairs = _common(parent, resource_name, numa, mdev.iommu_group)
-    pairs += [
-        (MDEV_UUID, mdev.uuid),
-        (MDEV_TYPE, mdev.type_id),
-        (PARENT_PCI_BUS_ID, str(mdev.parent)),
-    ]
+    pairs += [(MDEV_UUID, mdev.uuid), (MDEV_TYPE, mdev.type_id)]
+    if address is not None:
+        pairs.append((PARENT_PCI_BUS_ID, str(address)))
     return _checked(pairs)

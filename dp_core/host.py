@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import attrs
 
-from .pci import PciAddress, PciDevice
+from .pci import PciAddress, PciDevice, VfioDevEntry
 
 __all__ = [
     "IOMMUFD_NODE",
@@ -123,24 +123,65 @@ class IommuGroup:
         return Viability(viable=False, blockers=blockers) if blockers else _VIABLE
 
 
+def _parent_name(value: PciAddress | str) -> str:
+    """A parent device's kernel name; a PCI address in its canonical form."""
+    if isinstance(value, PciAddress):
+        return str(value)
+    try:
+        return str(PciAddress.parse(value))
+    except ValueError:
+        return value
+
+
+def _check_parent(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value or "/" in value or value in (".", ".."):
+        raise ValueError(f"mdev parent {value!r} is not a device name")
+
+
+def _parent_address(instance: MdevType | MdevDevice) -> PciAddress | None:
+    try:
+        return PciAddress.parse(instance.parent)
+    except ValueError:
+        return None
+
+
 @attrs.frozen
 class MdevType:
-    """A mediated device type offered by a parent, `mdev_supported_types/<type_id>`."""
+    """A mediated device type offered by a parent, `mdev_supported_types/<type_id>`.
 
-    parent: PciAddress
+    `parent` is the parent device's kernel name, as `/sys/class/mdev_bus/`
+    lists it: a PCI address for a GPU, but the name of a device that is no
+    PCI function for others (the kernel's sample drivers' `mtty` and `mdpy`,
+    s390's vfio-ap `matrix` and vfio-ccw subchannels). `parent_address` is the
+    PCI address, or None for such a parent.
+    """
+
+    parent: str = attrs.field(converter=_parent_name, validator=_check_parent)
     type_id: str
     name: str
     available_instances: int | None = None
+    parent_address: PciAddress | None = attrs.field(
+        init=False, eq=False, repr=False, default=attrs.Factory(_parent_address, takes_self=True)
+    )
 
 
 @attrs.frozen
 class MdevDevice:
-    """A created mediated device, `/sys/bus/mdev/devices/<uuid>`."""
+    """A created mediated device, `/sys/bus/mdev/devices/<uuid>`.
+
+    `parent` and `parent_address` as for `MdevType`. `vfio_dev` is its
+    `vfio-dev/vfioN` entry: an mdev is a VFIO device of its own, with a
+    character device on a kernel with `CONFIG_VFIO_DEVICE_CDEV`.
+    """
 
     uuid: str
-    parent: PciAddress
+    parent: str = attrs.field(converter=_parent_name, validator=_check_parent)
     type_id: str
     iommu_group: int | None = None
+    vfio_dev: VfioDevEntry | None = None
+    parent_address: PciAddress | None = attrs.field(
+        init=False, eq=False, repr=False, default=attrs.Factory(_parent_address, takes_self=True)
+    )
 
 
 @attrs.frozen
@@ -172,9 +213,7 @@ class HostSnapshot:
         init=False, eq=False, repr=False
     )
     _by_group: Mapping[int, IommuGroup] | None = attrs.field(init=False, eq=False, repr=False)
-    _type_names: Mapping[tuple[PciAddress, str], str] = attrs.field(
-        init=False, eq=False, repr=False
-    )
+    _type_names: Mapping[tuple[str, str], str] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         # Lookup tables are derived once; the snapshot itself stays immutable.

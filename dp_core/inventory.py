@@ -164,7 +164,8 @@ def build_inventory(
         if skip_reason:
             skipped.append(SkippedDevice(mdev.uuid, skip_reason, name))
             continue
-        add(name, DeviceKind.MDEV, _mdev_device(mdev, snapshot, nodes), VFIO_PERMISSIONS)
+        device = _mdev_device(mdev, snapshot, nodes, interface)
+        add(name, DeviceKind.MDEV, device, VFIO_PERMISSIONS)
 
     for shared in config.enabled_shared_devices:
         for device in _shared_devices(shared, snapshot):
@@ -270,20 +271,25 @@ def _group_health(paths: tuple[str, ...], snapshot: HostSnapshot) -> tuple[bool,
 
 @attrs.frozen
 class CdevState:
-    """A function's VFIO character device: the node to hand out, or why there is none."""
+    """A device's VFIO character device: the node to hand out, or why there is none."""
 
     path: str | None
     reason: str = ""
 
 
-def cdev_state(pci: PciDevice, snapshot: HostSnapshot) -> CdevState:
-    """Whether `/dev/vfio/devices/vfioN` of `pci` can be handed out, and if not, why.
+def cdev_state(device: PciDevice | MdevDevice, snapshot: HostSnapshot) -> CdevState:
+    """Whether `/dev/vfio/devices/vfioN` of a function or an mdev can be handed
+    out, and if not, why.
 
     Only a node that exists is ever handed out: a runtime refuses to create a
-    container given a node that is missing (kubevirt #18895).
+    container given a node that is missing (kubevirt #18895). An mdev is a VFIO
+    device of its own, with its own `vfio-dev/` entry (Linux 6.12 gives the
+    sample drivers' mdevs one, which binds to iommufd like a function's).
     """
-    entry = pci.vfio_dev
+    entry = device.vfio_dev
     if entry is None:
+        if isinstance(device, MdevDevice):
+            return CdevState(None, "no vfio-dev entry in sysfs (Linux before 6.1)")
         return CdevState(None, "no vfio-dev entry in sysfs (not on vfio-pci, or Linux before 6.1)")
     if entry.problem:
         return CdevState(None, f"vfio-dev cannot be read: {entry.problem}")
@@ -299,24 +305,24 @@ def cdev_state(pci: PciDevice, snapshot: HostSnapshot) -> CdevState:
     return CdevState(path, "")
 
 
-def _pci_paths(
-    pci: PciDevice,
+def _vfio_paths(
+    device: PciDevice | MdevDevice,
     snapshot: HostSnapshot,
     nodes: Mapping[str, str],
     interface: VfioInterface,
 ) -> tuple[tuple[str, ...], bool, str]:
     """(host paths, healthy, reason) as far as the device nodes of `interface` tell."""
-    paths = _group_paths(pci.iommu_group, nodes)
+    paths = _group_paths(device.iommu_group, nodes)
     if interface == "group":
         return (paths, *_group_health(paths, snapshot))
-    cdev = cdev_state(pci, snapshot)
+    cdev = cdev_state(device, snapshot)
     cdev_node = None if cdev.path is None else nodes.get(cdev.path, cdev.path)
     if interface == "group+cdev":
         healthy, reason = _group_health(paths, snapshot)
         return ((*paths, cdev_node) if cdev_node else paths), healthy, reason
     iommufd = (nodes.get(IOMMUFD_NODE, IOMMUFD_NODE),)
     paths = (*iommufd, cdev_node) if cdev_node else iommufd
-    if pci.iommu_group is None:
+    if device.iommu_group is None:
         return paths, False, "no IOMMU group (is the IOMMU enabled?)"
     if not snapshot.has_iommufd:
         return paths, False, f"{IOMMUFD_NODE} does not exist (is the kernel built with iommufd?)"
@@ -332,7 +338,7 @@ def _pci_device(
     groups: Mapping[int, IommuGroup],
     interface: VfioInterface,
 ) -> AdvertisedDevice:
-    paths, healthy, reason = _pci_paths(pci, snapshot, nodes, interface)
+    paths, healthy, reason = _vfio_paths(pci, snapshot, nodes, interface)
     if pci.driver is None:
         healthy, reason = False, "not bound to any driver; bind it to vfio-pci"
     elif healthy:
@@ -390,11 +396,12 @@ def _matching_mdev_entry(
 
 
 def _mdev_device(
-    mdev: MdevDevice, snapshot: HostSnapshot, nodes: Mapping[str, str]
+    mdev: MdevDevice, snapshot: HostSnapshot, nodes: Mapping[str, str], interface: VfioInterface
 ) -> AdvertisedDevice:
-    paths = _group_paths(mdev.iommu_group, nodes)
-    healthy, reason = _group_health(paths, snapshot)
-    parent = snapshot.device(mdev.parent)
+    # An mdev's group is its own (viable), and its VFIO nodes follow `interface`.
+    paths, healthy, reason = _vfio_paths(mdev, snapshot, nodes, interface)
+    # A parent that is no PCI function (a virtual device) has no NUMA node.
+    parent = None if mdev.parent_address is None else snapshot.device(mdev.parent_address)
     return AdvertisedDevice(
         id=mdev.uuid,
         healthy=healthy,

@@ -34,12 +34,14 @@ __all__ = [
     "GPU_AUDIO",
     "SRIOV_CARDS",
     "VGPU_TYPES",
+    "VIRTUAL_MDEV_PARENTS",
     "Bridged",
     "Function",
     "MdevParent",
     "Multifunction",
     "Sriov",
     "Unit",
+    "VirtualMdevParent",
     "build_topology",
     "generate_topology",
 ]
@@ -132,7 +134,25 @@ class MdevParent:
         return 1
 
 
-Unit = Multifunction | Sriov | Bridged | MdevParent
+@attrs.frozen
+class VirtualMdevParent:
+    """An mdev parent that is no PCI function: a virtual device by name.
+
+    The kernel's sample drivers (`mtty`, `mdpy`) register such parents, as
+    s390's vfio-ap (`matrix`) does. `types` and `mdevs` as for `MdevParent`;
+    a second unit of a name already placed is left out.
+    """
+
+    name: str
+    types: tuple[tuple[str, str, int], ...] = attrs.field(converter=_tuple_of_offers)
+    mdevs: tuple[int, ...] = attrs.field(converter=_tuple_of_ints, default=())
+
+    @property
+    def size(self) -> int:
+        return 0
+
+
+Unit = Multifunction | Sriov | Bridged | MdevParent | VirtualMdevParent
 
 
 class _Buses:
@@ -176,7 +196,8 @@ def build_topology(
     """
     pci: list[FakePci] = []
     mdev_types: list[FakeMdevType] = []
-    pending_mdevs: list[tuple[PciAddress, str]] = []
+    pending_mdevs: list[tuple[PciAddress | str, str]] = []
+    virtual_parents: set[str] = set()
     buses = _Buses()
     next_group = 0
 
@@ -210,8 +231,25 @@ def build_topology(
         pci.append(made)
         return made
 
+    def offer(
+        parent: PciAddress | str, types: Iterable[tuple[str, str, int]], made: Iterable[int]
+    ) -> None:
+        type_ids: list[str] = []
+        for type_id, name, available in types:
+            if type_id in type_ids:
+                continue
+            type_ids.append(type_id)
+            mdev_types.append(FakeMdevType(parent, type_id, name, available))
+        for index in made:
+            if type_ids:
+                pending_mdevs.append((parent, type_ids[index % len(type_ids)]))
+
     for unit in units:
-        if isinstance(unit, Multifunction):
+        if isinstance(unit, VirtualMdevParent):
+            if unit.name not in virtual_parents:
+                virtual_parents.add(unit.name)
+                offer(unit.name, unit.types, unit.mdevs)
+        elif isinstance(unit, Multifunction):
             domain, bus = buses.take()
             shared = group()
             for index, fn in enumerate(unit.functions[:8]):
@@ -244,23 +282,15 @@ def build_topology(
             parent = place(
                 unit.parent, PciAddress(domain, bus, 0, 0), group=group(), numa=unit.numa
             )
-            type_ids: list[str] = []
-            for type_id, name, available in unit.types:
-                if type_id in type_ids:
-                    continue
-                type_ids.append(type_id)
-                mdev_types.append(FakeMdevType(parent.address, type_id, name, available))
-            for index in unit.mdevs:
-                if type_ids:
-                    pending_mdevs.append((parent.address, type_ids[index % len(type_ids)]))
+            offer(parent.address, unit.types, unit.mdevs)
 
     rng = random.Random(uuid_seed)
     mdevs: list[FakeMdev] = []
-    for parent_address, type_id in pending_mdevs:
+    for parent_name, type_id in pending_mdevs:
         number = next_group
         next_group += 1
         mdev_uuid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-        mdevs.append(FakeMdev(mdev_uuid, parent_address, type_id, number))
+        mdevs.append(FakeMdev(mdev_uuid, parent_name, type_id, number))
 
     omitted = frozenset(omit_group_nodes)
     vfio_groups = {fn.group for fn in pci if fn.driver == VFIO_DRIVER and fn.group is not None}
@@ -299,6 +329,13 @@ ENDPOINTS: tuple[tuple[int, int, int, str], ...] = (
     (0x1B36, 0x0010, 0x010802, "nvme"),  # QEMU NVMe
 )
 BRIDGES: tuple[tuple[int, int], ...] = ((0x10B5, 0x8747), (0x1A03, 0x1150), (0x8086, 0x244E))
+# Parents that are no PCI function, with the types their drivers offer
+# (the kernel's samples/vfio-mdev, s390's vfio-ap).
+VIRTUAL_MDEV_PARENTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("mtty", (("mtty-1", "Single port serial"), ("mtty-2", "Dual port serial"))),
+    ("mdpy", (("mdpy-vga", "mdpy-vga"), ("mdpy-xga", "mdpy-xga"), ("mdpy-hd", "mdpy-hd"))),
+    ("matrix", (("vfio_ap-passthrough", "VFIO AP Passthrough Device"),)),
+)
 VGPU_TYPES: tuple[tuple[str, str], ...] = (
     ("nvidia-256", "GRID RTX6000-1Q"),
     ("nvidia-257", "GRID RTX6000-2Q"),

@@ -24,12 +24,14 @@ from dp_testing.generator import (
     GPUS,
     SRIOV_CARDS,
     VGPU_TYPES,
+    VIRTUAL_MDEV_PARENTS,
     Bridged,
     Function,
     MdevParent,
     Multifunction,
     Sriov,
     Unit,
+    VirtualMdevParent,
     build_topology,
 )
 from dp_testing.topology import SHARED_DEV_PATHS, Topology, to_snapshot
@@ -96,8 +98,20 @@ def _mdev_parent(draw: Any) -> MdevParent:
     )
 
 
+@st.composite
+def _virtual_mdev_parent(draw: Any) -> VirtualMdevParent:
+    name, offered = draw(st.sampled_from(VIRTUAL_MDEV_PARENTS))
+    chosen = draw(
+        st.lists(st.sampled_from(offered), min_size=1, max_size=len(offered), unique=True)
+    )
+    types = [(type_id, type_name, draw(st.integers(0, 8))) for type_id, type_name in chosen]
+    created = draw(st.lists(st.integers(0, len(types) - 1), max_size=3))
+    return VirtualMdevParent(name, types, created)
+
+
 def units(max_vfs: int = 8, max_endpoints: int = 4) -> st.SearchStrategy[Unit]:
-    """One hardware unit: an endpoint, a GPU (+audio), an SR-IOV card, a bridge, a vGPU parent."""
+    """One hardware unit: an endpoint, a GPU (+audio), an SR-IOV card, a bridge, a vGPU
+    parent, or an mdev parent that is no PCI function."""
     single = _catalogue_function(ENDPOINTS).map(lambda fn: Multifunction((fn,)))
     return st.one_of(
         single,
@@ -105,6 +119,7 @@ def units(max_vfs: int = 8, max_endpoints: int = 4) -> st.SearchStrategy[Unit]:
         _sriov(max_vfs),
         _bridged(max_endpoints),
         _mdev_parent(),
+        _virtual_mdev_parent(),
     )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "FakePci",
     "Topology",
     "fixture_topology",
+    "iommufd_guest_topology",
     "to_snapshot",
     "write_sysfs",
 ]
@@ -59,6 +60,7 @@ _BRIDGE_BASE_CLASS = 0x06
 _GROUP_NODE = re.compile(r"^/dev/vfio/[0-9]+$")
 _CDEV_NODE = re.compile(r"^/dev/vfio/devices/vfio[0-9]+$")
 _CDEV_NAME = re.compile(r"^vfio[0-9]+$")
+_PCI_NAME = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def _is_bridge(class_code: int) -> bool:
@@ -103,9 +105,14 @@ class FakePci:
 
 @attrs.frozen
 class FakeMdevType:
-    """One `mdev_supported_types/<type_id>` entry of a parent function."""
+    """One `mdev_supported_types/<type_id>` entry of a parent device.
 
-    parent: PciAddress
+    `parent` is a PCI function's address, or the name of a parent that is no
+    PCI function: a virtual device, as the kernel's sample drivers register
+    (`mtty` is `/sys/devices/virtual/mtty/mtty`).
+    """
+
+    parent: PciAddress | str
     type_id: str
     name: str
     available_instances: int = 0
@@ -114,12 +121,18 @@ class FakeMdevType:
 
 @attrs.frozen
 class FakeMdev:
-    """One created mediated device; the kernel gives each its own IOMMU group."""
+    """One created mediated device; the kernel gives each its own IOMMU group.
+
+    `vfio_dev` and `vfio_dev_file` as for `FakePci`: an mdev is a VFIO device
+    of its own, with its `vfio-dev/vfioN` entry from Linux 6.1.
+    """
 
     uuid: str
-    parent: PciAddress
+    parent: PciAddress | str
     type_id: str
     group: int | None = None
+    vfio_dev: str | None = None
+    vfio_dev_file: bool = True
 
 
 # Typed converters: mypy's attrs plugin cannot type a bare `converter=tuple`.
@@ -138,6 +151,13 @@ def _frozenset_of_str(value: Iterable[str]) -> frozenset[str]:
 def _address_key(address: PciAddress) -> tuple[int, int, int, int]:
     # A plain tuple: attrs' generated ordering is slow enough to matter at 10,000.
     return (address.domain, address.bus, address.slot, address.function)
+
+
+def _parent_key(parent: PciAddress | str) -> tuple[int, tuple[int, int, int, int], str]:
+    """PCI parents by address, then the others by name: the scanner's order."""
+    if isinstance(parent, str):
+        return (1, (0, 0, 0, 0), parent)
+    return (0, _address_key(parent), "")
 
 
 def _tuple_sorted_pci(value: Iterable[FakePci]) -> tuple[FakePci, ...]:
@@ -176,7 +196,7 @@ class Topology:
                     raise ValueError(f"{fn.address}: upstream {fn.upstream} is not a bridge")
             if fn.numa is not None and fn.numa < 0:
                 raise ValueError(f"{fn.address}: numa must be None or >= 0")
-        cdevs = [fn.vfio_dev for fn in self.pci if fn.vfio_dev is not None]
+        cdevs = [fn.vfio_dev for fn in (*self.pci, *self.mdevs) if fn.vfio_dev is not None]
         for name in cdevs:
             if _CDEV_NAME.match(name) is None:
                 raise ValueError(f"vfio-dev entry {name!r} is not vfio<N>")
@@ -184,8 +204,18 @@ class Topology:
                 raise ValueError(f"vfio-dev entry {name} is described twice")
         types = set()
         for mdev_type in self.mdev_types:
-            if mdev_type.parent not in by_address:
-                raise ValueError(f"mdev type {mdev_type.type_id}: no parent {mdev_type.parent}")
+            parent = mdev_type.parent
+            if isinstance(parent, str):
+                if (
+                    not re.fullmatch(r"[A-Za-z0-9_.-]+", parent)
+                    or parent in (".", "..")
+                    or _PCI_NAME.match(parent)
+                ):
+                    raise ValueError(
+                        f"mdev type {mdev_type.type_id}: {parent!r} is no virtual device name"
+                    )
+            elif parent not in by_address:
+                raise ValueError(f"mdev type {mdev_type.type_id}: no parent {parent}")
             key = (mdev_type.parent, mdev_type.type_id)
             if key in types:
                 raise ValueError(f"mdev type {mdev_type.type_id} of {mdev_type.parent} twice")
@@ -226,6 +256,12 @@ def _is_vfio_node(path: str) -> bool:
 # The expected snapshot
 
 
+def _vfio_dev_entry(device: FakePci | FakeMdev) -> VfioDevEntry | None:
+    if device.vfio_dev is None:
+        return None
+    return VfioDevEntry(device.vfio_dev, has_dev=device.vfio_dev_file)
+
+
 def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> HostSnapshot:
     """The snapshot a correct `scan_host` returns for `write_sysfs(topology, ...)`.
 
@@ -254,9 +290,7 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
             virtfns=tuple(virtfns.get(fn.address, ())),
             sriov_numvfs=len(virtfns.get(fn.address, ())),
             boot_vga=fn.boot_vga,
-            vfio_dev=None
-            if fn.vfio_dev is None
-            else VfioDevEntry(fn.vfio_dev, has_dev=fn.vfio_dev_file),
+            vfio_dev=_vfio_dev_entry(fn),
         )
         for fn in topology.pci
     )
@@ -270,10 +304,10 @@ def to_snapshot(topology: Topology, dev_paths: Iterable[str] | None = None) -> H
     groups = tuple(IommuGroup(number, tuple(members[number])) for number in sorted(members))
     mdev_types = tuple(
         MdevType(t.parent, t.type_id, t.name, t.available_instances)
-        for t in sorted(topology.mdev_types, key=lambda t: (_address_key(t.parent), t.type_id))
+        for t in sorted(topology.mdev_types, key=lambda t: (_parent_key(t.parent), t.type_id))
     )
     mdevs = tuple(
-        MdevDevice(m.uuid, m.parent, m.type_id, m.group)
+        MdevDevice(m.uuid, m.parent, m.type_id, m.group, _vfio_dev_entry(m))
         for m in sorted(topology.mdevs, key=lambda m: m.uuid)
     )
     wanted = None if dev_paths is None else frozenset(dev_paths)
@@ -380,6 +414,55 @@ def fixture_topology() -> Topology:
     dev_nodes = {VFIO_CONTAINER, *SHARED_DEV_PATHS} | {f"/dev/vfio/{g}" for g in vfio_groups}
     # A kernel with VFIO character devices has iommufd too.
     dev_nodes |= {IOMMUFD_NODE, "/dev/vfio/devices/vfio0"}
+    return Topology(pci=pci, mdev_types=mdev_types, mdevs=mdevs, dev_nodes=dev_nodes)
+
+
+def iommufd_guest_topology() -> Topology:
+    """A q35 guest on Linux 6.12 with iommufd, as the real-kernel tier saw it.
+
+    What `tests/test_real_kernel_iommufd.py` boots, in the shapes that kernel
+    showed: an e1000e on vfio-pci with its VFIO character device
+    (`vfio-dev/vfio0` with `dev`, `/dev/vfio/devices/vfio0`) and `/dev/iommu`;
+    an NVMe controller on its host driver; and the kernel's sample mdev drivers,
+    whose parents are no PCI function but virtual devices
+    (`/sys/devices/virtual/mtty/mtty`, `.../mdpy/mdpy`, linked from
+    `/sys/class/mdev_bus/`), each mdev in an IOMMU group of its own, numbered
+    after the PCI groups as it was created, and with a character device of its
+    own (`vfio-dev/vfio1`, `/dev/vfio/devices/vfio1`).
+    """
+    intel, redhat = 0x8086, 0x1B36
+    host_bridge = _a("0000:00:00.0")
+    pci = [
+        FakePci(host_bridge, intel, 0x29C0, 0x060000, None, 0),
+        FakePci(_a("0000:00:01.0"), redhat, 0x000C, 0x060400, "pcieport", 1),
+        FakePci(_a("0000:00:02.0"), redhat, 0x000C, 0x060400, "pcieport", 2),
+        FakePci(
+            _a("0000:01:00.0"), redhat, 0x0010, 0x010802, "nvme", 4, upstream=_a("0000:00:01.0")
+        ),
+        FakePci(
+            _a("0000:02:00.0"),
+            intel,
+            0x10D3,
+            0x020000,
+            VFIO_DRIVER,
+            5,
+            upstream=_a("0000:00:02.0"),
+            vfio_dev="vfio0",
+        ),
+    ]
+    mdev_types = [
+        FakeMdevType("mtty", "mtty-1", "Single port serial", 24),
+        FakeMdevType("mtty", "mtty-2", "Dual port serial", 10),
+        FakeMdevType("mdpy", "mdpy-hd", "mdpy-hd", 4),
+        FakeMdevType("mdpy", "mdpy-vga", "mdpy-vga", 3),
+        FakeMdevType("mdpy", "mdpy-xga", "mdpy-xga", 4),
+    ]
+    mdevs = [
+        FakeMdev("83b8f4f2-509f-382f-3c1e-e6bfe0fa1001", "mtty", "mtty-2", 6, vfio_dev="vfio1"),
+        FakeMdev("83b8f4f2-509f-382f-3c1e-e6bfe0fa1002", "mdpy", "mdpy-vga", 7, vfio_dev="vfio2"),
+    ]
+    dev_nodes = {VFIO_CONTAINER, IOMMUFD_NODE, "/dev/vfio/5", "/dev/vfio/6", "/dev/vfio/7"}
+    dev_nodes |= {f"/dev/vfio/devices/vfio{n}" for n in range(3)}
     return Topology(pci=pci, mdev_types=mdev_types, mdevs=mdevs, dev_nodes=dev_nodes)
 
 
@@ -530,18 +613,30 @@ def write_sysfs(topology: Topology, root: Path) -> tuple[Path, Path]:
         tree.mkdir(mdev_driver)
         tree.write(f"{mdev_driver}/bind", "")
         tree.write(f"{mdev_driver}/unbind", "")
-    by_type: dict[tuple[PciAddress, str], list[FakeMdev]] = defaultdict(list)
+        tree.mkdir("class/mdev_bus")
+
+    def parent_dir(parent: PciAddress | str) -> str:
+        # A virtual parent is `devices/virtual/<class>/<name>`; the sample
+        # drivers name the class after the device.
+        return f"devices/virtual/{parent}/{parent}" if isinstance(parent, str) else paths[parent]
+
+    by_type: dict[tuple[PciAddress | str, str], list[FakeMdev]] = defaultdict(list)
     for mdev in topology.mdevs:
         by_type[(mdev.parent, mdev.type_id)].append(mdev)
+    for parent in dict.fromkeys(t.parent for t in topology.mdev_types):
+        directory = parent_dir(parent)
+        tree.mkdir(directory)
+        # The kernel links every parent into class/mdev_bus by its device name.
+        tree.link(f"class/mdev_bus/{directory.rpartition('/')[2]}", directory)
     for mdev_type in topology.mdev_types:
-        type_dir = f"{paths[mdev_type.parent]}/mdev_supported_types/{mdev_type.type_id}"
+        type_dir = f"{parent_dir(mdev_type.parent)}/mdev_supported_types/{mdev_type.type_id}"
         tree.mkdir(f"{type_dir}/devices")
         tree.write(f"{type_dir}/name", f"{mdev_type.name}\n")
         tree.write(f"{type_dir}/available_instances", f"{mdev_type.available_instances}\n")
         tree.write(f"{type_dir}/device_api", f"{mdev_type.device_api}\n")
         tree.write(f"{type_dir}/create", "")
         for mdev in by_type[(mdev_type.parent, mdev_type.type_id)]:
-            mdev_dir = f"{paths[mdev.parent]}/{mdev.uuid}"
+            mdev_dir = f"{parent_dir(mdev.parent)}/{mdev.uuid}"
             tree.mkdir(mdev_dir)
             tree.write(f"{mdev_dir}/remove", "")
             tree.link(f"{mdev_dir}/mdev_type", type_dir)
@@ -550,6 +645,8 @@ def write_sysfs(topology: Topology, root: Path) -> tuple[Path, Path]:
             if mdev.group is not None:
                 tree.link(f"{mdev_dir}/iommu_group", f"kernel/iommu_groups/{mdev.group}")
                 group_members[mdev.group].append(mdev_dir)
+            if mdev.vfio_dev is not None:
+                _write_vfio_dev(tree, f"{mdev_dir}/vfio-dev/{mdev.vfio_dev}", mdev.vfio_dev_file)
             tree.link(f"{type_dir}/devices/{mdev.uuid}", mdev_dir)
             tree.link(f"bus/mdev/devices/{mdev.uuid}", mdev_dir)
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import go_kubelet
+import qemu_guest
 from e2e_harness import Harness
 
 # Shared, noisy CI machines: never fail a property on wall-clock time.
@@ -70,11 +71,28 @@ async def harness() -> AsyncIterator[Harness]:
 
 
 @pytest.fixture(scope="session")
-def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The grpc-go kubelet, built once; skipped without Go unless DP_REQUIRE_GO_KUBELET=1."""
+def gokubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The grpc-go kubelet, built once and removed at the end of the run;
+    skipped without Go unless DP_REQUIRE_GO_KUBELET=1."""
     why = go_kubelet.missing()
     if why is not None:
         if os.environ.get("DP_REQUIRE_GO_KUBELET") == "1":
             pytest.fail(f"DP_REQUIRE_GO_KUBELET=1 but gokubelet cannot be built: {why}")
         pytest.skip(why)
-    return go_kubelet.build(tmp_path_factory.mktemp("gokubelet"))
+    directory = tmp_path_factory.mktemp("gokubelet")
+    try:
+        yield go_kubelet.build(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def guest_python_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The guests' python image (python3.11, its stdlib, dp), made once per run
+    and removed at its end: it is the largest thing the suite makes."""
+    qemu_guest.require()
+    workdir = tmp_path_factory.mktemp("guest-python")
+    try:
+        yield qemu_guest.python_image(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -11,7 +11,9 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ PACKAGES = "golang-go golang-google-grpc-dev"
 
 __all__ = [
     "PACKAGES",
+    "StreamingKubelet",
     "awaiting_change",
     "build",
     "health_changes",
@@ -167,3 +170,126 @@ def report(kubelet: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     result["exit_code"] = kubelet.returncode
     result["stderr"] = err
     return result
+
+
+Event = dict[str, Any]
+
+
+class StreamingKubelet:
+    """gokubelet -stream (tests/gokubelet/stream.go): each registration and
+    device list as it comes, and Allocate when asked.
+
+    Only the standard library, so the real-kernel guest runs it as well.
+    Waits are on the events themselves: `wait` returns as soon as one that
+    satisfies the check has arrived, however loaded the machine is.
+    """
+
+    def __init__(
+        self, binary: Path | str, plugin_dir: Path | str, pod_resources: Path | None = None
+    ) -> None:
+        """`pod_resources`: also serve the PodResources API there (no pod holds anything)."""
+        Path(plugin_dir).mkdir(parents=True, exist_ok=True)
+        extra = ["-pod-resources", str(pod_resources)] if pod_resources else []
+        self.process = subprocess.Popen(
+            [str(binary), "-stream", "-dir", str(plugin_dir), *extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.events: list[Event] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                event = {"event": "garbage", "line": line}
+            with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+        with self._changed:
+            self.events.append({"event": "exited"})
+            self._changed.notify_all()
+
+    def wait(self, check: Callable[[Event], bool], timeout: float, after: int = 0) -> Event | None:
+        """The first event from index `after` on that satisfies `check`, or None at `timeout`."""
+        deadline = time.monotonic() + timeout
+        seen = after
+        with self._changed:
+            while True:
+                for event in self.events[seen:]:
+                    if check(event):
+                        return event
+                seen = len(self.events)
+                if self.events and self.events[-1]["event"] == "exited":
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+
+    def devices(self, resource: str) -> list[dict[str, Any]] | None:
+        """The resource's latest device list, or None before its first."""
+        with self._changed:
+            for event in reversed(self.events):
+                if event["event"] == "list" and event["resource"] == resource:
+                    devices: list[dict[str, Any]] = event["devices"] or []
+                    return devices
+        return None
+
+    def wait_list(
+        self, resource: str, check: Callable[[list[dict[str, Any]]], bool], timeout: float
+    ) -> Event | None:
+        """The first list of `resource` (the current one included) that satisfies `check`."""
+        with self._changed:
+            start = max(
+                (
+                    i
+                    for i, e in enumerate(self.events)
+                    if e["event"] == "list" and e["resource"] == resource
+                ),
+                default=len(self.events),
+            )
+        return self.wait(
+            lambda e: (
+                e["event"] == "list" and e["resource"] == resource and check(e["devices"] or [])
+            ),
+            timeout,
+            after=start,
+        )
+
+    def allocate(self, resource: str, ids: list[str], timeout: float = 30.0) -> Event:
+        with self._changed:
+            after = len(self.events)
+        self.send(f"allocate {resource} {','.join(ids)}")
+        answer = self.wait(
+            lambda e: e["event"] == "allocated" and e["resource"] == resource, timeout, after
+        )
+        if answer is None:
+            raise AssertionError(f"no answer to Allocate({resource}, {ids}) within {timeout} s")
+        return answer
+
+    def send(self, line: str) -> None:
+        """One command line, as stream.go reads them."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def close(self, timeout: float = 30.0) -> Event | None:
+        """Stop the kubelet; its "end" event (with any errors it saw), or None."""
+        try:
+            self.send("quit")
+        except (BrokenPipeError, ValueError):
+            pass
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout)
+        return next((e for e in self.events if e["event"] == "end"), None)

@@ -10,7 +10,7 @@ device names dp published for their PCI addresses, as a scheduler would pick
 them. Nothing is judged here: everything seen is printed as one JSON
 document for the host side of the test to check against the kernel's word.
 
-Usage: guest_dra.py DRIVER NODE
+Usage: guest_dra.py DRIVER NODE [vmm]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.dra_kubelet import Claim, DraKubeletEmulator
 
 DRIVER, NODE = sys.argv[1], sys.argv[2]
+# With `vmm`, the prepared claim's nodes are driven as a VMM does (guest_vmm.py).
+VMM = sys.argv[3:] == ["vmm"]
 ROOT = Path("/tmp/dra")
 CDI, STATE = ROOT / "cdi", ROOT / "state"
 REGISTRY, PLUGINS = ROOT / "registry", ROOT / "plugins"
@@ -117,9 +119,10 @@ def files(directory: Path) -> dict[str, str]:
 
 
 def dev_vfio() -> dict[str, Obj]:
-    """What /dev/vfio holds: each node's type and numbers."""
+    """What /dev/vfio (and /dev/iommu) holds: each node's type and numbers."""
     nodes = {}
-    for path in sorted(Path("/dev/vfio").rglob("*")):
+    iommu = [Path("/dev/iommu")] if os.path.exists("/dev/iommu") else []
+    for path in [*sorted(Path("/dev/vfio").rglob("*")), *iommu]:
         info = path.lstat()
         nodes[str(path)] = {
             "char": stat.S_ISCHR(info.st_mode),
@@ -192,6 +195,16 @@ async def scenario(api: ApiServerEmulator, kubelet: DraKubeletEmulator, report: 
     report["metadata_prepared"] = files(PLUGINS / DRIVER)
     report["checkpoint"] = json.loads((STATE / "claims.json").read_text())
     report["dev_vfio"] = dev_vfio()
+    if VMM:
+        # What a VMM does with the nodes the claim's CDI devices name, and only those.
+        sys.path.insert(0, "/scenario")
+        import guest_vmm
+
+        (prepared,) = report["prepare"]["vm-nic"]["devices"]
+        # The claim's devices; the metadata's CDI device only mounts a file.
+        devices = [name for name in prepared[2] if "/metadata=" not in name]
+        nodes, _ = guest_vmm.cdi_nodes(CDI, devices)
+        report["vmm"] = guest_vmm.as_vmm(nodes, nic)
     # The group is held: its other member is no longer offered.
     report["waited"]["disk_out"] = await until(lambda: withheld(api, disk), 30)
     report["pool_held"] = published(api)

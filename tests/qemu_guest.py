@@ -1,27 +1,36 @@
 """A real Linux kernel under QEMU, with an emulated Intel IOMMU, to run dp in.
 
-Everything comes from Debian packages (see ../shared/qemu-notes.md for what
-was tried): `qemu-system-x86`, `kmod`, `cpio`, `busybox-static`, `e2fsprogs`,
-and the cloud kernel (or, with `Guest.with_kernel`, another flavour such as
-the generic one), fetched with `apt-get download` and unpacked, never
-installed. The guest boots from an initramfs whose busybox `/init` loads the
-virtio and VFIO modules and runs the scenario's steps: pieces of shell run as
-root (the operator's part, such as binding devices to vfio-pci), in which
-`py` runs Debian's python3.11 chrooted into a read-only ext4 image that holds
-it, its standard library and dp with its dependencies. Each step's output
-comes back over the serial console between markers. The console of the last
-boot is kept in `<workdir>/console.txt`.
+Two kinds of kernel are booted. Debian's (the cloud flavour, or another such
+as the generic one), fetched with `apt-get download` and unpacked, never
+installed, whose `/init` loads the virtio and VFIO modules: Linux 6.1 without
+iommufd, the "kernel without VFIO character devices" case. And a kernel with
+iommufd, VFIO character devices and the kernel's sample mdev drivers, all
+built in (`iommufd_kernel`): `../shared/kernels/linux-6.12-iommufd` beside the
+checkout (as CI has it), or $DP_TEST_KERNEL_DIR, or built by
+scripts/build-test-kernel.sh. See ../shared/qemu-notes.md for what was tried.
+The tools are Debian's: `qemu-system-x86`, `kmod`, `cpio`, `busybox-static`,
+`e2fsprogs`.
+
+The guest boots from an initramfs whose busybox `/init` runs the scenario's
+steps: pieces of shell run as root (the operator's part, such as binding
+devices to vfio-pci), in which `py` runs Debian's python3.11 chrooted into a
+read-only ext4 image that holds it, its standard library and dp with its
+dependencies (`python_image`, made once per test run). Each step's output
+comes back over the serial console between markers. Only the console of the
+last boot is kept, in `<workdir>/console.txt`; the initramfs is removed.
 
 `/dev/kvm` here cannot run QEMU's CPU models, so the guest is emulated (TCG).
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PACKAGES = "qemu-system-x86 kmod cpio busybox-static e2fsprogs"
@@ -35,10 +44,25 @@ MARK = "=== dp-guest"
 # with the IOMMU's interrupt remapping on it panics ("timer doesn't work
 # through Interrupt-remapped IO-APIC") instead of falling back.
 KERNEL_ARGUMENTS = "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=1 no_timer_check"
+PROJECT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = PROJECT / "scripts" / "build-test-kernel.sh"
+KERNEL_DIR_VARIABLE = "DP_TEST_KERNEL_DIR"
 _TOOLS = ("qemu-system-x86_64", "busybox", "cpio", "mke2fs", "depmod", "modprobe", "apt-get")
 _STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data"}
 
-__all__ = ["PACKAGES", "Guest", "missing"]
+__all__ = [
+    "KERNEL_DIR_VARIABLE",
+    "PACKAGES",
+    "Guest",
+    "Kernel",
+    "debian_kernel",
+    "disk",
+    "iommufd_kernel",
+    "iommufd_kernel_dir",
+    "missing",
+    "python_image",
+    "require",
+]
 
 
 def missing() -> str | None:
@@ -55,6 +79,18 @@ def missing() -> str | None:
     return None
 
 
+def require() -> None:
+    """Skip the test (or with DP_REQUIRE_QEMU=1, as CI sets, fail it) where no
+    guest can be booted."""
+    import pytest
+
+    why = missing()
+    if why is not None:
+        if os.environ.get("DP_REQUIRE_QEMU") == "1":
+            pytest.fail(f"DP_REQUIRE_QEMU=1 but no guest can be booted: {why}")
+        pytest.skip(why)
+
+
 def _run(*command: str | Path, **kwargs: object) -> str:
     result = subprocess.run(
         [str(c) for c in command], capture_output=True, text=True, check=False, **kwargs
@@ -64,48 +100,19 @@ def _run(*command: str | Path, **kwargs: object) -> str:
     return result.stdout
 
 
-class Guest:
-    """Builds the boot files once in `workdir`; `run` boots a fresh guest each time."""
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A kernel to boot: its image and, for a modular one, the modules `/init` loads."""
 
-    def __init__(self, workdir: Path, project: Path) -> None:
-        self.workdir = workdir
-        self.modules: tuple[str, ...] = MODULES
-        self.vmlinuz, self.modules_dir, self.version = self._kernel(
-            workdir / "kernel", KERNEL_PACKAGE
-        )
-        self.python_image = self._python_image(workdir / "pyroot", project)
+    vmlinuz: Path
+    modules_dir: Path | None = None
+    version: str | None = None
+    modules: tuple[str, ...] = ()
 
-    def with_kernel(self, workdir: Path, package: str, modules: tuple[str, ...]) -> Guest:
-        """The same guest (python image and all) on the kernel of another
-        meta-package, such as the generic flavour, which has the host drivers
-        the cloud one lacks; `/init` loads `modules` and what they need."""
-        other = copy.copy(self)
-        other.workdir = workdir
-        other.modules = modules
-        other.vmlinuz, other.modules_dir, other.version = self._kernel(workdir, package)
-        return other
-
-    # -- building ---------------------------------------------------------------
-
-    @staticmethod
-    def _kernel(directory: Path, meta_package: str) -> tuple[Path, Path, str]:
-        directory.mkdir(parents=True, exist_ok=True)
-        # The versioned package behind the meta-package; unpacked, not installed.
-        depends = _run("apt-cache", "depends", meta_package)
-        package = next(
-            line.split(":", 1)[1].strip()
-            for line in depends.splitlines()
-            if line.strip().startswith("Depends: linux-image-")
-        )
-        _run("apt-get", "download", package, cwd=directory)
-        (deb,) = directory.glob(f"{package}_*.deb")
-        _run("dpkg", "-x", deb, directory / "root")
-        (vmlinuz,) = (directory / "root" / "boot").glob("vmlinuz-*")
-        version = vmlinuz.name.removeprefix("vmlinuz-")
-        _run("depmod", "-b", directory / "root", version)
-        return vmlinuz, directory / "root", version
-
-    def _module_files(self) -> list[Path]:
+    def module_files(self) -> list[Path]:
+        """The modules' files in load order, each after what it needs."""
+        if self.modules_dir is None or self.version is None:
+            return []
         ordered: list[Path] = []
         for module in self.modules:
             shown = _run(
@@ -118,51 +125,129 @@ class Guest:
                         ordered.append(path)
         return ordered
 
-    def _python_image(self, root: Path, project: Path) -> Path:
-        """An ext4 image: python3.11, its stdlib and shared libraries, and dp."""
-        root.mkdir(parents=True)
-        for name in ("proc", "sys", "dev", "tmp", "scenario"):
-            (root / name).mkdir()
-        (root / "usr/bin").mkdir(parents=True)
-        shutil.copy2(PYTHON, root / "usr/bin/python3.11")
-        stdlib = Path("/usr/lib/python3.11")
-        shutil.copytree(
-            stdlib,
-            root / "usr/lib/python3.11",
-            symlinks=True,
-            ignore=lambda directory, names: [
-                n
-                for n in names
-                if n == "__pycache__"
-                or (Path(directory) == stdlib and n in _STDLIB_SKIPPED | {"dist-packages"})
-            ],
-        )
-        site = root / "site"
-        _run(
-            sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
-            "--target", site, project,
-        )  # fmt: skip
-        binaries = [PYTHON, *(root / "usr/lib/python3.11/lib-dynload").glob("*.so")]
-        binaries += site.rglob("*.so")
-        for library in self._libraries(binaries):
-            target = root / library.relative_to("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(library, target)
-        image = self.workdir / "pyroot.img"
-        _run("mke2fs", "-q", "-F", "-t", "ext4", "-L", "pyroot", "-d", root, image, "300M")
-        return image
 
-    @staticmethod
-    def _libraries(binaries: list[Path]) -> set[Path]:
-        found: set[Path] = set()
-        for binary in binaries:
-            for line in _run("ldd", binary).splitlines():
-                parts = line.split()
-                for part in parts:
-                    if part.startswith("/") and Path(part).exists():
-                        found.add(Path(part))
-        # The loader and libc by their canonical paths as well as their links.
-        return found | {p.resolve() for p in found}
+def debian_kernel(
+    directory: Path, meta_package: str = KERNEL_PACKAGE, modules: tuple[str, ...] = MODULES
+) -> Kernel:
+    """The kernel behind a Debian meta-package, downloaded and unpacked (not
+    installed) into `directory`; `/init` loads `modules` and what they need."""
+    directory.mkdir(parents=True, exist_ok=True)
+    depends = _run("apt-cache", "depends", meta_package)
+    package = next(
+        line.split(":", 1)[1].strip()
+        for line in depends.splitlines()
+        if line.strip().startswith("Depends: linux-image-")
+    )
+    _run("apt-get", "download", package, cwd=directory)
+    (deb,) = directory.glob(f"{package}_*.deb")
+    _run("dpkg", "-x", deb, directory / "root")
+    deb.unlink()
+    (vmlinuz,) = (directory / "root" / "boot").glob("vmlinuz-*")
+    version = vmlinuz.name.removeprefix("vmlinuz-")
+    _run("depmod", "-b", directory / "root", version)
+    return Kernel(vmlinuz, directory / "root", version, modules)
+
+
+def iommufd_kernel_dir() -> Path:
+    """Where the kernel with iommufd is looked for: $DP_TEST_KERNEL_DIR, or
+    `../shared/kernels/linux-6.12-iommufd` beside the checkout (as CI has it)."""
+    default = PROJECT.parent / "shared" / "kernels" / "linux-6.12-iommufd"
+    return Path(os.environ.get(KERNEL_DIR_VARIABLE) or default)
+
+
+def iommufd_kernel() -> Kernel | str:
+    """The kernel with iommufd, VFIO character devices and sample mdev drivers
+    (everything built in), or why there is none.
+
+    With DP_BUILD_TEST_KERNEL=1 a missing one is built into the directory by
+    scripts/build-test-kernel.sh first (about 11 minutes on 2 CPUs).
+    """
+    directory = iommufd_kernel_dir()
+    bzimage = directory / "bzImage"
+    if not bzimage.is_file() and os.environ.get("DP_BUILD_TEST_KERNEL") == "1":
+        subprocess.run([str(BUILD_SCRIPT), str(directory)], check=True)
+    if not bzimage.is_file():
+        return (
+            f"no kernel with iommufd at {bzimage} (Debian's kernels have none): set "
+            f"{KERNEL_DIR_VARIABLE} to a folder holding one, or build it there with "
+            f"{BUILD_SCRIPT.relative_to(PROJECT)} DIR (Debian's linux-source-6.12, about "
+            "11 minutes on 2 CPUs), or run the tests with DP_BUILD_TEST_KERNEL=1"
+        )
+    checksum = directory / "bzImage.sha256"
+    if checksum.is_file():
+        want = checksum.read_text().split()[0]
+        got = hashlib.sha256(bzimage.read_bytes()).hexdigest()
+        if got != want:
+            return f"{bzimage} does not match {checksum.name} (sha256 {got})"
+    return Kernel(bzimage)
+
+
+def python_image(workdir: Path, project: Path = PROJECT) -> Path:
+    """An ext4 image in `workdir`: python3.11, its stdlib and shared libraries,
+    and dp with its dependencies. The folder it is made from is removed."""
+    root = workdir / "pyroot"
+    root.mkdir(parents=True)
+    for name in ("proc", "sys", "dev", "tmp", "scenario"):
+        (root / name).mkdir()
+    (root / "usr/bin").mkdir(parents=True)
+    shutil.copy2(PYTHON, root / "usr/bin/python3.11")
+    stdlib = Path("/usr/lib/python3.11")
+    shutil.copytree(
+        stdlib,
+        root / "usr/lib/python3.11",
+        symlinks=True,
+        ignore=lambda directory, names: [
+            n
+            for n in names
+            if n == "__pycache__"
+            or (Path(directory) == stdlib and n in _STDLIB_SKIPPED | {"dist-packages"})
+        ],
+    )
+    site = root / "site"
+    _run(
+        sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+        "--target", site, project,
+    )  # fmt: skip
+    binaries = [PYTHON, *(root / "usr/lib/python3.11/lib-dynload").glob("*.so")]
+    binaries += site.rglob("*.so")
+    for library in _libraries(binaries):
+        target = root / library.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library, target)
+    image = workdir / "pyroot.img"
+    _run("mke2fs", "-q", "-F", "-t", "ext4", "-L", "pyroot", "-d", root, image, "300M")
+    shutil.rmtree(root)
+    return image
+
+
+def _libraries(binaries: list[Path]) -> set[Path]:
+    found: set[Path] = set()
+    for binary in binaries:
+        for line in _run("ldd", binary).splitlines():
+            parts = line.split()
+            for part in parts:
+                if part.startswith("/") and Path(part).exists():
+                    found.add(Path(part))
+    # The loader and libc by their canonical paths as well as their links.
+    return found | {p.resolve() for p in found}
+
+
+def disk(path: Path, size: int = 1 << 20) -> Path:
+    """An empty raw disk image, sparse: it takes no space until the guest writes."""
+    with path.open("wb") as out:
+        out.truncate(size)
+    return path
+
+
+class Guest:
+    """Boots `kernel` with the python image on `cpus` vCPUs; `run` boots a
+    fresh guest each time."""
+
+    def __init__(self, kernel: Kernel, python_image: Path, cpus: int = 2) -> None:
+        self.kernel = kernel
+        self.python_image = python_image
+        self.cpus = cpus
+        self.boots: list[float] = []  # seconds from QEMU's start to its exit, per `run`
 
     def _initramfs(self, workdir: Path, steps: list[str]) -> Path:
         root = workdir / "initramfs"
@@ -171,7 +256,7 @@ class Guest:
         modules = root / "modules"
         modules.mkdir()
         names = []
-        for index, path in enumerate(self._module_files()):
+        for index, path in enumerate(self.kernel.module_files()):
             name = f"{index:02d}-{path.name}"
             shutil.copy2(path, modules / name)
             names.append(name)
@@ -187,7 +272,9 @@ mkdir -p /proc /sys /dev /py
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-for m in {" ".join(names)}; do insmod /modules/$m || echo "insmod $m failed"; done
+for m in {" ".join(names)}; do
+  insmod /modules/$m || echo "insmod $m failed"
+done
 mount -t ext4 -o ro "$(findfs LABEL=pyroot)" /py
 mount --bind /proc /py/proc
 mount --bind /sys /py/sys
@@ -240,22 +327,32 @@ poweroff -f
         initrd = self._initramfs(workdir, steps)
         command = [
             "qemu-system-x86_64",
-            *("-accel", "tcg", "-m", "768", "-smp", "2"),
+            *("-accel", "tcg", "-m", "768", "-smp", str(self.cpus)),
             *("-machine", "q35,kernel-irqchip=split"),
             *("-device", "intel-iommu,intremap=on,caching-mode=on"),
             *("-nographic", "-vga", "none", "-nic", "none", "-no-reboot"),
-            *("-kernel", str(self.vmlinuz), "-initrd", str(initrd)),
+            *("-kernel", str(self.kernel.vmlinuz), "-initrd", str(initrd)),
             *("-append", os.environ.get("DP_GUEST_APPEND", KERNEL_ARGUMENTS)),
             *("-drive", f"file={self.python_image},if=none,id=py,format=raw,readonly=on"),
             *("-device", "pcie-root-port,id=rp-py,chassis=90"),
             *("-device", "virtio-blk-pci,drive=py,bus=rp-py"),
         ]
         command += qemu_args
-        result = subprocess.run(
-            command, capture_output=True, timeout=timeout, env={**os.environ, "TERM": "dumb"}
-        )
+        started = time.monotonic()
+        try:
+            # On a timeout, subprocess.run kills QEMU before it raises.
+            result = subprocess.run(
+                command, capture_output=True, timeout=timeout, env={**os.environ, "TERM": "dumb"}
+            )
+        finally:
+            self.boots.append(round(time.monotonic() - started, 1))
+            # The initramfs (busybox, the scenario's files and binaries) is
+            # rebuilt for every boot: only the console is kept, for whoever
+            # debugs a failure.
+            shutil.rmtree(workdir / "initramfs", ignore_errors=True)
+            initrd.unlink(missing_ok=True)
         console = result.stdout.decode(errors="replace").replace("\r", "")
-        (workdir / "console.txt").write_text(console)  # for whoever debugs a failure
+        (workdir / "console.txt").write_text(console)
         return _sections(console, len(steps))
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dp_core import (
     AdvertisedDevice,
@@ -20,6 +22,7 @@ from dp_core import (
     SharedDevice,
     build_inventory,
 )
+from dp_core.dra_names import mdev_attributes
 
 from core_builders import (
     AUDIO,
@@ -358,6 +361,74 @@ def test_mdev_health(missing: tuple[str, ...], group_b: int | None, reason_part:
     device = inventory.resource("nvidia.com/q1").device(UUID_B)  # type: ignore[union-attr]
     assert device is not None and not device.healthy
     assert reason_part in device.reason
+
+
+# An mdev's parent is not always a PCI function: Linux's sample drivers hang
+# theirs off a virtual device (`/sys/devices/virtual/mtty/mtty`), as s390's
+# vfio-ap (`matrix`) and vfio-ccw (a subchannel) do. Such an mdev is served
+# all the same, with its own group, and with no NUMA node or parent bus ID.
+@pytest.mark.parametrize(
+    ("parent", "numa", "parent_bus_id"),
+    [
+        (PARENT, 1, "0000:3b:00.0"),  # a GPU on its vendor driver
+        ("0000:3b:00.0", 1, "0000:3b:00.0"),  # the same, by the name class/mdev_bus gives
+        ("mtty", None, None),  # the kernel's samples/vfio-mdev/mtty.c
+        ("matrix", None, None),  # s390's vfio-ap
+        ("0.0.0313", None, None),  # an s390 subchannel, vfio-ccw
+    ],
+)
+def test_mdev_parents_that_are_no_pci_function(
+    parent: PciAddress | str, numa: int | None, parent_bus_id: str | None
+) -> None:
+    host = snapshot(
+        [pci("0000:3b:00.0", GPU, 10, driver="nvidia", numa=1)],
+        mdev_types=(MdevType(parent, "mtty-2", "Dual port serial", 12),),
+        mdevs=(MdevDevice(UUID_A, parent, "mtty-2", 6), MdevDevice(UUID_B, parent, "mtty-2", 7)),
+    )
+    config = mdev_config(MediatedDevice("Dual port serial", "example.com/serial"))
+    inventory = build_inventory(host, config)
+    devices = only(inventory, "example.com/serial")
+    assert [(d.id, d.healthy, d.numa_node, d.iommu_group) for d in devices] == [
+        (UUID_A, True, numa, 6),
+        (UUID_B, True, numa, 7),
+    ]
+    assert [d.host_paths for d in devices] == [
+        ("/dev/vfio/vfio", "/dev/vfio/6"),
+        ("/dev/vfio/vfio", "/dev/vfio/7"),
+    ]
+    attributes, problems = mdev_attributes(host.mdevs[0], host, "example.com/serial")
+    found = dict(attributes)
+    assert problems == ()
+    assert (found["mdevUUID"], found["mdevType"], found["iommuGroup"]) == (UUID_A, "mtty-2", 6)
+    assert found.get("parentPciBusID") == parent_bus_id
+    assert found.get("numaNode") == numa
+    assert ("vendorID" in found) is (parent_bus_id is not None)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", ".", ".."])
+def test_an_mdev_parent_is_a_device_name(bad: str) -> None:
+    with pytest.raises(ValueError, match="is not a device name"):
+        MdevType(bad, "t", "T")
+    with pytest.raises(ValueError, match="is not a device name"):
+        MdevDevice(UUID_A, bad, "t")
+
+
+@given(
+    st.builds(
+        PciAddress,
+        st.integers(0, 0xFFFF),
+        st.integers(0, 0xFF),
+        st.integers(0, 0x1F),
+        st.integers(0, 7),
+    )
+)
+def test_a_pci_parent_is_its_canonical_address(address: PciAddress) -> None:
+    # However the address is spelled, a PCI parent is one name with one address,
+    # so the types of an mdev's parent are always found.
+    for spelling in (address, str(address), str(address).upper()):
+        mdev_type = MdevType(spelling, "t", "T")
+        assert (mdev_type.parent, mdev_type.parent_address) == (str(address), address)
+        assert mdev_type == MdevType(address, "t", "T")
 
 
 # ---------------------------------------------------------------------------

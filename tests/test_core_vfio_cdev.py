@@ -2,9 +2,11 @@
 
 A table: for each shape of a function's `vfio-dev/` entry (with `dev` and a
 node; with `dev` and no node; without `dev`; none at all; unreadable) and for
-an mdev, under each `vfio.interface`, the device nodes an Allocate of that one
-device returns and whether the device is Healthy. Driven through the Node, as
-the kubelet drives it, with no event loop.
+two mdevs (one with its own character device, as Linux 6.12 gives an mdev of
+its sample drivers; one without, as before 6.1), under each `vfio.interface`,
+the device nodes an Allocate of that one device returns and whether the
+device is Healthy. Driven through the Node, as the kubelet drives it, with no
+event loop.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ VF_C = "0000:6b:00.3"  # vfio-dev/vfio2 without `dev`
 VF_D = "0000:6b:00.4"  # no vfio-dev entry
 VF_E = "0000:6b:00.5"  # vfio-dev that could not be read
 PARENT = "0000:86:00.0"
-MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"  # vfio-dev/vfio3 with `dev`, and its node
+MDEV_B = "4b20d080-1b54-4048-85b3-a6a62d165c02"  # no vfio-dev entry
 MDEV_RESOURCE = "nvidia.com/GRID_T4-1Q"
 
 ENTRIES = {
@@ -59,10 +62,14 @@ def host(*, iommu: bool = True) -> HostSnapshot:
     made = snapshot(
         [*functions, parent],
         mdev_types=(MdevType(parent.address, "nvidia-222", "GRID T4-1Q"),),
-        mdevs=(MdevDevice(MDEV, parent.address, "nvidia-222", 300),),
+        mdevs=(
+            MdevDevice(MDEV, parent.address, "nvidia-222", 300, VfioDevEntry("vfio3", True)),
+            MdevDevice(MDEV_B, parent.address, "nvidia-222", 301),
+        ),
     )
     # vfio0 has its node; vfio1 does not (kubevirt #18895's shape).
-    extra = {"/dev/vfio/devices/vfio0", "/dev/vfio/300"} | ({"/dev/iommu"} if iommu else set())
+    extra = {"/dev/vfio/devices/vfio0", "/dev/vfio/devices/vfio3"}
+    extra |= {"/dev/iommu"} if iommu else set()
     return attrs.evolve(made, dev_nodes=made.dev_nodes | extra)
 
 
@@ -88,6 +95,7 @@ def allocated_paths(effects: list[Effect]) -> tuple[str, ...]:
 GROUP = "/dev/vfio/vfio"
 IOMMU = "/dev/iommu"
 CDEV0 = "/dev/vfio/devices/vfio0"
+CDEV3 = "/dev/vfio/devices/vfio3"
 
 # (device, interface) -> (paths an Allocate of it alone returns, healthy, reason contains).
 # None as the interface is the default: group+cdev, what KubeVirt 1.9's plugin gives.
@@ -113,10 +121,19 @@ TABLE: list[tuple[str, str, VfioInterface | None, tuple[str, ...], bool, str]] =
     (VF_D, VF_RESOURCE, "iommufd", (IOMMU,), False, "no vfio-dev entry in sysfs"),
     (VF_E, VF_RESOURCE, "group+cdev", (GROUP, "/dev/vfio/112"), True, ""),
     (VF_E, VF_RESOURCE, "iommufd", (IOMMU,), False, "vfio-dev cannot be read: cannot list"),
-    # An mdev always gets the group interface: iommufd cannot take it by descriptor.
-    (MDEV, MDEV_RESOURCE, "group+cdev", (GROUP, "/dev/vfio/300"), True, ""),
+    # An mdev is a VFIO device of its own: its nodes follow the interface too.
+    (MDEV, MDEV_RESOURCE, "group+cdev", (GROUP, "/dev/vfio/300", CDEV3), True, ""),
     (MDEV, MDEV_RESOURCE, "group", (GROUP, "/dev/vfio/300"), True, ""),
-    (MDEV, MDEV_RESOURCE, "iommufd", (GROUP, "/dev/vfio/300"), True, ""),
+    (MDEV, MDEV_RESOURCE, "iommufd", (IOMMU, CDEV3), True, ""),
+    (MDEV_B, MDEV_RESOURCE, "group+cdev", (GROUP, "/dev/vfio/301"), True, ""),
+    (
+        MDEV_B,
+        MDEV_RESOURCE,
+        "iommufd",
+        (IOMMU,),
+        False,
+        "no VFIO character device: no vfio-dev entry in sysfs (Linux before 6.1)",
+    ),
 ]
 
 

@@ -23,6 +23,7 @@ from dp_testing.topology import (
     SHARED_DEV_PATHS,
     Topology,
     fixture_topology,
+    iommufd_guest_topology,
     to_snapshot,
     write_sysfs,
 )
@@ -151,14 +152,19 @@ def test_fixture_qat_sriov_links(fixture_scan: HostSnapshot) -> None:
 def test_fixture_mdev_types_and_mdevs(fixture_scan: HostSnapshot) -> None:
     parent = A("0000:86:00.0")
     types = fixture_scan.mdev_types
-    assert [(t.parent, t.type_id, t.name, t.available_instances) for t in types] == [
-        (parent, "nvidia-259", "GRID RTX6000-4Q", 2),
-        (parent, "nvidia-260", "GRID RTX6000-8Q", 1),
-    ]  # fmt: skip
-    assert [(m.uuid, m.parent, m.type_id, m.iommu_group) for m in fixture_scan.mdevs] == [
-        ("4b20d080-1b54-4048-85b3-a6a62d165c01", parent, "nvidia-259", 300),
-        ("9d9bfc6e-2f41-4a34-a2d4-3a0c9e0b7d02", parent, "nvidia-259", 301),
-        ("c5e1f7a2-8b3d-4e6f-9a1c-2d4b6f8e0a03", parent, "nvidia-260", 302),
+    # The parent by its device name, as class/mdev_bus lists it, and its address.
+    assert [
+        (t.parent, t.parent_address, t.type_id, t.name, t.available_instances) for t in types
+    ] == [
+        ("0000:86:00.0", parent, "nvidia-259", "GRID RTX6000-4Q", 2),
+        ("0000:86:00.0", parent, "nvidia-260", "GRID RTX6000-8Q", 1),
+    ]
+    assert [
+        (m.uuid, m.parent, m.parent_address, m.type_id, m.iommu_group) for m in fixture_scan.mdevs
+    ] == [
+        ("4b20d080-1b54-4048-85b3-a6a62d165c01", "0000:86:00.0", parent, "nvidia-259", 300),
+        ("9d9bfc6e-2f41-4a34-a2d4-3a0c9e0b7d02", "0000:86:00.0", parent, "nvidia-259", 301),
+        ("c5e1f7a2-8b3d-4e6f-9a1c-2d4b6f8e0a03", "0000:86:00.0", parent, "nvidia-260", 302),
     ]
     names = [fixture_scan.mdev_type_name(m) for m in fixture_scan.mdevs]
     assert names == ["GRID RTX6000-4Q", "GRID RTX6000-4Q", "GRID RTX6000-8Q"]
@@ -391,7 +397,7 @@ def test_function_claiming_a_group_that_does_not_list_it(tree: tuple[Path, Path]
 def test_mdev_oddities(tree: tuple[Path, Path]) -> None:
     mdevs = tree[0] / "bus" / "mdev" / "devices"
     (mdevs / "not-a-uuid").symlink_to("../../../devices/pci0000:86/0000:86:00.0")
-    type_dir = tree[0] / "bus/pci/devices/0000:86:00.0/mdev_supported_types"
+    type_dir = tree[0] / "class/mdev_bus/0000:86:00.0/mdev_supported_types"
     (type_dir / "nvidia-260" / "available_instances").write_text("lots\n")
     (type_dir / "nvidia-259" / "name").unlink()
     result = _scan(tree)
@@ -438,6 +444,50 @@ def test_empty_and_missing_roots_do_not_raise_and_are_named(tmp_path: Path) -> N
             f"did you mean --dev {tmp_path / 'dev'}?",
         ),
     }
+
+
+def test_scan_of_a_linux_6_12_guest(tmp_path: Path) -> None:
+    """mdev parents that are no PCI function, as Linux 6.12's sample drivers
+    lay them out: types from `class/mdev_bus/<name>`, each mdev in its own group."""
+    topology = iommufd_guest_topology()
+    sysfs, dev = write_sysfs(topology, tmp_path)
+    assert os.readlink(sysfs / "class/mdev_bus/mtty") == "../../devices/virtual/mtty/mtty"
+    mdev = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001"
+    assert os.readlink(sysfs / "bus/mdev/devices" / mdev) == (
+        f"../../../devices/virtual/mtty/mtty/{mdev}"
+    )
+    result = scan_host(sysfs, dev, SHARED_DEV_PATHS)
+    assert result == to_snapshot(topology, SHARED_DEV_PATHS)
+    assert result.problems == ()
+    assert [(t.parent, t.parent_address, t.type_id) for t in result.mdev_types][:2] == [
+        ("mdpy", None, "mdpy-hd"),
+        ("mdpy", None, "mdpy-vga"),
+    ]
+    by_uuid = {m.uuid: m for m in result.mdevs}
+    assert (by_uuid[mdev].parent, by_uuid[mdev].iommu_group) == ("mtty", 6)
+    assert result.mdev_type_name(by_uuid[mdev]) == "Dual port serial"
+    # An mdev's group has no PCI member, and is kept (the kernel lists the mdev in it).
+    group = result.group(6)
+    assert group is not None and group.members == ()
+    nic = result.device(A("0000:02:00.0"))
+    assert nic is not None and nic.vfio_dev == VfioDevEntry("vfio0", has_dev=True)
+    assert result.has_iommufd
+
+
+def test_mdev_parent_oddities(tmp_path: Path) -> None:
+    """A class/mdev_bus entry or an mdev link that names no device is reported, not fatal."""
+    sysfs, dev = write_sysfs(iommufd_guest_topology(), tmp_path)
+    (sysfs / "class/mdev_bus/.hidden").symlink_to("../../devices/virtual/mtty/mtty")
+    (sysfs / "bus/mdev/devices/83b8f4f2-509f-382f-3c1e-e6bfe0fa1003").symlink_to("..")
+    result = scan_host(sysfs, dev, SHARED_DEV_PATHS)
+    assert [m.uuid for m in result.mdevs] == [
+        "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001",
+        "83b8f4f2-509f-382f-3c1e-e6bfe0fa1002",
+    ]
+    assert len(result.mdev_types) == 5
+    assert {str(sysfs / "class/mdev_bus/.hidden")} | {
+        str(sysfs / "bus/mdev/devices/83b8f4f2-509f-382f-3c1e-e6bfe0fa1003")
+    } == _problem_paths(result)
 
 
 # --------------------------------------------------------------------------

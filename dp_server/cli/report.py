@@ -18,6 +18,7 @@ from dp_core import (
     DeviceKind,
     HostSnapshot,
     Inventory,
+    MdevDevice,
     PciAddress,
     ScanProblem,
     cdev_state,
@@ -64,8 +65,18 @@ report_converter.register_unstructure_hook(BindDecision, _binding)
 Plan = Mapping[PciAddress, BindDecision]
 
 
-def _cdev(device: AdvertisedDevice, snapshot: HostSnapshot) -> CdevState | None:
-    """The VFIO character device of an advertised PCI function (None if not a function)."""
+Mdevs = Mapping[str, MdevDevice]
+
+
+def _cdev(
+    device: AdvertisedDevice, kind: DeviceKind, snapshot: HostSnapshot, mdevs: Mdevs
+) -> CdevState | None:
+    """The VFIO character device of an advertised function or mdev (None if neither)."""
+    if kind is DeviceKind.MDEV:
+        mdev = mdevs.get(device.id)
+        return None if mdev is None else cdev_state(mdev, snapshot)
+    if kind is not DeviceKind.PCI:
+        return None
     try:
         pci = snapshot.device(PciAddress.parse(device.id))
     except ValueError:
@@ -73,12 +84,19 @@ def _cdev(device: AdvertisedDevice, snapshot: HostSnapshot) -> CdevState | None:
     return None if pci is None else cdev_state(pci, snapshot)
 
 
-def _devices(kind: DeviceKind, devices: Any, snapshot: HostSnapshot) -> list[dict[str, Any]]:
+def _devices(
+    kind: DeviceKind, devices: Any, snapshot: HostSnapshot, mdevs: Mdevs
+) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = report_converter.unstructure(list(devices))
-    if kind is not DeviceKind.PCI:
+    if kind is DeviceKind.SHARED:
         return documents
     for device, document in zip(devices, documents, strict=True):
-        cdev = _cdev(device, snapshot)
+        mdev = mdevs.get(device.id) if kind is DeviceKind.MDEV else None
+        if mdev is not None:
+            # The type and the parent by the kernel's names (a parent may be no PCI function).
+            document["mdev_type"] = mdev.type_id
+            document["parent"] = mdev.parent
+        cdev = _cdev(device, kind, snapshot, mdevs)
         if cdev is not None:
             document["cdev"] = cdev.path
             if cdev.reason:
@@ -131,9 +149,10 @@ def inventory_document(
 ) -> dict[str, Any]:
     """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`.
 
-    A PCI device says which VFIO character device it has (`cdev`, a path or
-    null) and, without one, why (`cdev_reason`); `iommufd` says whether
-    `/dev/iommu` exists.
+    A PCI device or an mdev says which VFIO character device it has (`cdev`,
+    a path or null) and, without one, why (`cdev_reason`); an mdev, also its
+    type (`mdev_type`) and its parent device (`parent`); `iommufd` says
+    whether `/dev/iommu` exists.
 
     With a binding plan, `"binding"` lists what `serve` would move to vfio-pci
     and what it refuses to, with the reason.
@@ -143,13 +162,14 @@ def inventory_document(
     ID or mdev type name there is) and the config's notes; `"host_notes"` says
     what about the host shortens the answer (no IOMMU groups, say).
     """
+    mdevs = {mdev.uuid: mdev for mdev in snapshot.mdevs}
     resources = [
         {
             "name": resource.name,
             "kind": resource.kind.value,
             "capacity": len(resource.devices),
             "allocatable": resource.healthy_count,
-            "devices": _devices(resource.kind, resource.devices, snapshot),
+            "devices": _devices(resource.kind, resource.devices, snapshot, mdevs),
         }
         for resource in inventory.resources
     ]
@@ -203,6 +223,7 @@ def inventory_table(
     explained: Explained | None = None,
 ) -> str:
     lines: list[str] = []
+    mdevs = {mdev.uuid: mdev for mdev in snapshot.mdevs}
     for resource in inventory.resources:
         lines.append(
             f"{resource.name}  ({resource.kind.value}, {resource.healthy_count}/"
@@ -219,9 +240,12 @@ def inventory_table(
             numa = "-" if device.numa_node is None else str(device.numa_node)
             group = "-" if device.iommu_group is None else str(device.iommu_group)
             line = f"  {device.id:<{width}}  {device.health:<9}  numa={numa:<2} group={group:<4}"
-            cdev = _cdev(device, snapshot) if resource.kind is DeviceKind.PCI else None
+            cdev = _cdev(device, resource.kind, snapshot, mdevs)
             if cdev is not None:
                 line += f" cdev={(cdev.path or '-').removeprefix('/dev/vfio/devices/'):<6}"
+            mdev = mdevs.get(device.id) if resource.kind is DeviceKind.MDEV else None
+            if mdev is not None:
+                line += f" type={mdev.type_id} parent={mdev.parent}"
             if device.reason:
                 line += f"  {device.reason}"
             if cdev is not None and cdev.reason:

@@ -2,7 +2,8 @@
 
 This is the shell's only reader of the host's devices. It turns
 `/sys/bus/pci/devices/*` (with each function's `vfio-dev/`),
-`/sys/kernel/iommu_groups/*`, `/sys/bus/mdev/devices/*`, `/dev/vfio/*`,
+`/sys/kernel/iommu_groups/*`, `/sys/class/mdev_bus/*` (the mdev types of
+every parent, PCI function or not), `/sys/bus/mdev/devices/*`, `/dev/vfio/*`,
 `/dev/vfio/devices/*` and `/dev/iommu` into plain data and never decides
 anything: what is healthy, what may be allocated or rebound is the core's
 business.
@@ -369,9 +370,6 @@ class _Scan:
                 self.problem(path, f"garbage value {text[:40]!r}; {consequence}")
                 boot_vga = True
 
-        if "mdev_supported_types" in present:
-            self.mdev_supported_types(address, f"{base}/mdev_supported_types")
-
         vfio_dev = None
         if "vfio-dev" in present:
             vfio_dev = read_vfio_dev(f"{base}/vfio-dev", self.problem)
@@ -451,7 +449,18 @@ class _Scan:
 
     # -- mediated devices -------------------------------------------------
 
-    def mdev_supported_types(self, parent: PciAddress, types_dir: str) -> None:
+    def mdev_parents(self) -> None:
+        """The mdev types of every parent, which the kernel links into `class/mdev_bus/`
+        by its device name: a PCI address, or a virtual device's name (`mtty`, `matrix`)."""
+        bus_dir = f"{self.sys}/class/mdev_bus"
+        for name in sorted(self.optional_listdir(bus_dir) or ()):
+            path = f"{bus_dir}/{name}"
+            if name.startswith(".") or not name.isprintable():
+                self.problem(path, "is not a device name; its mdev types are ignored")
+                continue
+            self.mdev_supported_types(name, f"{path}/mdev_supported_types")
+
+    def mdev_supported_types(self, parent: str, types_dir: str) -> None:
         type_ids = self.listdir(types_dir, "no mdev type of this parent is known")
         for type_id in type_ids or ():
             type_dir = f"{types_dir}/{type_id}"
@@ -483,16 +492,14 @@ class _Scan:
                 self.problem(path, "is not an mdev UUID; ignored")
                 continue
             try:
+                # The mdev's directory is inside its parent's, whatever the parent is.
                 target = os.readlink(path)
-                parent_name = target.rstrip("/").rpartition("/")[0].rpartition("/")[2]
-                parent = PciAddress.parse(parent_name)
-            except (OSError, ValueError) as exc:
-                self.problem(path, f"cannot tell the parent function: {_why(exc)}; mdev skipped")
-                continue
-            try:
+                parent = target.rstrip("/").rpartition("/")[0].rpartition("/")[2]
+                if parent in ("", ".", "..") or not parent.isprintable():
+                    raise ValueError(f"link to {target[:80]!r} names no device")
                 type_id = _link_name(f"{path}/mdev_type")
             except (OSError, ValueError) as exc:
-                self.problem(f"{path}/mdev_type", f"cannot read link: {_why(exc)}; mdev skipped")
+                self.problem(path, f"cannot tell its parent and type: {_why(exc)}; mdev skipped")
                 continue
             group = None
             group_link = f"{path}/iommu_group"
@@ -500,7 +507,10 @@ class _Scan:
                 group = self.link_target(
                     group_link, None, known_groups, _group_number, "IOMMU group treated as unknown"
                 )
-            found.append(MdevDevice(name, parent, type_id, group))
+            vfio_dev = None
+            if os.path.isdir(f"{path}/vfio-dev"):
+                vfio_dev = read_vfio_dev(f"{path}/vfio-dev", self.problem)
+            found.append(MdevDevice(name, parent, type_id, group, vfio_dev))
         return found
 
     # -- /dev -------------------------------------------------------------
@@ -533,9 +543,12 @@ def _by_address(dev: PciDevice) -> tuple[int, int, int, int]:
     return (a.domain, a.bus, a.slot, a.function)
 
 
-def _type_key(t: MdevType) -> tuple[int, int, int, int, str]:
-    a = t.parent
-    return (a.domain, a.bus, a.slot, a.function, t.type_id)
+def _type_key(t: MdevType) -> tuple[int, int, int, int, int, str, str]:
+    # PCI parents by address, then the others (virtual devices) by name.
+    a = t.parent_address
+    if a is None:
+        return (1, 0, 0, 0, 0, t.parent, t.type_id)
+    return (0, a.domain, a.bus, a.slot, a.function, "", t.type_id)
 
 
 def scan_host(
@@ -570,6 +583,7 @@ def _scan_host(
     known_groups = None if kernel_groups is None else {str(n): n for n in kernel_groups}
     found = scan.pci_functions(known_groups)
     devices = dict(sorted(found.items(), key=lambda item: _by_address(item[1])))
+    scan.mdev_parents()
     mdevs = scan.mdevs(known_groups)
     if kernel_groups is None:
         # The groups directory could not be listed: ask each group a function

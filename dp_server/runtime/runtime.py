@@ -12,8 +12,9 @@ by the `EffectRunner`. The jobs are kept apart:
   sockets, claims and ResourceSlices on the same node and loop.
 
 Watching (watchfiles on the device-plugin directory, /dev/vfio and the
-config's directory), rescans and PodResources polls run as tasks on the one
-loop; nothing here decides policy.
+config's directory; the kernel's uevents for devices that come or change
+driver), rescans and PodResources polls run as tasks on the one loop;
+nothing here decides policy.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from dp_server.deviceplugin.service import DevicePluginService
 from dp_server.deviceplugin.sockets import PluginDirectoryLost, PluginSockets
 from dp_server.deviceplugin.streams import Streams
 from dp_server.host.scanner import scan_host
+from dp_server.host.uevents import UeventMonitor
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
 from dp_server.runtime.effects import EffectRunner
 from dp_server.runtime.kubelet import KubeletFollower
@@ -392,6 +394,18 @@ class Runtime:
             except Exception:  # noqa: BLE001 - the next change must still be seen
                 _log.exception("watch-event-failed")
 
+    def _open_uevents(self) -> UeventMonitor | None:
+        # Devices that come or change driver without touching /dev/vfio (VFs
+        # made by sriov_numvfs, a hot-plugged function): the kernel's uevents,
+        # for the kernel's own /sys only (a fixture tree has no such events).
+        if os.path.realpath(self.settings.sysfs) != "/sys":
+            return None
+        return UeventMonitor.open()
+
+    async def _follow_uevents(self, monitor: UeventMonitor) -> None:
+        async for _ in monitor.changes():
+            self.try_rescan()
+
     @property
     def watching(self) -> bool:
         """Whether the file watcher's thread is running."""
@@ -422,12 +436,16 @@ class Runtime:
             recalled = self._moves.recall()
             if recalled:
                 self.feed(MovesRecalled(recalled))
+            # Listening before the first scan: no device that comes meanwhile is missed.
+            uevents = self._open_uevents()
             self.rescan()
             if self.dra is not None:
                 self.dra.recall()  # before the DRA sockets serve a Prepare
             if plugin_dir_present and self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
             self._tasks.spawn(self._watch_files())
+            if uevents is not None:
+                self._tasks.spawn(self._follow_uevents(uevents))
             self._tasks.spawn(self._timers.run())
             await self._check_sockets()
             if not self.kubelet.present:

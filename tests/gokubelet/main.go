@@ -12,7 +12,8 @@
 //
 // With -pod-resources it also serves the kubelet's PodResources List API on
 // that socket, answering that no pod holds anything; with -pod-resources-only
-// it serves only that, until it is killed.
+// it serves only that, until it is killed. With -stream it prints each
+// registration and device list as it comes and takes commands (stream.go).
 //
 // Messages are encoded by hand (a few fields each) so that the program builds
 // from Debian's grpc-go package alone, with no protoc step.
@@ -283,6 +284,8 @@ type deviceSpec struct {
 type containerResponse struct {
 	Envs    map[string]string `json:"envs"`
 	Devices []deviceSpec      `json:"devices"`
+	// The fully qualified CDI names of the devices (cdi_devices, field 5).
+	CDIDevices []string `json:"cdi_devices,omitempty"`
 }
 
 func decodeAllocateResponse(b []byte) ([]containerResponse, error) {
@@ -322,6 +325,12 @@ func decodeAllocateResponse(b []byte) ([]containerResponse, error) {
 					}
 				}
 				c.Devices = append(c.Devices, s)
+			case 5: // CDIDevice { string name = 1 }
+				for _, e := range sub {
+					if e.num == 1 {
+						c.CDIDevices = append(c.CDIDevices, string(e.bytes))
+					}
+				}
 			}
 		}
 		out = append(out, c)
@@ -367,6 +376,8 @@ type kubelet struct {
 	res     map[string]*resource
 	server  *grpc.Server
 	errors  []string
+	// With -stream: told of each registration and device list (stream.go).
+	onEvent func(map[string]interface{})
 }
 
 func newKubelet(dir string, dialAfterReply bool) *kubelet {
@@ -535,6 +546,9 @@ func (k *kubelet) connect(req registerRequest) error {
 	r.Registrations++
 	r.registeredAt, r.listedAt = time.Now(), time.Time{}
 	k.changed.Broadcast()
+	if k.onEvent != nil {
+		k.onEvent(map[string]interface{}{"event": "registered", "resource": req.resource})
+	}
 	k.mu.Unlock()
 	if old != nil {
 		old.cancel()
@@ -583,6 +597,9 @@ func (k *kubelet) watch(ctx context.Context, r *resource, ep *endpoint) {
 				r.listedAt = time.Now()
 			}
 			k.changed.Broadcast()
+			if k.onEvent != nil {
+				k.onEvent(map[string]interface{}{"event": "list", "resource": r.Resource, "devices": devices})
+			}
 		}
 		k.mu.Unlock()
 	}
@@ -719,6 +736,9 @@ func main() {
 	}
 	k := newKubelet(*dir, *dial == "after-reply")
 	k.linger = *linger
+	if *stream {
+		os.Exit(runStream(k)) // stream.go
+	}
 	start := time.Now()
 	if err := k.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "gokubelet:", err)
