@@ -248,6 +248,36 @@ async def test_a_conflict_is_answered_by_listing_again_and_retrying(
     assert publisher.failures == 0
 
 
+async def test_conflicts_without_end_back_off_and_never_end_the_publisher(
+    emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    publisher = running.start()
+    publisher.publish(pool(plain=3))
+    await until(lambda: matches(emulator, pool(plain=3)))
+
+    for _ in range(12):  # more stale views in a row than it retries at once
+        emulator.fail_next("update", "resourceslices", 409)
+    publisher.publish(pool(plain=4))
+    await until(lambda: matches(emulator, pool(plain=4)))
+    assert publisher.conflicts == 12
+    assert publisher.failures >= 1  # it backed off, and went on
+    assert any(r.getMessage() == "kube-api-unavailable" for r in caplog.records)
+    assert running.task is not None and not running.task.done()
+
+
+async def test_an_answer_that_is_no_object_is_retried_after_a_backoff(
+    emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    emulator.garble_next("list", "resourceslices")
+    publisher = running.start()
+    publisher.publish(pool(plain=3))
+    await until(lambda: matches(emulator, pool(plain=3)))
+    assert publisher.failures == 1
+    (failed,) = [r for r in caplog.records if r.getMessage() == "resourceslice-publisher-failed"]
+    assert "retry_in" in getattr(failed, "dp_fields", {})
+    assert running.task is not None and not running.task.done()
+
+
 async def test_an_expired_watch_lists_again_and_sees_what_changed(
     emulator: ApiServerEmulator, running: Running
 ) -> None:
@@ -286,6 +316,29 @@ async def test_slices_changed_or_deleted_by_someone_else_are_put_back(
     await until(lambda: matches(emulator, content))
     assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {3}
     await until(lambda: publisher.generation == 3)  # once the pass has read its answers
+
+
+async def test_a_change_seen_before_the_answer_to_our_own_write_is_not_lost(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    """The watch may bring someone else's change to a slice before the answer to
+    dp's own write of it: the newer of the two is what dp knows of the slice."""
+    content = pool(plain=3)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)
+
+    emulator.delay_answer("update", "resourceslices", 0.5)
+    changed = pool(plain=3, numa=1)
+    publisher.publish(changed)
+    await until(lambda: matches(emulator, changed))  # stored; dp still waits for the answer
+    (victim,) = ours(emulator)
+    victim["spec"]["devices"] = victim["spec"]["devices"][:1]
+    emulator.store.update("resourceslices", "", victim["metadata"]["name"], victim, status=False)
+
+    await until(lambda: matches(emulator, changed))
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {3}
 
 
 def _free_port() -> int:

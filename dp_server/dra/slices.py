@@ -16,11 +16,16 @@ helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
   of another pool, an older generation or beyond the wanted count are deleted;
   so slices left by an earlier run are cleaned up at start, and a slice that
   someone else changed or deleted is put back;
-- a 409 Conflict or a 404 on an update means its view was stale: it lists
-  again and retries at once; a 410 Gone on the watch means its version is too
-  old: it lists again; anything else (refused, reset, timed out, 5xx) ends the
-  session, and it starts again after an exponential backoff with jitter, for
-  as long as it runs. The rest of dp is never held up by any of this;
+- a 409 Conflict or a 404 on an update means its view was stale, and a 410
+  Gone on the watch that its version is too old: it ends the watch, lists
+  again and watches from the new list (a list beside a running watch could
+  overwrite a change the watch had brought). Its view of each slice is the
+  newest state the watch or its own writes' answers showed (`SliceCache`);
+- nothing ends it but cancellation: a refused, reset or timed-out request, a
+  5xx, six stale views in a row, or a fault of its own, each ends the session
+  and it starts again after an exponential backoff with jitter, for as long
+  as it runs; `failures` and the log say what happened. The rest of dp is
+  never held up by any of this;
 - after each write it compares what it sent with what the server stored
   (`features_kept`): a server without partitionable devices or device taints
   drops their fields. What it learns is handed to `on_features` (the core's
@@ -42,6 +47,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from dp_core import DraFeaturesObserved, MetricFamily, Sample
 from dp_core.slices import PoolContent
 from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
+from dp_server.dra.slice_cache import SliceCache, slice_name
 from dp_server.dra.slice_objects import (
     COUNTERS,
     TAINTS,
@@ -108,8 +114,9 @@ class SlicePublisher:
         self._wanted: PoolContent | None = None
         self._changed = asyncio.Event()
         self._node_uid: str | None = None
-        self._cache: dict[str, ResourceSlice] = {}
+        self._cache = SliceCache()
         self._version = ""
+        self._in_a_row = 0  # sessions ended by a failure or a stale view since the last sync
         self.generation = 0
         self.synced = False
         self.conflicts = 0
@@ -130,55 +137,53 @@ class SlicePublisher:
         self._changed.set()
 
     async def run(self) -> None:
-        """Publish until cancelled; the first content must come from `publish`."""
+        """Publish until cancelled; the first content must come from `publish`.
+
+        Nothing but cancellation ends it: whatever ends a session is logged and
+        counted, and the next session starts after a backoff (at once after a
+        stale view, five times in a row)."""
         while self._wanted is None:
             await self._changed.wait()
-        failures = 0
         while True:
             try:
                 await self._session()
-            except ApiError as error:
-                if is_status(error, 410):
-                    _log.info("resourceslice-watch-expired", extra=_fields(relist=True))
-                    self.relists += 1
+            except _Stale as stale:
+                self.synced = False
+                self._in_a_row += 1
+                if self._in_a_row <= _MAX_IMMEDIATE_RETRIES:
                     continue
-                failures = await self._failed(error, failures)
-            except TRANSIENT_ERRORS as error:
-                failures = await self._failed(error, failures)
+                await self._failed(stale)
+            except Exception as error:  # noqa: BLE001 - no failure may end the publisher
+                self.synced = False
+                self._in_a_row += 1
+                await self._failed(error)
 
-    async def _failed(self, error: BaseException, failures: int) -> int:
-        failures += 1
+    async def _failed(self, error: BaseException) -> None:
         self.failures += 1
-        self.synced = False
-        delay = self.backoff.delay(failures)
-        _log.warning(
-            "kube-api-unavailable",
-            extra=_fields(error=_describe(error), retry_in=round(delay, 3), failures=failures),
-        )
+        delay = self.backoff.delay(self._in_a_row)
+        fields = _fields(error=_describe(error), retry_in=round(delay, 3), failures=self._in_a_row)
+        if isinstance(error, (*TRANSIENT_ERRORS, _Stale)):
+            _log.warning("kube-api-unavailable", extra=fields)
+        else:
+            _log.error("resourceslice-publisher-failed", extra=fields, exc_info=error)
         await asyncio.sleep(delay)
-        return failures
 
     async def _session(self) -> None:
+        """List, watch from the list, and keep the server's slices as wanted
+        until something ends the watch or shows the view stale."""
         wanted = self._wanted
         assert wanted is not None
         if self._node_uid is None:
             self._node_uid = await self.api.node_uid(wanted.node_name)
-        await self._list()
+        items, self._version = await self.api.list_slices(wanted.node_name, wanted.driver)
+        self._cache = SliceCache(items)
         watcher = asyncio.create_task(self._watch(), name="dp-resourceslice-watch")
         try:
-            conflicts = 0
             while True:
                 self._changed.clear()
-                try:
-                    await self._reconcile()
-                    conflicts = 0
-                except _Stale:
-                    conflicts += 1
-                    if conflicts > _MAX_IMMEDIATE_RETRIES:
-                        raise
-                    await self._list()
-                    continue
+                await self._reconcile()
                 self.synced = True
+                self._in_a_row = 0
                 changed = asyncio.ensure_future(self._changed.wait())
                 try:
                     await asyncio.wait({changed, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -191,28 +196,27 @@ class SlicePublisher:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
 
-    async def _list(self) -> None:
-        wanted = self._wanted
-        assert wanted is not None
-        items, version = await self.api.list_slices(wanted.node_name, wanted.driver)
-        self._cache = {_name(s): s for s in items}
-        self._version = version
-
     async def _watch(self) -> None:
         wanted = self._wanted
         assert wanted is not None
         while True:
             period = self._rng.uniform(*self.watch_period)
-            await self.api.watch_slices(
-                wanted.node_name, wanted.driver, self._version, period, self._seen
-            )
+            try:
+                await self.api.watch_slices(
+                    wanted.node_name, wanted.driver, self._version, period, self._seen
+                )
+            except ApiError as error:
+                if not is_status(error, 410):
+                    raise
+                _log.info("resourceslice-watch-expired", extra=_fields(relist=True))
+                self.relists += 1
+                raise _Stale("the watch's resourceVersion is too old") from None
 
     def _seen(self, kind: str, obj: ResourceSlice) -> None:
-        name = _name(obj)
         if kind == "DELETED":
-            self._cache.pop(name, None)
+            self._cache.delete(obj)
         else:
-            self._cache[name] = obj
+            self._cache.put(obj)
         if obj.metadata is not None and obj.metadata.resourceVersion:
             self._version = obj.metadata.resourceVersion
         self._changed.set()
@@ -279,17 +283,17 @@ class SlicePublisher:
                 failure = failure or outcome
             else:
                 obj, written = outcome
-                self._cache[_name(written)] = written
+                self._cache.put(written)
                 self._learn(obj, written)
         if failure is not None:
             raise failure
         if stale:
-            raise _Stale
+            raise _Stale("a slice changed or went since it was read")
         if self._wanted is not wanted:
             return  # what was learned changed the content: start again with it
-        for stale in reuse[len(bodies) :] + other_pools:
-            await self.api.delete_slice(_name(stale))
-            self._cache.pop(_name(stale), None)
+        for old in reuse[len(bodies) :] + other_pools:
+            await self.api.delete_slice(_name(old))
+            self._cache.deleted_by_us(_name(old))
         self.generation = generation
         _log.info(
             "resourceslices-published",
@@ -352,9 +356,7 @@ class SlicePublisher:
         )
 
 
-def _name(obj: ResourceSlice) -> str:
-    assert obj.metadata is not None and obj.metadata.name is not None
-    return obj.metadata.name
+_name = slice_name
 
 
 def _pool(obj: ResourceSlice) -> tuple[str, int, int]:
@@ -372,6 +374,8 @@ def _spec_ok(obj: ResourceSlice, wanted: PoolContent) -> bool:
 
 
 def _describe(error: BaseException) -> str:
+    if isinstance(error, _Stale):
+        return f"stale view: {error}"
     if isinstance(error, ApiError):
         return f"{error.status.code} {error.status.reason}: {error.status.message}"
     return f"{type(error).__name__}: {error}"

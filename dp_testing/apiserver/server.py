@@ -25,8 +25,10 @@ server that has them off, which drops their fields from the slices it is
 given (`rules.drop_disabled_fields`).
 
 Faults for tests: `delay` (seconds before every answer), `unavailable`
-(503 to everything), `fail_next(verb, resource, code)`, and `stop`/`start`
-(nothing listening). `requests` counts what was asked, by (verb, resource).
+(503 to everything), `fail_next(verb, resource, code)`, `garble_next(verb,
+resource)` (200 and a body that is no object), `delay_answer(verb,
+resource, seconds)` (a write stored at once, its answer late), and
+`stop`/`start` (nothing listening). `requests` counts what was asked, by (verb, resource).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class ApiServerEmulator:
         self.rejected: list[tuple[str, str]] = []
         self.port = 0
         self._faults: list[tuple[str, str, int]] = []
+        self._late: list[tuple[str, str, float]] = []
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._watches: set[asyncio.Queue[Event | None]] = set()
@@ -143,6 +146,17 @@ class ApiServerEmulator:
     def fail_next(self, verb: str, resource: str, code: int) -> None:
         """Answer the next `verb` on `resource` with `code` (409, 500, 503...)."""
         self._faults.append((verb, resource, code))
+
+    def garble_next(self, verb: str, resource: str) -> None:
+        """Answer the next `verb` on `resource` with 200 and a body that is no
+        object (a proxy's error page), without serving it."""
+        self._faults.append((verb, resource, 0))
+
+    def delay_answer(self, verb: str, resource: str, seconds: float) -> None:
+        """Answer the next `verb` on `resource` `seconds` after it took effect: what it
+        changed is stored and its watch events go out at once, as when an answer is
+        slow on its way back."""
+        self._late.append((verb, resource, seconds))
 
     def expire_watches(self) -> None:
         """End every open watch with a 410 Gone, and forget the history (a compaction)."""
@@ -194,11 +208,19 @@ class ApiServerEmulator:
             for fault in self._faults:
                 if fault[:2] == (verb, resource):
                     self._faults.remove(fault)
+                    if fault[2] == 0:
+                        await _send_text(conn, writer, 200, b"<html>502 Bad Gateway</html>")
+                        return True
                     raise ApiFailure(fault[2], "Injected", f"injected {fault[2]} for {verb}")
             if verb == "watch":
                 await self._watch(conn, writer, resource, namespace, query)
                 return False
             code, answer = self._serve(verb, resource, namespace, name, status, query, body)
+            for late in self._late:
+                if late[:2] == (verb, resource):
+                    self._late.remove(late)
+                    await asyncio.sleep(late[2])
+                    break
         except ApiFailure as failure:
             code, answer = failure.code, failure.status()
         await _send_json(conn, writer, code, answer)
@@ -407,8 +429,17 @@ async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: h11.E
 async def _send_json(
     conn: h11.Connection, writer: asyncio.StreamWriter, code: int, obj: Obj
 ) -> None:
-    data = json.dumps(obj).encode()
-    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    await _send_text(conn, writer, code, json.dumps(obj).encode(), "application/json")
+
+
+async def _send_text(
+    conn: h11.Connection,
+    writer: asyncio.StreamWriter,
+    code: int,
+    data: bytes,
+    content_type: str = "text/html",
+) -> None:
+    headers = [("Content-Type", content_type), ("Content-Length", str(len(data)))]
     await _send(conn, writer, h11.Response(status_code=code, headers=headers))
     await _send(conn, writer, h11.Data(data=data))
     await _send(conn, writer, h11.EndOfMessage())
