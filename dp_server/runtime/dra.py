@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -142,12 +141,12 @@ class DraRuntime:
         if recalled:
             self._feed(ClaimsRecalled(recalled))
 
-    async def start(self, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
+    async def start(self, spawn: Callable[..., object]) -> None:
         try:
             await self.endpoints.start()
         except OSError as error:
             raise SettingsError(f"the DRA sockets: {error}") from error
-        spawn(self.publisher.run())
+        spawn(self.publisher.run(), essential="dra-slice-publisher")
 
     async def restore(self) -> None:
         """Listen again on a DRA socket whose file was deleted (the plugin watcher
