@@ -276,3 +276,87 @@ async def test_nodes_and_claims(server: ApiServerEmulator, http: httpx2.AsyncCli
     assert (
         await http.get("/apis/resource.k8s.io/v1/namespaces/other/resourceclaims/gpu")
     ).status_code == 404
+
+
+async def test_the_garbage_collector_takes_what_a_deleted_node_owned(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    node = server.add_node("node-a")
+    uid = node["metadata"]["uid"]
+    owned = a_slice()
+    owned["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": uid, "controller": True}
+    ]
+    kept = a_slice("node-b")  # owned by nobody
+    assert (await http.post(SLICES, json=owned)).status_code == 201
+    assert (await http.post(SLICES, json=kept)).status_code == 201
+
+    assert (await http.delete("/api/v1/nodes/node-a")).status_code == 200
+    assert len(server.slices()) == 2  # the collector comes a moment later
+    await asyncio.sleep(server.gc_delay + 0.1)
+    assert [s["spec"]["nodeName"] for s in server.slices()] == ["node-b"]
+    assert [c[0] for c in server.collected] == ["resourceslices"]
+
+    again = server.add_node("node-a")
+    assert again["metadata"]["uid"] != uid  # registered again: another Node
+    listed = await http.get("/api/v1/nodes", params={"fieldSelector": "metadata.name=node-a"})
+    assert [n["metadata"]["uid"] for n in listed.json()["items"]] == [again["metadata"]["uid"]]
+
+
+async def test_an_object_with_a_living_owner_is_not_collected(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    first, second = server.add_node("node-a"), server.add_node("node-b")
+    owned = a_slice()
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": n["metadata"]["name"],
+            "uid": n["metadata"]["uid"],
+        }
+        for n in (first, second)
+    ]
+    assert (await http.post(SLICES, json=owned)).status_code == 201
+    server.delete_node("node-a")
+    await asyncio.sleep(server.gc_delay + 0.1)
+    assert len(server.slices()) == 1
+
+
+async def test_delete_collection_by_field_selector(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    for node in ("node-a", "node-a", "node-b"):
+        await http.post(SLICES, json=a_slice(node))
+    wiped = await http.delete(SLICES, params={"fieldSelector": "spec.nodeName=node-a"})
+    assert wiped.status_code == 200 and wiped.json()["kind"] == "ResourceSliceList"
+    assert len(wiped.json()["items"]) == 2
+    assert [s["spec"]["nodeName"] for s in server.slices()] == ["node-b"]
+
+
+async def test_a_late_answer_and_a_garbled_one(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    server.delay_answer("create", "resourceslices", 0.3)
+    heard: list[float] = []
+
+    async def watch() -> None:
+        async with http.stream("GET", SLICES, params={"watch": "true"}) as answer:
+            async for _ in answer.aiter_lines():
+                heard.append(time.monotonic())
+                return
+
+    watching = asyncio.create_task(watch())
+    await asyncio.sleep(0.1)
+    start = time.monotonic()
+    created = await http.post(SLICES, json=a_slice())
+    answered = time.monotonic()
+    await asyncio.wait_for(watching, 5)
+    assert created.status_code == 201 and answered - start >= 0.3
+    # Stored at once: the watch heard of it well before the answer came.
+    assert heard[0] < answered - 0.2
+
+    server.garble_next("list", "resourceslices")
+    garbled = await http.get(SLICES)
+    assert garbled.status_code == 200 and not garbled.text.startswith("{")
+    assert (await http.get(SLICES)).json()["kind"] == "ResourceSliceList"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 
 from dp_server.cli.main import main
@@ -531,3 +532,29 @@ async def test_partitionable_devices_false_never_sends_counters(dra: Dra) -> Non
     await until(lambda: GPU_A in dra.pool() and len(dra.pool() & {NVME_A, NVME_B}) == 1)
     history = [e.object for e in dra.api.store.events_since(0) if e.resource == "resourceslices"]
     assert history and not counters_in(history)
+
+
+async def test_the_kubelet_wiping_the_node_slices_at_its_start_gets_them_back_at_once(
+    dra: Dra,
+) -> None:
+    """A kubelet that starts deletes its node's ResourceSlices, every driver's
+    (DeleteCollection by spec.nodeName, pkg/kubelet/cm/dra/plugin/registration.go);
+    dp puts them back in its first repair, which is not delayed."""
+    runtime = await serving(dra)
+    before = dra.pool()
+    async with httpx2.AsyncClient(base_url=dra.api.url, timeout=5) as http:
+        wiped = await http.delete(
+            "/apis/resource.k8s.io/v1/resourceslices",
+            params={"fieldSelector": f"spec.nodeName={NODE}"},
+        )
+    assert wiped.status_code == 200 and wiped.json()["items"]
+    assert dra.pool() == set()
+    await until(lambda: dra.pool() == before, timeout=2)
+    families = {f.name: f for f in runtime_families(runtime)}
+    assert families["dp_dra_slice_repairs_total"].samples[0].value == 1
+    assert families["dp_dra_node_present"].samples[0].value == 1
+    assert runtime.essential_tasks() == {
+        "file-watch": "",
+        "timer-loop": "",
+        "dra-slice-publisher": "",
+    }

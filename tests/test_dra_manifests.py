@@ -471,7 +471,7 @@ def test_rbac_is_what_the_driver_does(variant: dict[tuple[str, str], Object]) ->
             ["get", "list", "watch", "create", "update", "delete"]
         ),
         ("resource.k8s.io", "resourceclaims"): ["get"],
-        ("", "nodes"): ["get"],
+        ("", "nodes"): ["get", "list", "watch"],
     }
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
 

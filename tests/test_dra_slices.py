@@ -13,7 +13,7 @@ import pytest
 from dp_core import DraFeaturesObserved
 from dp_core.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
 from dp_server.dra.api import KubeApi
-from dp_server.dra.slices import Backoff, SlicePublisher
+from dp_server.dra.slices import Backoff, RepairPacer, SlicePublisher
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.apiserver.rules import drop_disabled_fields
 
@@ -513,3 +513,91 @@ def test_the_emulator_drops_a_disabled_feature_unless_the_old_slice_uses_it() ->
     assert drop_disabled_fields(spec(**taints), None, frozenset()) == spec(**taints)
     with pytest.raises(ValueError, match="DRAPartitionable"):
         ApiServerEmulator(disabled_features={"DRAPartitionable"})
+
+
+# -- the Node that owns the slices --------------------------------------------------------
+
+
+def owner_uids(emulator: ApiServerEmulator) -> set[str]:
+    return {r["uid"] for s in ours(emulator) for r in s["metadata"]["ownerReferences"]}
+
+
+def node_uid(emulator: ApiServerEmulator) -> str:
+    uid: str = emulator.store.get("nodes", "", NODE)["metadata"]["uid"]
+    return uid
+
+
+async def test_a_deleted_node_gets_nothing_until_it_returns_then_its_pool_owned_by_it(
+    emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    content = pool(plain=200)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)
+    writes = emulator.writes
+
+    emulator.delete_node(NODE)  # the garbage collector takes the slices 0.1 s later
+    await until(lambda: not ours(emulator))
+    await until(lambda: publisher.node_present is False)
+    await asyncio.sleep(1.0)  # several watch periods of the publisher
+    assert ours(emulator) == [] and emulator.writes == writes
+    assert any(r.getMessage() == "node-missing" for r in caplog.records)
+    gauges = {f.name: f.samples[0].value for f in publisher.families() if f.samples}
+    assert gauges["dp_dra_node_present"] == 0
+
+    emulator.add_node(NODE)  # registered again: a new UID
+    await until(lambda: matches(emulator, content))
+    assert owner_uids(emulator) == {node_uid(emulator)}
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {1}
+    assert emulator.writes == writes + 2  # the two slices created again, nothing else
+    await until(lambda: publisher.node_present is True)
+
+
+def most_repairs(seconds: float, backoff: Backoff) -> int:
+    """How many repairs `RepairPacer` allows in `seconds`: the first at once, then
+    each at least half its backoff delay after the one before."""
+    count, spent = 1, 0.0
+    while True:
+        gap = 0.5 * min(backoff.cap, backoff.first * 2.0 ** (count - 1))
+        if spent + gap > seconds:
+            return count
+        spent += gap
+        count += 1
+
+
+async def test_a_node_deleted_and_registered_again_and_again_gets_paced_writes(
+    emulator: ApiServerEmulator,
+) -> None:
+    backoff = Backoff(first=0.2, cap=0.8)
+    run = Running(emulator, repairs=RepairPacer(backoff, quiet=10.0))
+    try:
+        emulator.gc_delay = 0.02
+        content = pool(plain=200)  # two slices
+        publisher = run.start()
+        publisher.publish(content)
+        await until(lambda: matches(emulator, content))
+        writes = emulator.writes
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(40):
+            emulator.delete_node(NODE)
+            await asyncio.sleep(0.05)
+            emulator.add_node(NODE)
+            await asyncio.sleep(0.05)
+        storm = loop.time() - started
+        # After the storm, the pool comes back owned by the last Node.
+        await until(
+            lambda: matches(emulator, content) and owner_uids(emulator) == {node_uid(emulator)}
+        )
+        finished = loop.time() - started
+
+        repairs = publisher.repairs.repairs
+        assert repairs <= most_repairs(finished, backoff)
+        assert repairs < 40  # one a cycle without the pacer
+        # Each repair writes at most the pool's two slices (creates or updates).
+        assert emulator.writes - writes <= 2 * repairs
+        assert storm < finished
+    finally:
+        await run.close()

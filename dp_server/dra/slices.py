@@ -37,28 +37,23 @@ helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from lightkube.models.meta_v1 import OwnerReference
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from dp_core import DraFeaturesObserved, MetricFamily, Sample
 from dp_core.slices import PoolContent
 from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
-from dp_server.dra.slice_cache import SliceCache, slice_name
-from dp_server.dra.slice_objects import (
-    COUNTERS,
-    TAINTS,
-    content_key,
-    cut,
-    features_kept,
-    node_owner,
-    slice_object,
-)
+from dp_server.dra.pacing import Backoff, RepairPacer
+from dp_server.dra.slice_cache import SliceCache
+from dp_server.dra.slice_objects import COUNTERS, TAINTS, features_kept, node_owner
+from dp_server.dra.slice_plan import Plan, plan_pool
 
-__all__ = ["Backoff", "SlicePublisher"]
+__all__ = ["Backoff", "RepairPacer", "SlicePublisher"]
 
 _log = logging.getLogger("dp.dra")
 
@@ -67,19 +62,6 @@ _GATES = {COUNTERS: "DRAPartitionableDevices", TAINTS: "DRADeviceTaints"}
 
 # Conflicts in a row before the publisher backs off instead of retrying at once.
 _MAX_IMMEDIATE_RETRIES = 5
-
-
-class Backoff:
-    """Exponential delays from `first` to `cap` seconds, each scaled by a random 0.5-1."""
-
-    def __init__(self, first: float = 0.5, cap: float = 30.0, rng: random.Random | None = None):
-        self.first = first
-        self.cap = cap
-        self._rng = rng or random.Random()
-
-    def delay(self, failures: int) -> float:
-        base = min(self.cap, self.first * 2.0 ** max(0, failures - 1))
-        return base * self._rng.uniform(0.5, 1.0)
 
 
 class _Stale(Exception):
@@ -91,8 +73,10 @@ class SlicePublisher:
 
     `watch_period` bounds each watch request, in seconds (a random value in
     the range, as client-go's reflector does, so that many nodes do not
-    reconnect at once). `on_features` hears what a write showed of the
-    server's DRA features, each finding once.
+    reconnect at once). `backoff` spaces the sessions after a failure,
+    `repairs` the writes that put back what outside changes undid.
+    `on_features` hears what a write showed of the server's DRA features,
+    each finding once.
     """
 
     def __init__(
@@ -101,6 +85,7 @@ class SlicePublisher:
         *,
         watch_period: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff | None = None,
+        repairs: RepairPacer | None = None,
         rng: random.Random | None = None,
         on_features: Callable[[DraFeaturesObserved], object] | None = None,
     ) -> None:
@@ -110,13 +95,18 @@ class SlicePublisher:
         self.features: dict[str, bool] = {}
         self.watch_period = watch_period
         self.backoff = backoff or Backoff()
+        self.repairs = repairs or RepairPacer()
         self._rng = rng or random.Random()
         self._wanted: PoolContent | None = None
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # the content, or what the server holds, changed
+        self._new_content = asyncio.Event()  # the content changed
+        self._held: PoolContent | None = None  # what the server held when last seen in step
         self._node_uid: str | None = None
+        self._owner_check = False  # a slice went: the Node may have gone with it
         self._cache = SliceCache()
         self._version = ""
         self._in_a_row = 0  # sessions ended by a failure or a stale view since the last sync
+        self.node_present: bool | None = None  # None: not asked yet
         self.generation = 0
         self.synced = False
         self.conflicts = 0
@@ -135,6 +125,7 @@ class SlicePublisher:
         self._wanted = content
         self.synced = False
         self._changed.set()
+        self._new_content.set()
 
     async def run(self) -> None:
         """Publish until cancelled; the first content must come from `publish`.
@@ -168,20 +159,87 @@ class SlicePublisher:
             _log.error("resourceslice-publisher-failed", extra=fields, exc_info=error)
         await asyncio.sleep(delay)
 
-    async def _session(self) -> None:
-        """List, watch from the list, and keep the server's slices as wanted
-        until something ends the watch or shows the view stale."""
+    # -- the owner ---------------------------------------------------------------------
+
+    async def _owner(self) -> str | None:
+        """The Node's UID now (None: it does not exist), noting a change."""
         wanted = self._wanted
         assert wanted is not None
-        if self._node_uid is None:
-            self._node_uid = await self.api.node_uid(wanted.node_name)
+        uid = await self.api.node_uid(wanted.node_name)
+        self._owner_check = False
+        if uid is None:
+            if self.node_present is not False:
+                _log.warning(
+                    "node-missing",
+                    extra=_fields(
+                        node=wanted.node_name,
+                        detail="the Node does not exist: no ResourceSlices are written "
+                        "until it is registered again",
+                    ),
+                )
+            self.node_present = False
+            self.synced = False
+            return None
+        if self._node_uid is not None and uid != self._node_uid:
+            _log.warning(
+                "node-replaced",
+                extra=_fields(node=wanted.node_name, uid=uid, was=self._node_uid),
+            )
+        elif self.node_present is False:
+            _log.info("node-registered", extra=_fields(node=wanted.node_name, uid=uid))
+        self._node_uid = uid
+        self.node_present = True
+        return uid
+
+    async def _await_node(self) -> None:
+        """Until the Node exists: list it by name, and watch from the list."""
+        wanted = self._wanted
+        assert wanted is not None
+        found = asyncio.Event()
+
+        def seen(kind: str, node: object) -> None:
+            if kind in ("ADDED", "MODIFIED"):
+                found.set()
+
+        while True:
+            uid, version = await self.api.list_node(wanted.node_name)
+            if uid is not None:
+                return
+            period = self._rng.uniform(*self.watch_period)
+            watch = asyncio.ensure_future(
+                self.api.watch_node(wanted.node_name, version, period, seen)
+            )
+            appeared = asyncio.ensure_future(found.wait())
+            try:
+                await asyncio.wait({watch, appeared}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (watch, appeared):
+                    task.cancel()
+                await asyncio.gather(watch, appeared, return_exceptions=True)
+            if watch.done() and not watch.cancelled() and watch.exception() is not None:
+                raise watch.exception()  # type: ignore[misc]
+            if found.is_set():
+                return
+
+    # -- a session ---------------------------------------------------------------------
+
+    async def _session(self) -> None:
+        """Check the owner, list, watch from the list, and keep the server's slices
+        as wanted until something ends the watch, shows the view stale, or the
+        Node goes (then wait for it: nothing is written while it is gone)."""
+        wanted = self._wanted
+        assert wanted is not None
+        if await self._owner() is None:
+            await self._await_node()
+            return
         items, self._version = await self.api.list_slices(wanted.node_name, wanted.driver)
         self._cache = SliceCache(items)
         watcher = asyncio.create_task(self._watch(), name="dp-resourceslice-watch")
         try:
             while True:
                 self._changed.clear()
-                await self._reconcile()
+                if not await self._reconcile():
+                    return  # the Node is gone
                 self.synced = True
                 self._in_a_row = 0
                 changed = asyncio.ensure_future(self._changed.wait())
@@ -215,64 +273,70 @@ class SlicePublisher:
     def _seen(self, kind: str, obj: ResourceSlice) -> None:
         if kind == "DELETED":
             self._cache.delete(obj)
+            # The garbage collector takes the slices of a deleted Node: ask
+            # whether it is still there before writing them again.
+            self._owner_check = True
         else:
             self._cache.put(obj)
         if obj.metadata is not None and obj.metadata.resourceVersion:
             self._version = obj.metadata.resourceVersion
         self._changed.set()
 
-    async def _reconcile(self) -> None:
-        """One pass: nothing if the server holds the wanted content, else a new generation."""
-        wanted = self._wanted
-        uid = self._node_uid
-        assert wanted is not None and uid is not None
-        owner = node_owner(wanted.node_name, uid)
-        bodies = cut(wanted)
-        dropped = frozenset(f for f, kept in self.features.items() if not kept)
-        desired = sorted(
-            content_key(slice_object(wanted, body, generation=0, count=0, owner=owner), dropped)
-            for body in bodies
-        )
-        # Slices the field selectors should not have given us are never touched.
-        mine = [s for s in self._cache.values() if _spec_ok(s, wanted)]
-        in_pool = [s for s in mine if _pool(s)[0] == wanted.pool]
-        other_pools = [s for s in mine if _pool(s)[0] != wanted.pool]
-        top = max((_pool(s)[1] for s in in_pool), default=0)
-        current = [s for s in in_pool if _pool(s)[1] == top]
-        if (
-            not other_pools
-            and len(current) == len(in_pool) == len(bodies)
-            and all(_pool(s)[2] == len(bodies) for s in current)
-            and sorted(content_key(s, dropped) for s in current) == desired
-        ):
-            self.generation = top
-            return
-        generation = top + 1
-        reuse = sorted(in_pool, key=_name)
+    async def _reconcile(self) -> bool:
+        """Make the server hold the wanted content; False when the Node is gone.
 
-        async def write(index: int, body: Any) -> tuple[ResourceSlice, ResourceSlice]:
-            if index < len(reuse):
-                old = reuse[index]
-                assert old.metadata is not None
-                obj = slice_object(
-                    wanted,
-                    body,
-                    generation=generation,
-                    count=len(bodies),
-                    owner=owner,
-                    name=old.metadata.name,
-                    resource_version=old.metadata.resourceVersion,
-                )
+        A write while the content is what the server last held repairs an
+        outside change, and waits for `repairs` (or for new content)."""
+        loop = asyncio.get_running_loop()
+        paced = False
+        while True:
+            wanted = self._wanted
+            uid = self._node_uid
+            assert wanted is not None and uid is not None
+            owner = node_owner(wanted.node_name, uid)
+            dropped = frozenset(f for f, kept in self.features.items() if not kept)
+            top, plan = plan_pool(wanted, self._cache.values(), owner, dropped)
+            if plan is None:
+                self.generation = top
+                self._held = wanted
+                return True
+            repair = wanted == self._held
+            if repair and not paced:
+                paced = True
+                wait = self.repairs.not_before(loop.time()) - loop.time()
+                if wait > 0:
+                    self._new_content.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._new_content.wait(), wait)
+                    continue  # the server, the content or the Node may have moved meanwhile
+            if self._owner_check:
+                now_uid = await self._owner()
+                if now_uid is None:
+                    return False
+                if now_uid != uid:
+                    continue  # owned by the new Node: every slice is written again
+            if repair:
+                self.repairs.wrote(loop.time())
+            if await self._write(wanted, plan, owner, repair=repair):
+                self._held = wanted
+                return True
+
+    async def _write(
+        self, wanted: PoolContent, plan: Plan, owner: OwnerReference, *, repair: bool
+    ) -> bool:
+        """Carry out `plan`; False when what was learned changed the content."""
+        count = len(plan.writes)
+
+        async def write(index: int) -> tuple[ResourceSlice, ResourceSlice]:
+            obj = plan.writes[index].object(wanted, plan.generation, count, owner)
+            if obj.metadata is not None and obj.metadata.name:
                 return obj, await self.api.replace_slice(obj)
-            obj = slice_object(wanted, body, generation=generation, count=len(bodies), owner=owner)
             return obj, await self.api.create_slice(obj)
 
         # The slices of a generation go out together: a health change reaches
         # the scheduler once the last of them is written, and the scheduler
         # ignores a generation until it is complete.
-        outcomes = await asyncio.gather(
-            *(write(index, body) for index, body in enumerate(bodies)), return_exceptions=True
-        )
+        outcomes = await asyncio.gather(*(write(i) for i in range(count)), return_exceptions=True)
         stale = False
         failure: BaseException | None = None
         for outcome in outcomes:
@@ -290,21 +354,23 @@ class SlicePublisher:
         if stale:
             raise _Stale("a slice changed or went since it was read")
         if self._wanted is not wanted:
-            return  # what was learned changed the content: start again with it
-        for old in reuse[len(bodies) :] + other_pools:
-            await self.api.delete_slice(_name(old))
-            self._cache.deleted_by_us(_name(old))
-        self.generation = generation
+            return False  # what was learned changed the content: start again with it
+        for name in plan.deletes:
+            await self.api.delete_slice(name)
+            self._cache.deleted_by_us(name)
+        self.generation = plan.generation
         _log.info(
             "resourceslices-published",
             extra=_fields(
                 pool=wanted.pool,
-                generation=generation,
-                slices=len(bodies),
+                generation=plan.generation,
+                slices=count,
                 devices=len(wanted.devices),
-                deleted=len(reuse[len(bodies) :]) + len(other_pools),
+                deleted=len(plan.deletes),
+                repair=repair,
             ),
         )
+        return True
 
     def _learn(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
         found = {
@@ -354,23 +420,20 @@ class SlicePublisher:
             "Times the API server could not be reached or failed, each followed by a backoff.",
             (Sample((), self.failures),),
         )
-
-
-_name = slice_name
-
-
-def _pool(obj: ResourceSlice) -> tuple[str, int, int]:
-    assert obj.spec is not None
-    pool = obj.spec.pool
-    return pool.name, pool.generation, pool.resourceSliceCount
-
-
-def _spec_ok(obj: ResourceSlice, wanted: PoolContent) -> bool:
-    return (
-        obj.spec is not None
-        and obj.spec.nodeName == wanted.node_name
-        and obj.spec.driver == wanted.driver
-    )
+        yield MetricFamily(
+            "counter",
+            "dp_dra_slice_repairs_total",
+            "Writes of the pool that put back what outside changes undid (paced).",
+            (Sample((), self.repairs.repairs),),
+        )
+        if self.node_present is not None:
+            yield MetricFamily(
+                "gauge",
+                "dp_dra_node_present",
+                "1 while this node's Node object exists, 0 while it does not (nothing is "
+                "published then).",
+                (Sample((), 1 if self.node_present else 0),),
+            )
 
 
 def _describe(error: BaseException) -> str:

@@ -3,16 +3,20 @@
 It serves, over HTTP/1.1 (h11) on the running asyncio loop, with the REST
 conventions of the real server:
 
-- `GET /api/v1/nodes/<name>` (nodes are added with `add_node`);
+- `/api/v1/nodes` (get, list and watch; `add_node`, `delete_node`: a Node
+  registered again has a new UID);
 - `resource.k8s.io/v1` `resourceslices` (cluster-scoped) and `resourceclaims`
-  (namespaced, with the `status` subresource): get, list, watch, create, update
-  and delete;
+  (namespaced, with the `status` subresource): get, list, watch, create, update,
+  delete and, by field selector, deletecollection (as the kubelet wipes its
+  node's slices at start);
 - list and watch with field selectors (`metadata.name`, `spec.nodeName`,
   `spec.driver` for slices; `metadata.name`, `metadata.namespace` for claims)
   and `resourceVersion`; watch events as JSON lines in a chunked answer,
   ended after `timeoutSeconds`;
 - `generateName`, `uid`, `generation`, `creationTimestamp`; ownerReferences
-  kept as given; an update with a stale `resourceVersion` is a 409 Conflict;
+  kept as given, and honoured by a garbage collector: `gc_delay` seconds
+  (0.1) after an object is deleted, everything whose owners are all gone is
+  deleted too (`collected`); an update with a stale `resourceVersion` is a 409 Conflict;
   a watch from a version no longer in the history (`compact`, or
   `expire_watches` for the open ones) gets a 410 Gone ERROR event;
 - every object written is checked against the published schema and the rules
@@ -99,6 +103,12 @@ class ApiServerEmulator:
         if unknown:
             raise ValueError(f"unknown feature gates {unknown}; known: {sorted(FEATURES)}")
         self.store = Store(history=history)
+        # The garbage collector (kube-controller-manager's): what a deleted
+        # object owned goes `gc_delay` seconds later (about 100 ms on a real
+        # control plane); None turns it off.
+        self.gc_delay: float | None = 0.1
+        self.collected: list[tuple[str, str, str]] = []
+        self.store.listen(self._owner_deleted)
         self.validator = Validator(schema) if schema is not None else None
         self.delay = 0.0
         self.unavailable = False
@@ -139,9 +149,37 @@ class ApiServerEmulator:
         self._server = None
 
     def add_node(self, name: str) -> Obj:
+        """Register Node `name`; registered again after `delete_node`, it has a new UID."""
         return self.store.create(
             "nodes", "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
+
+    def delete_node(self, name: str) -> Obj:
+        """`kubectl delete node`: what it owns goes after `gc_delay`."""
+        return self.store.delete("nodes", "", name)
+
+    def _owner_deleted(self, event: Event) -> None:
+        uid = event.object.get("metadata", {}).get("uid")
+        if event.type != "DELETED" or not uid or self.gc_delay is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the collector runs on the emulator's loop
+        loop.call_later(self.gc_delay, self._collect, uid)
+
+    def _collect(self, uid: str) -> None:
+        """Delete every object one of whose owners was `uid` and none of whose
+        owners exists any more, as the garbage collector does for dangling
+        owner references (background propagation)."""
+        alive = {o["metadata"]["uid"] for o in self.store.everything()}
+        for resource, namespace, obj in self.store.everything_with_keys():
+            owners = {r.get("uid") for r in obj.get("metadata", {}).get("ownerReferences") or ()}
+            if uid in owners and not owners & alive:
+                name = obj["metadata"]["name"]
+                with contextlib.suppress(ApiFailure):  # someone was quicker
+                    self.store.delete(resource, namespace, name)
+                    self.collected.append((resource, namespace, name))
 
     def fail_next(self, verb: str, resource: str, code: int) -> None:
         """Answer the next `verb` on `resource` with `code` (409, 500, 503...)."""
@@ -251,6 +289,15 @@ class ApiServerEmulator:
             return 200, listing
         if verb == "delete":
             return 200, _typed(resource, self.store.delete(resource, namespace, name))
+        if verb == "deletecollection":
+            selector = _selector(resource, query)
+            gone = [
+                self.store.delete(resource, namespace, o["metadata"]["name"])
+                for o in self.store.objects(resource, namespace)
+                if _matches(o, selector)
+            ]
+            listing = {"kind": f"{kind}List", "apiVersion": api_version, "items": gone}
+            return 200, {**listing, "metadata": {"resourceVersion": str(self.store.version)}}
         obj = _decode(body)
         if obj.get("kind", kind) != kind or obj.get("apiVersion", api_version) != api_version:
             raise ApiFailure(400, "BadRequest", f"expected {api_version} {kind}")
@@ -351,6 +398,8 @@ def _verb(method: str, name: str, query: dict[str, str]) -> str:
         if name:
             return "get"
         return "watch" if query.get("watch") in ("true", "1") else "list"
+    if method == "DELETE" and not name:
+        return "deletecollection"
     verbs = {"POST": "create", "PUT": "update", "DELETE": "delete"}
     if method not in verbs or (method == "POST") == bool(name):
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not allowed here")

@@ -105,6 +105,14 @@ class Store:
             if r == resource and (not namespace or ns == namespace)
         ]
 
+    def everything(self) -> list[Obj]:
+        """Every object of every resource (not copies: read them, do not change them)."""
+        return list(self._objects.values())
+
+    def everything_with_keys(self) -> list[tuple[str, str, Obj]]:
+        """(resource, namespace, object) for every object, as `everything`."""
+        return [(r, ns, o) for (r, ns, _), o in sorted(self._objects.items())]
+
     def get(self, resource: str, namespace: str, name: str) -> Obj:
         try:
             return copy.deepcopy(self._objects[(resource, namespace, name)])
