@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from dp_testing.apiserver import ApiServerEmulator
+from dp_testing.apiserver import ApiServerEmulator, Scheduler
 
 SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -360,3 +360,150 @@ async def test_a_late_answer_and_a_garbled_one(
     garbled = await http.get(SLICES)
     assert garbled.status_code == 200 and not garbled.text.startswith("{")
     assert (await http.get(SLICES)).json()["kind"] == "ResourceSliceList"
+
+
+async def test_a_dry_run_answers_as_a_write_and_stores_nothing(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    server.disabled_features = frozenset({"DRADeviceTaints"})
+    obj = a_slice()
+    obj["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    heard: list[str] = []
+
+    async def watch() -> None:
+        async with http.stream("GET", SLICES, params={"watch": "true"}) as answer:
+            async for line in answer.aiter_lines():
+                heard.append(json.loads(line)["type"])
+
+    watching = asyncio.create_task(watch())
+    await asyncio.sleep(0.1)
+    dry = await http.post(SLICES, json=obj, params={"dryRun": "All"})
+    assert dry.status_code == 201
+    meta = dry.json()["metadata"]
+    # As the real answer: a name and a UID, generation 1, no resourceVersion,
+    # and the fields of a disabled feature dropped.
+    assert meta["name"].startswith("node-a-") and meta["uid"] and meta["generation"] == 1
+    assert "resourceVersion" not in meta
+    assert "taints" not in dry.json()["spec"]["devices"][0]
+    await asyncio.sleep(0.2)
+    watching.cancel()
+    assert server.slices() == [] and heard == [] and server.store.version == 0
+    assert server.dry_runs[("create", "resourceslices")] == 1 and server.writes == 0
+
+    created = (await http.post(SLICES, json=a_slice())).json()
+    url = f"{SLICES}/{created['metadata']['name']}"
+    changed = {
+        **created,
+        "spec": {**created["spec"], "pool": {**created["spec"]["pool"], "generation": 9}},
+    }
+    dry_update = await http.put(url, json=changed, params={"dryRun": "All"})
+    assert dry_update.status_code == 200
+    assert (
+        dry_update.json()["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    )
+    assert dry_update.json()["metadata"]["generation"] == 2
+    assert (await http.delete(url, params={"dryRun": "All"})).status_code == 200
+    (kept,) = server.slices()
+    assert kept["spec"]["pool"]["generation"] == 1
+    # What a real write would refuse, a dry run refuses; and only All is a dry run.
+    bad = a_slice()
+    bad["spec"]["devices"][0]["name"] = "Not_A_Label"
+    assert (await http.post(SLICES, json=bad, params={"dryRun": "All"})).status_code == 422
+    other = await http.post(SLICES, json=a_slice(), params={"dryRun": "Some"})
+    assert other.status_code == 422 and "supported values" in other.json()["message"]
+
+
+async def test_events_are_checked_and_kept(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    events = "/apis/events.k8s.io/v1/namespaces/vms/events"
+    event = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": "gpu.1"},
+        "eventTime": "2026-01-01T00:00:00.000001Z",
+        "type": "Warning",
+        "reason": "IOMMUGroupHeld",
+        "action": "NodePrepareResources",
+        "reportingController": "vfio.dp.example.com",
+        "reportingInstance": "vfio.dp.example.com-node-a",
+        "regarding": {"kind": "ResourceClaim", "name": "gpu", "namespace": "vms"},
+        "note": "held",
+    }
+    assert (await http.post(events, json=event)).status_code == 201
+    (kept,) = server.store.objects("events", "vms")
+    assert kept["metadata"]["namespace"] == "vms"
+    for change, complaint in [
+        ({"eventTime": "2026-01-01T00:00:00Z"}, "RFC3339Micro"),
+        ({"reason": ""}, "reason: Required value"),
+        ({"type": "Bad"}, "type: Unsupported"),
+        ({"regarding": {"kind": "ResourceClaim", "name": "gpu", "namespace": "x"}}, "regarding"),
+    ]:
+        answer = await http.post(events, json={**event, "metadata": {"name": "e"}, **change})
+        assert answer.status_code == 422 and complaint in answer.json()["message"], answer.text
+
+
+async def test_the_scheduler_allocates_from_complete_pools_within_counters_and_taints(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    def claim(name: str) -> None:
+        server.store.create(
+            "resourceclaims",
+            "vms",
+            {"metadata": {"name": name}, "spec": {"devices": {"requests": [{"name": "r"}]}}},
+        )
+
+    def pool(generation: int, count: int, **spec: Any) -> dict[str, Any]:
+        obj = a_slice(**spec)
+        obj["spec"]["pool"] = {
+            "name": "node-a",
+            "generation": generation,
+            "resourceSliceCount": count,
+        }
+        return obj
+
+    scheduler = Scheduler(server)
+    try:
+        for name in ("a", "b", "c"):
+            claim(name)
+            scheduler.wait("vms", name, {"r": lambda d: d.name.startswith("gpu")})
+        devices = [
+            {
+                "name": "gpu-0",
+                "consumesCounters": [{"counterSet": "g", "counters": {"slot": {"value": "1"}}}],
+            },
+            {
+                "name": "gpu-1",
+                "consumesCounters": [{"counterSet": "g", "counters": {"slot": {"value": "1"}}}],
+            },
+            {"name": "gpu-2", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+        ]
+        await http.post(SLICES, json=pool(1, 2, devices=devices))
+        await asyncio.sleep(0.05)
+        assert scheduler.allocated == {}  # one slice of two: not a complete pool
+        counters = pool(1, 2, sharedCounters=[{"name": "g", "counters": {"slot": {"value": "1"}}}])
+        del counters["spec"]["devices"]
+        await http.post(SLICES, json=counters)
+        await asyncio.sleep(0.05)
+        # One of the counter's members, and not the tainted device.
+        assert scheduler.allocated == {
+            ("vms", "a"): [("r", "vfio.dp.example.com", "node-a", "gpu-0")]
+        }
+        claim_a = server.store.get("resourceclaims", "vms", "a")
+        assert claim_a["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+        assert set(scheduler.waiting) == {("vms", "b"), ("vms", "c")}
+    finally:
+        scheduler.close()
+
+    # Without the gates, counters and taints mean nothing to the allocator.
+    server.disabled_features = frozenset({"DRAPartitionableDevices", "DRADeviceTaints"})
+    scheduler = Scheduler(server)
+    try:
+        claim("d")
+        scheduler.wait("vms", "d", {"r": lambda d: d.name.startswith("gpu")})
+        claim("e")
+        scheduler.wait("vms", "e", {"r": lambda d: d.name.startswith("gpu")})
+        await asyncio.sleep(0.05)
+        assert [d for got in scheduler.allocated.values() for *_, d in got] == ["gpu-1", "gpu-2"]
+    finally:
+        scheduler.close()

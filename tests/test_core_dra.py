@@ -413,6 +413,24 @@ TAINTED = {"nic": [f"{DRIVER}/unhealthy"]}
         ),
         (False, False, DraFeaturesObserved(), False, (ONE_PER_GROUP, [], {}), None),
         (False, "auto", DraFeaturesObserved(), False, (ONE_PER_GROUP, [], TAINTED), None),
+        # A server that refuses the dry run: what was not seen counts as absent.
+        (
+            "auto",
+            "auto",
+            DraFeaturesObserved(unknown="400 BadRequest: a webhook refuses dry runs"),
+            True,
+            (ONE_PER_GROUP, [], {}),
+            "cannot ask the API server whether it has DRAPartitionableDevices (400 BadRequest: "
+            "a webhook refuses dry runs): taking it as off",
+        ),
+        (
+            True,
+            "auto",
+            DraFeaturesObserved(unknown="403 Forbidden"),
+            True,
+            (ALL_MEMBERS, COUNTERS, {}),
+            "dra.partitionableDevices decides",
+        ),
     ],
 )
 def test_the_pool_follows_what_the_api_server_keeps(
@@ -434,6 +452,18 @@ def test_the_pool_follows_what_the_api_server_keeps(
         assert any(log in d for d in details), details
     # The same finding again changes nothing and says nothing.
     assert node.handle(observed) == []
+
+
+def test_a_finding_after_an_unknown_is_logged_and_followed() -> None:
+    node = features_node()
+    node.handle(DraFeaturesObserved(unknown="400 BadRequest"))
+    assert pool_summary(node) == (ONE_PER_GROUP, [], {})
+    effects = node.handle(DraFeaturesObserved(partitionable=False, device_taints=True))
+    details = [str(dict(e.fields).get("detail")) for e in effects_of(effects, Log)]
+    # Both are logged: absent was a guess, and now it is known.
+    assert any("dropped sharedCounters" in d for d in details), details
+    assert any("kept device taints" in d for d in details), details
+    assert pool_summary(node) == (ONE_PER_GROUP, [], TAINTED)
 
 
 def test_a_finding_is_logged_once_and_kept_across_rebuilds() -> None:
@@ -489,8 +519,10 @@ def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None
     assert (refused.call, refused.claim) == (7, CLAIM_B)
     assert refused.error == (
         "IOMMU group 10 of device pci-0000-3b-00-1 is held by claim vms/vm-a (UID uid-a); "
-        "VFIO cannot split a group between holders"
+        "VFIO cannot split a group between holders; the kubelet retries until that holder "
+        "lets go, or delete the pod to have its claim allocated again"
     )
+    assert refused.reason == "IOMMUGroupHeld"
     assert effects_of(effects, ClaimsChanged) == []
     assert node.allocations.group_holder(10).claim == CLAIM_A  # type: ignore[union-attr]
 

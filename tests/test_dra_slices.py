@@ -601,3 +601,67 @@ async def test_a_node_deleted_and_registered_again_and_again_gets_paced_writes(
         assert storm < finished
     finally:
         await run.close()
+
+
+# -- what the cluster keeps, asked before the first write -------------------------------------
+
+
+def weakened(history: list[dict[str, Any]]) -> list[str]:
+    """Devices of the rich pool ever stored without their counters."""
+    return [
+        d["name"]
+        for s in history
+        for d in s["spec"].get("devices") or ()
+        if d["name"].startswith("vf-") and not d.get("consumesCounters")
+    ]
+
+
+async def test_the_features_are_asked_by_a_dry_run_before_the_first_write_and_again_later(
+    emulator: ApiServerEmulator,
+) -> None:
+    rich, safe = pool(plain=3, advanced=4), pool(plain=3)
+    heard: list[DraFeaturesObserved] = []
+
+    def core(found: DraFeaturesObserved) -> None:
+        # What the core answers: the pool the cluster can keep.
+        heard.append(found)
+        if found.partitionable is not None:
+            run.publisher.publish(rich if found.partitionable else safe)
+
+    emulator.disabled_features = frozenset({"DRAPartitionableDevices"})
+    run = Running(emulator, on_features=core, relearn=0.5)
+    try:
+        publisher = run.start()
+        publisher.publish(rich)  # what the core computes before anything is known
+        await until(lambda: matches(emulator, safe))
+        assert heard[0] == DraFeaturesObserved(partitionable=False, device_taints=True)
+        assert emulator.dry_runs[("create", "resourceslices")] == 1
+        assert emulator.requests[("create", "resourceslices")] == 1  # the safe pool's slice
+
+        emulator.disabled_features = frozenset()  # the cluster upgraded to 1.36
+        await until(lambda: matches_without(emulator, rich, ()), timeout=5)
+        assert heard[-1].partitionable is True
+        assert emulator.dry_runs[("create", "resourceslices")] >= 2
+        history = [
+            e.object for e in emulator.store.events_since(0) if e.resource == "resourceslices"
+        ]
+        assert weakened(history) == []
+    finally:
+        await run.close()
+
+
+async def test_a_refused_dry_run_is_reported_as_unknown_and_the_pool_still_written(
+    emulator: ApiServerEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    heard: list[DraFeaturesObserved] = []
+    run = Running(emulator, on_features=heard.append)
+    try:
+        emulator.fail_next("create", "resourceslices", 400)  # a webhook refusing dry runs
+        publisher = run.start()
+        publisher.publish(pool(plain=3))
+        await until(lambda: matches(emulator, pool(plain=3)))
+        assert heard[0].unknown is not None and "400" in heard[0].unknown
+        assert heard[0].partitionable is None and heard[0].device_taints is None
+        assert any(r.getMessage() == "dra-feature-probe-refused" for r in caplog.records)
+    finally:
+        await run.close()

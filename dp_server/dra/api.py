@@ -29,6 +29,7 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.client import FieldSelector
 from lightkube.core.exceptions import NotReadyError
 from lightkube.resources.core_v1 import Node
+from lightkube.resources.events_v1 import Event
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from dp_core import MetricFamily, Sample
@@ -45,6 +46,7 @@ __all__ = [
 #: What a request can fail with that a retry may cure: the API server's own
 #: answers (`ApiError`) and anything on the way (refused, reset, timed out).
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (httpx2.HTTPError, OSError, TimeoutError)
+# A dry run ("create-dry-run") is a request but writes nothing.
 WRITE_VERBS = frozenset({"create", "update", "delete"})
 
 
@@ -237,6 +239,18 @@ class KubeApi:
         self.calls.count("create", "resourceslices")
         created: ResourceSlice = await self._client.create(obj)
         return created
+
+    async def dry_run_slice(self, obj: ResourceSlice) -> ResourceSlice:
+        """The slice as the server would store it (`?dryRun=All`): nothing is stored."""
+        self.calls.count("create-dry-run", "resourceslices")
+        answer: ResourceSlice = await self._client.create(obj, dry_run=True)
+        return answer
+
+    async def create_event(self, event: Event) -> None:
+        """Record `event` (events.k8s.io/v1) in its namespace."""
+        assert event.metadata is not None
+        self.calls.count("create", "events")
+        await self._client.create(event, namespace=event.metadata.namespace)
 
     async def replace_slice(self, obj: ResourceSlice) -> ResourceSlice:
         """An update with the object's resourceVersion as precondition (409 if stale)."""

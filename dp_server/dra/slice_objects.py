@@ -45,7 +45,9 @@ from dp_core.slices import (
     PoolDevice,
     Version,
 )
+from dp_core.slices import CounterConsumption as CoreCounterConsumption
 from dp_core.slices import CounterSet as CoreCounterSet
+from dp_core.slices import DeviceTaint as CoreDeviceTaint
 
 __all__ = [
     "COUNTERS",
@@ -56,6 +58,7 @@ __all__ = [
     "features_kept",
     "generate_name",
     "node_owner",
+    "probe_object",
     "slice_object",
 ]
 
@@ -165,6 +168,25 @@ def slice_object(
 # The fields of partitionable devices (KEP-4815) and of device taints (KEP-5055).
 COUNTERS = "counters"
 TAINTS = "taints"
+
+_PROBE = "dp-feature-probe"
+
+
+def probe_object(content: PoolContent, owner: OwnerReference) -> ResourceSlice:
+    """A slice for a server-side dry run that tells which DRA features the cluster
+    keeps: one device that consumes a counter (`DRAPartitionableDevices`) and is
+    tainted (`DRADeviceTaints`). The server drops what it lacks, as on a real
+    write, and stores nothing; a counter set named by a device is not checked
+    against the pool's (it may be in another slice since 1.35)."""
+    device = PoolDevice(
+        _PROBE,
+        consumes_counters=(CoreCounterConsumption(_PROBE, (("slot", 1),)),),
+        taints=(CoreDeviceTaint(f"{content.driver}/feature-probe"),),
+    )
+    probe = slice_object(content, ((device,), ()), generation=0, count=1, owner=owner)
+    assert probe.metadata is not None
+    probe.metadata.generateName = f"{generate_name(content)}probe-"[: _NAME_MAX - _GENERATED_SUFFIX]
+    return probe
 
 
 def _uses(spec: dict[str, Any], feature: str) -> bool:

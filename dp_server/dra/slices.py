@@ -26,12 +26,21 @@ helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
   and it starts again after an exponential backoff with jitter, for as long
   as it runs; `failures` and the log say what happened. The rest of dp is
   never held up by any of this;
+- before it first writes the pool it asks which DRA features the cluster
+  keeps: a server-side dry run of a slice that uses shared counters and a
+  device taint (`probe_object`) comes back without the fields of a feature
+  the server lacks, and nothing is stored. What it learns goes to
+  `on_features` (the core's `DraFeaturesObserved`), whose answer is the pool
+  the cluster can keep, so the rich pool never reaches a cluster that would
+  store it weakened. It asks again every `relearn` seconds (a cluster
+  upgraded to 1.36 turns both gates on) and a minute after a session failed
+  (an API server restarted); a server that refuses dry runs is reported as
+  unknown, and the core takes what it has not seen as absent;
 - after each write it compares what it sent with what the server stored
-  (`features_kept`): a server without partitionable devices or device taints
-  drops their fields. What it learns is handed to `on_features` (the core's
-  `DraFeaturesObserved`) when it is new, and the pass stops if the content
-  changed with it; from then on its comparisons leave out the fields the
-  server drops, so what the server cannot keep is not written again and again.
+  (`features_kept`): a difference from the dry run (API servers that
+  disagree, a cluster changed since) goes to `on_features` too. Its
+  comparisons leave out the fields the server drops, so what the server
+  cannot keep is not written again and again.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from dp_core.slices import PoolContent
 from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
 from dp_server.dra.pacing import Backoff, RepairPacer
 from dp_server.dra.slice_cache import SliceCache
-from dp_server.dra.slice_objects import COUNTERS, TAINTS, features_kept, node_owner
+from dp_server.dra.slice_objects import COUNTERS, TAINTS, features_kept, node_owner, probe_object
 from dp_server.dra.slice_plan import Plan, plan_pool
 
 __all__ = ["Backoff", "RepairPacer", "SlicePublisher"]
@@ -62,6 +71,12 @@ _GATES = {COUNTERS: "DRAPartitionableDevices", TAINTS: "DRADeviceTaints"}
 
 # Conflicts in a row before the publisher backs off instead of retrying at once.
 _MAX_IMMEDIATE_RETRIES = 5
+# After a session failed (the API server may have been upgraded meanwhile),
+# the features are asked again, but not more often than this (seconds).
+_PROBE_AFTER_FAILURE = 60.0
+# The answers to a dry run that say it cannot be made (a webhook that refuses
+# dry runs, a policy), not that the server is away.
+_PROBE_REFUSED = (400, 403, 404, 405, 415, 422)
 
 
 class _Stale(Exception):
@@ -75,8 +90,8 @@ class SlicePublisher:
     the range, as client-go's reflector does, so that many nodes do not
     reconnect at once). `backoff` spaces the sessions after a failure,
     `repairs` the writes that put back what outside changes undid.
-    `on_features` hears what a write showed of the server's DRA features,
-    each finding once.
+    `relearn` is how often (seconds) it asks again which DRA features the
+    cluster keeps; `on_features` hears each new finding.
     """
 
     def __init__(
@@ -86,10 +101,14 @@ class SlicePublisher:
         watch_period: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff | None = None,
         repairs: RepairPacer | None = None,
+        relearn: float = 1800.0,
         rng: random.Random | None = None,
         on_features: Callable[[DraFeaturesObserved], object] | None = None,
     ) -> None:
         self.api = api
+        self.relearn = relearn
+        self._learned_at: float | None = None  # when the last dry run answered
+        self._learn_soon = False  # a session failed since: ask again after a while
         self._on_features = on_features
         # COUNTERS/TAINTS -> whether the server kept that feature's fields when last sent.
         self.features: dict[str, bool] = {}
@@ -112,6 +131,7 @@ class SlicePublisher:
         self.conflicts = 0
         self.relists = 0
         self.failures = 0
+        self.probes = 0
 
     def publish(self, content: PoolContent) -> None:
         """Make `content` the pool's wanted content; the running task writes it when it can."""
@@ -151,6 +171,7 @@ class SlicePublisher:
 
     async def _failed(self, error: BaseException) -> None:
         self.failures += 1
+        self._learn_soon = True
         delay = self.backoff.delay(self._in_a_row)
         fields = _fields(error=_describe(error), retry_in=round(delay, 3), failures=self._in_a_row)
         if isinstance(error, (*TRANSIENT_ERRORS, _Stale)):
@@ -232,6 +253,9 @@ class SlicePublisher:
         if await self._owner() is None:
             await self._await_node()
             return
+        loop = asyncio.get_running_loop()
+        if self._probe_at() <= loop.time():
+            await self._probe()
         items, self._version = await self.api.list_slices(wanted.node_name, wanted.driver)
         self._cache = SliceCache(items)
         watcher = asyncio.create_task(self._watch(), name="dp-resourceslice-watch")
@@ -244,15 +268,66 @@ class SlicePublisher:
                 self._in_a_row = 0
                 changed = asyncio.ensure_future(self._changed.wait())
                 try:
-                    await asyncio.wait({changed, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {changed, watcher},
+                        timeout=max(0.0, self._probe_at() - loop.time()),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                 finally:
                     changed.cancel()
                 if watcher.done():
                     watcher.result()  # raises what ended the watch
                     raise _Stale  # pragma: no cover - the watch loop never returns
+                if self._probe_at() <= loop.time():
+                    await self._probe()  # a new finding changes the content
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+
+    # -- what the cluster keeps --------------------------------------------------------
+
+    def _probe_at(self) -> float:
+        """When to ask (again) which DRA features the cluster keeps."""
+        if self._learned_at is None:
+            return 0.0
+        if self._learn_soon:
+            return self._learned_at + min(self.relearn, _PROBE_AFTER_FAILURE)
+        return self._learned_at + self.relearn
+
+    async def _probe(self) -> None:
+        """Ask with a server-side dry run which DRA features the cluster keeps.
+
+        Before the pool is first written: a cluster without a feature would
+        store the pool without its fields, and the scheduler could split a
+        group meanwhile. The answer goes to `on_features` when it is new."""
+        wanted = self._wanted
+        assert wanted is not None and self._node_uid is not None
+        sent = probe_object(wanted, node_owner(wanted.node_name, self._node_uid))
+        try:
+            stored = await self.api.dry_run_slice(sent)
+        except ApiError as error:
+            if not is_status(error, *_PROBE_REFUSED):
+                raise
+            self._asked()
+            _log.warning("dra-feature-probe-refused", extra=_fields(error=_describe(error)))
+            if self._on_features is not None and len(self.features) < len(_GATES):
+                self._on_features(DraFeaturesObserved(unknown=_describe(error)))
+            return
+        self._asked()
+        self._report(features_kept(sent, stored))
+
+    def _asked(self) -> None:
+        self._learned_at = asyncio.get_running_loop().time()
+        self._learn_soon = False
+        self.probes += 1
+
+    def _report(self, kept: dict[str, bool]) -> None:
+        found = {f: k for f, k in kept.items() if self.features.get(f) != k}
+        if not found:
+            return
+        self.features.update(found)
+        if self._on_features is not None:
+            self._on_features(DraFeaturesObserved(found.get(COUNTERS), found.get(TAINTS)))
 
     async def _watch(self) -> None:
         wanted = self._wanted
@@ -373,16 +448,9 @@ class SlicePublisher:
         return True
 
     def _learn(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
-        found = {
-            f: kept
-            for f, kept in features_kept(sent, stored).items()
-            if self.features.get(f) != kept
-        }
-        if not found:
-            return
-        self.features.update(found)
-        if self._on_features is not None:
-            self._on_features(DraFeaturesObserved(found.get(COUNTERS), found.get(TAINTS)))
+        """What a real write showed: it should agree with the dry run, unless the
+        cluster changed since (or its API servers differ)."""
+        self._report(features_kept(sent, stored))
 
     def families(self) -> Iterable[MetricFamily]:
         yield from self.api.calls.families()

@@ -46,6 +46,7 @@ from dp_core.dra_metadata import prepared_devices
 from dp_server.cdi.claim_files import ClaimFiles
 from dp_server.dra import DraEndpoints, Prepared, PrepareFailed, PrepareOutcome
 from dp_server.dra.api import KubeApi
+from dp_server.dra.claim_events import ClaimEvents
 from dp_server.dra.slices import SlicePublisher
 from dp_server.runtime.claims_file import ClaimsStore
 from dp_server.runtime.settings import Settings, SettingsError
@@ -120,6 +121,9 @@ class DraRuntime:
         self.publisher = SlicePublisher(
             self.api, watch_period=settings.slice_watch_period, on_features=feed
         )
+        # An Event on each claim dp refuses: its pod stays bound while the kubelet retries.
+        self.events = ClaimEvents(self.api, driver, node.dra.node_name)
+        self._spawn: Callable[..., object] | None = None
         try:
             self.endpoints = DraEndpoints(
                 driver,
@@ -146,6 +150,7 @@ class DraRuntime:
             await self.endpoints.start()
         except OSError as error:
             raise SettingsError(f"the DRA sockets: {error}") from error
+        self._spawn = spawn
         spawn(self.publisher.run(), essential="dra-slice-publisher")
 
     async def restore(self) -> None:
@@ -185,6 +190,7 @@ class DraRuntime:
         )
         for effect in effects:
             if isinstance(effect, ClaimRefused) and effect.call == call:
+                self._record(claim, effect)
                 return PrepareFailed(effect.error)
             if isinstance(effect, ClaimPrepared) and effect.call == call:
                 problem = self._files_done.pop(call, "")
@@ -199,6 +205,15 @@ class DraRuntime:
                     )
                 return Prepared(prepared_devices(self.driver, effect.prepared))
         return PrepareFailed(f"claim {_show(claim)}: the core gave no answer")  # pragma: no cover
+
+    def _record(self, claim: ClaimRef, refused: ClaimRefused) -> None:
+        posting = self.events.refusal(claim, refused.reason, refused.error)
+        if posting is None:
+            return
+        if self._spawn is None:
+            posting.close()  # not started: no loop of ours to post it on
+            return
+        self._spawn(posting)
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         call = next(self._ids)
@@ -262,6 +277,7 @@ class DraRuntime:
 
     def families(self) -> Iterable[MetricFamily]:
         yield from self.publisher.families()
+        yield from self.events.families()
         yield MetricFamily(
             "gauge",
             "dp_dra_registered",

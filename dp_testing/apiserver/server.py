@@ -9,6 +9,8 @@ conventions of the real server:
   (namespaced, with the `status` subresource): get, list, watch, create, update,
   delete and, by field selector, deletecollection (as the kubelet wipes its
   node's slices at start);
+- `events.k8s.io/v1` `events` (namespaced), as a controller reports on an
+  object: create, get and list;
 - list and watch with field selectors (`metadata.name`, `spec.nodeName`,
   `spec.driver` for slices; `metadata.name`, `metadata.namespace` for claims)
   and `resourceVersion`; watch events as JSON lines in a chunked answer,
@@ -19,6 +21,10 @@ conventions of the real server:
   deleted too (`collected`); an update with a stale `resourceVersion` is a 409 Conflict;
   a watch from a version no longer in the history (`compact`, or
   `expire_watches` for the open ones) gets a 410 Gone ERROR event;
+- `?dryRun=All` on a create, update or delete: the same defaulting, field
+  dropping and validation as the real write, and the same answer (a create's
+  with a UID and a name but no resourceVersion), but nothing is stored and
+  no watch hears of it; counted in `dry_runs`, not `requests`;
 - every object written is checked against the published schema and the rules
   in code (`rules.Validator`, 422 Invalid when it fails) and rejects are kept
   in `rejected`.
@@ -74,16 +80,23 @@ _ROUTES = [
         "resourceclaims",
         False,
     ),
+    (
+        re.compile(r"/apis/events.k8s.io/v1/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?"),
+        "events",
+        False,
+    ),
 ]
 _KINDS = {
     "nodes": ("v1", "Node"),
     "resourceslices": ("resource.k8s.io/v1", "ResourceSlice"),
     "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim"),
+    "events": ("events.k8s.io/v1", "Event"),
 }
 _FIELDS = {
     "nodes": {"metadata.name"},
     "resourceslices": {"metadata.name", "spec.nodeName", "spec.driver"},
     "resourceclaims": {"metadata.name", "metadata.namespace"},
+    "events": {"metadata.name", "metadata.namespace", "regarding.name", "regarding.uid", "reason"},
 }
 _MAX_BODY = 3 * 1024 * 1024
 
@@ -113,6 +126,8 @@ class ApiServerEmulator:
         self.delay = 0.0
         self.unavailable = False
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        # Requests with ?dryRun=All, apart: they write nothing.
+        self.dry_runs: collections.Counter[tuple[str, str]] = collections.Counter()
         self.rejected: list[tuple[str, str]] = []
         self.port = 0
         self._faults: list[tuple[str, str, int]] = []
@@ -242,7 +257,8 @@ class ApiServerEmulator:
                 raise ApiFailure(503, "ServiceUnavailable", "the server is currently unavailable")
             resource, namespace, name, status = _route(target.path)
             verb = _verb(method, name, query)
-            self.requests[(verb, resource)] += 1
+            dry_run = _dry_run(verb, query)
+            (self.dry_runs if dry_run else self.requests)[(verb, resource)] += 1
             for fault in self._faults:
                 if fault[:2] == (verb, resource):
                     self._faults.remove(fault)
@@ -253,7 +269,9 @@ class ApiServerEmulator:
             if verb == "watch":
                 await self._watch(conn, writer, resource, namespace, query)
                 return False
-            code, answer = self._serve(verb, resource, namespace, name, status, query, body)
+            code, answer = self._serve(
+                verb, resource, namespace, name, status, query, body, dry_run=dry_run
+            )
             for late in self._late:
                 if late[:2] == (verb, resource):
                     self._late.remove(late)
@@ -273,6 +291,8 @@ class ApiServerEmulator:
         status: bool,
         query: dict[str, str],
         body: bytes,
+        *,
+        dry_run: bool = False,
     ) -> tuple[int, Obj]:
         api_version, kind = _KINDS[resource]
         if verb == "get":
@@ -288,11 +308,13 @@ class ApiServerEmulator:
             }
             return 200, listing
         if verb == "delete":
-            return 200, _typed(resource, self.store.delete(resource, namespace, name))
+            return 200, _typed(
+                resource, self.store.delete(resource, namespace, name, dry_run=dry_run)
+            )
         if verb == "deletecollection":
             selector = _selector(resource, query)
             gone = [
-                self.store.delete(resource, namespace, o["metadata"]["name"])
+                self.store.delete(resource, namespace, o["metadata"]["name"], dry_run=dry_run)
                 for o in self.store.objects(resource, namespace)
                 if _matches(o, selector)
             ]
@@ -301,6 +323,15 @@ class ApiServerEmulator:
         obj = _decode(body)
         if obj.get("kind", kind) != kind or obj.get("apiVersion", api_version) != api_version:
             raise ApiFailure(400, "BadRequest", f"expected {api_version} {kind}")
+        if namespace:
+            meta = obj.setdefault("metadata", {})
+            if meta.setdefault("namespace", namespace) != namespace:
+                raise ApiFailure(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace "
+                    "sent on the request",
+                )
         if resource == "resourceslices":
             obj = default_slice(obj)
             if self.disabled_features:
@@ -316,9 +347,11 @@ class ApiServerEmulator:
                 self.rejected.append((resource, failure.message))
                 raise
         if verb == "create":
-            return 201, _typed(resource, self.store.create(resource, namespace, obj))
+            created = self.store.create(resource, namespace, obj, dry_run=dry_run)
+            return 201, _typed(resource, created)
         return 200, _typed(
-            resource, self.store.update(resource, namespace, name, obj, status=status)
+            resource,
+            self.store.update(resource, namespace, name, obj, status=status, dry_run=dry_run),
         )
 
     async def _watch(
@@ -404,6 +437,20 @@ def _verb(method: str, name: str, query: dict[str, str]) -> str:
     if method not in verbs or (method == "POST") == bool(name):
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not allowed here")
     return verbs[method]
+
+
+def _dry_run(verb: str, query: dict[str, str]) -> bool:
+    """Whether the request is a server-side dry run; `All` is the one value a
+    server takes (`ValidateDryRun`, apimachinery's `meta/v1/validation`)."""
+    if "dryRun" not in query:
+        return False
+    if verb not in ("create", "update", "delete", "deletecollection") or query["dryRun"] != "All":
+        raise ApiFailure(
+            422,
+            "Invalid",
+            f'dryRun: Unsupported value: "{query["dryRun"]}": supported values: "All"',
+        )
+    return True
 
 
 def _selector(resource: str, query: dict[str, str]) -> list[tuple[str, str, bool]]:
