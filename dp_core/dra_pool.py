@@ -14,6 +14,14 @@ then a pure function of that catalogue, the IOMMU groups the one ledger
   in two claims; without it only one member of such a group is published
   (the one a claim holds, else the first healthy one by name), since nothing
   else could keep the scheduler from splitting the group.
+
+Only what changes the scheduler's view is marked: a group a DRA claim holds
+through a member that consumes the group's counter needs no mark on its
+other members, since the scheduler counts that member's allocation against
+the counter already; so preparing or unpreparing such a claim leaves the
+pool as it is. A group held through the device-plugin front end (or by a
+claim whose device is not in the pool) is invisible to the scheduler: its
+members are marked.
 """
 
 from __future__ import annotations
@@ -175,28 +183,29 @@ def pool_content(
             and sum(1 for o in catalogue if o.iommu_group == d.iommu_group) > 1
         }
         catalogue = [d for d in catalogue if d.name not in grouped or d.name in keep]
-    published: list[tuple[DraDevice, tuple[DeviceTaint, ...]]] = []
-    for device in catalogue:
-        taints: list[DeviceTaint] = []
-        if not device.advertised.healthy:
-            taints.append(DeviceTaint(_taint_key(options.driver, "unhealthy")))
-        if _held_elsewhere(device, reserved) is not None:
-            taints.append(DeviceTaint(_taint_key(options.driver, "iommu-group-held")))
-        if taints and not options.device_taints:
-            continue
-        published.append((device, tuple(taints)))
-    members: dict[int, int] = {}
-    for device, _ in published:
-        if device.iommu_group is not None:
-            members[device.iommu_group] = members.get(device.iommu_group, 0) + 1
-    shared = sorted(g for g, count in members.items() if count > 1) if options.partitionable else []
-    counter_sets = tuple(CounterSet(group_counter_set(g), ((COUNTER, 1),)) for g in shared)
-    shared_groups = set(shared)
+    # A group a claim holds through a member that consumes the group's
+    # counter is held in the scheduler's eyes already: no mark for the rest.
+    # Which members consume it depends on which are published, so settle it:
+    # each round can only withdraw that cover, never grant it.
+    covered = (
+        {g for g, h in reserved.items() if h.claim is not None} if options.partitionable else set()
+    )
+    while True:
+        published = _published(catalogue, reserved, options, covered)
+        shared = _shared_groups(published) if options.partitionable else set()
+        names = {device.name for device, _ in published}
+        still = {
+            g for g in covered if g in shared and any(n in names for n in reserved[g].device_ids)
+        }
+        if still == covered:
+            break
+        covered = still
+    counter_sets = tuple(CounterSet(group_counter_set(g), ((COUNTER, 1),)) for g in sorted(shared))
     pool_devices = []
     for device, marks in published:
         consumes: tuple[CounterConsumption, ...] = ()
         group = device.iommu_group
-        if group is not None and group in shared_groups:
+        if group is not None and group in shared:
             consumes = (CounterConsumption(group_counter_set(group), ((COUNTER, 1),)),)
         pool_devices.append(PoolDevice(device.name, device.attributes, consumes, marks))
     return PoolContent(
@@ -206,6 +215,36 @@ def pool_content(
         tuple(pool_devices),
         tuple(sorted(counter_sets, key=lambda s: s.name)),
     )
+
+
+def _published(
+    catalogue: Sequence[DraDevice],
+    reserved: Mapping[int, Allocation],
+    options: PoolOptions,
+    covered: set[int],
+) -> list[tuple[DraDevice, tuple[DeviceTaint, ...]]]:
+    """The devices offered, each with its taints; `covered`: groups whose holder
+    the scheduler sees through the counter (their members get no mark)."""
+    published: list[tuple[DraDevice, tuple[DeviceTaint, ...]]] = []
+    for device in catalogue:
+        taints: list[DeviceTaint] = []
+        if not device.advertised.healthy:
+            taints.append(DeviceTaint(_taint_key(options.driver, "unhealthy")))
+        if device.iommu_group not in covered and _held_elsewhere(device, reserved) is not None:
+            taints.append(DeviceTaint(_taint_key(options.driver, "iommu-group-held")))
+        if taints and not options.device_taints:
+            continue
+        published.append((device, tuple(taints)))
+    return published
+
+
+def _shared_groups(published: Sequence[tuple[DraDevice, object]]) -> set[int]:
+    """Groups with two or more published members: each gets a counter set."""
+    members: dict[int, int] = {}
+    for device, _ in published:
+        if device.iommu_group is not None:
+            members[device.iommu_group] = members.get(device.iommu_group, 0) + 1
+    return {g for g, count in members.items() if count > 1}
 
 
 def dra_config(config: Config) -> Config | None:

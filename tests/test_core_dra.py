@@ -551,6 +551,38 @@ def test_device_plugin_allocate_is_refused_while_a_claim_holds_the_group() -> No
     assert conflict is not None and "claim vms/vm-a (UID uid-a)" in conflict
 
 
+@pytest.mark.parametrize("taints", [True, False])
+def test_a_claim_on_a_group_with_a_counter_leaves_the_pool_as_it_is(taints: bool) -> None:
+    """The scheduler counts the claim's device against the group's counter: the
+    sibling needs no mark, so Prepare and Unprepare write nothing."""
+    node, _ = started(config(audio_frontend="dra"), dra_device_taints=taints)
+    before = node.dra.pool
+    assert before is not None and before.device("pci-0000-3b-00-1") is not None
+    effects = prepare(node, CLAIM_A, "pci-0000-3b-00-0")
+    assert effects_of(effects, ClaimPrepared) and effects_of(effects, PoolChanged) == []
+    effects = unprepare(node, CLAIM_A)
+    assert effects_of(effects, ClaimUnprepared) and effects_of(effects, PoolChanged) == []
+    assert node.dra.pool == before
+
+
+def test_a_group_held_through_the_device_plugin_is_marked_for_the_scheduler() -> None:
+    """The scheduler cannot see a device-plugin allocation: the DRA members of a
+    group it holds are tainted, though they consume the group's counter."""
+    node = Node(config(), node_name=NODE, dra_device_taints=True)
+    # Group 20 gets a NIC beside its GPU (DRA) and audio (device plugin).
+    third = pci("0000:af:00.2", NIC_PCI, 20, numa=1, class_code=0x020000)
+    node.handle(HostObserved(snapshot([*host().pci_devices, third]), 0.0))
+    node.handle(KubeletStarted(0.0))
+    effects = node.handle(
+        AllocationsObserved({"nvidia.com/audio": frozenset({"0000:af:00.1"})}, 1.0)
+    )
+    content = one(effects, PoolChanged).content
+    for name in ("pci-0000-af-00-0", "pci-0000-af-00-2"):
+        device = content.device(name)
+        assert device is not None and device.consumes_counters
+        assert [t.key for t in device.taints] == [f"{DRIVER}/iommu-group-held"], name
+
+
 def test_adopted_pod_holding_the_sibling_takes_the_dra_device_out_of_the_pool() -> None:
     node, _ = started(dra_device_taints=False)
     assert "pci-0000-af-00-0" in pool_names(node)

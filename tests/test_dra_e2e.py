@@ -678,3 +678,17 @@ async def test_a_refused_claim_gets_an_event_saying_why_once_per_reason(dra: Dra
         dict(s.labels)["result"]: s.value for s in families["dp_dra_claim_events_total"].samples
     }
     assert events == {"posted": 1, "failed": 0}
+
+
+async def test_preparing_and_unpreparing_claims_writes_no_slice(dra: Dra) -> None:
+    """Where the server keeps counters, a claim changes nothing the scheduler
+    does not know already: the pool is not written for it."""
+    await serving(dra)
+    await writes_settle(dra)
+    writes = dra.api.writes
+    claims = [dra.claim("nvme-a", ("disk", NVME_A)), dra.claim("vm-gpu", ("gpu", GPU_A))]
+    for claim in claims:
+        assert (await dra.prepare(claim))[claim.uid].error == ""
+    assert await dra.unprepare(*claims) == {c.uid: "" for c in claims}
+    await writes_settle(dra)
+    assert dra.api.writes == writes

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dp_core import DraFeaturesObserved
@@ -150,8 +151,10 @@ async def test_a_pool_is_cut_into_owned_slices_within_the_limits(
         advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
         assert len(devices) <= (64 if advanced else 128)
     # 70 counter sets in 9 slices of at most 8, 200 plain devices in 2, 70 advanced in 2.
-    assert sorted(len(s["spec"].get("devices") or []) for s in slices) == [0] * 9 + [6, 64, 72, 128]
-    assert emulator.writes == len(slices) == publisher.generation + 12
+    # 70 counter sets in 9 slices of at most 8; 270 devices, 64 to a slice
+    # whatever they carry (so a taint coming or going moves none of them).
+    assert sorted(len(s["spec"].get("devices") or []) for s in slices) == [0] * 9 + [14] + [64] * 4
+    assert emulator.writes == len(slices) == publisher.generation + 13
     assert publisher.synced
 
 
@@ -180,23 +183,64 @@ async def test_a_change_bumps_the_generation_of_every_slice(
     emulator: ApiServerEmulator, running: Running
 ) -> None:
     publisher = running.start()
-    publisher.publish(pool(plain=300))
-    await until(lambda: matches(emulator, pool(plain=300)))
+    publisher.publish(pool(plain=150))
+    await until(lambda: matches(emulator, pool(plain=150)))
     assert len(ours(emulator)) == 3
     writes = emulator.writes
 
-    changed = pool(plain=300, numa=1)
+    changed = pool(plain=150, numa=1)
     publisher.publish(changed)
     await until(lambda: matches(emulator, changed))
     assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
     assert emulator.writes == writes + 3  # three updates, nothing created or deleted
 
-    fewer = pool(plain=100, numa=1)
+    fewer = pool(plain=50, numa=1)
     publisher.publish(fewer)
     await until(lambda: matches(emulator, fewer))
     assert [s["spec"]["pool"]["generation"] for s in ours(emulator)] == [3]
     assert emulator.writes == writes + 3 + 3  # one update, two deletes
     assert emulator.requests[("create", "resourceslices")] == 3
+
+
+async def test_a_change_to_one_slice_is_one_update_at_the_same_generation(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    """A health change taints one device: one slice changes, and one update is
+    atomic, so the generation stays (as the Go helper does)."""
+    content = pool(plain=150, advanced=2)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)
+    writes = emulator.writes
+
+    sick = device(149)
+    tainted = attrs.evolve(sick, taints=[DeviceTaint(f"{DRIVER}/unhealthy")])
+    unhealthy = attrs.evolve(
+        content, devices=[tainted if d.name == sick.name else d for d in content.devices]
+    )
+    publisher.publish(unhealthy)
+    await until(lambda: taints_of(emulator, sick.name) == [f"{DRIVER}/unhealthy"])
+    await until(lambda: publisher.synced)
+    assert emulator.writes == writes + 1
+    assert emulator.requests[("update", "resourceslices")] == 1
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {1}
+
+    publisher.publish(content)  # healthy again
+    await until(lambda: taints_of(emulator, sick.name) == [])
+    await until(lambda: publisher.synced)
+    assert emulator.writes == writes + 2
+    assert publisher.generation == 1
+
+
+def taints_of(emulator: ApiServerEmulator, name: str) -> list[str]:
+    return [
+        t["key"]
+        for s in ours(emulator)
+        for d in s["spec"].get("devices") or ()
+        if d["name"] == name
+        for t in d.get("taints") or ()
+    ]
 
 
 async def test_stale_slices_of_this_node_and_driver_are_cleaned_at_start(
@@ -300,7 +344,7 @@ async def test_an_expired_watch_lists_again_and_sees_what_changed(
 async def test_slices_changed_or_deleted_by_someone_else_are_put_back(
     emulator: ApiServerEmulator, running: Running
 ) -> None:
-    content = pool(plain=200)
+    content = pool(plain=100)
     publisher = running.start()
     publisher.publish(content)
     await until(lambda: matches(emulator, content))
@@ -309,13 +353,18 @@ async def test_slices_changed_or_deleted_by_someone_else_are_put_back(
     emulator.store.delete("resourceslices", "", first["metadata"]["name"])
     await until(lambda: matches(emulator, content))
     assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
+    await until(lambda: publisher.synced)
+    writes = emulator.writes
 
     victim = ours(emulator)[0]
     victim["spec"]["devices"] = victim["spec"]["devices"][:1]
     emulator.store.update("resourceslices", "", victim["metadata"]["name"], victim, status=False)
     await until(lambda: matches(emulator, content))
-    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {3}
-    await until(lambda: publisher.generation == 3)  # once the pass has read its answers
+    # One slice changed: put back by one update, at the same generation.
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
+    await until(lambda: publisher.synced)
+    assert emulator.writes == writes + 1
+    assert publisher.repairs.repairs == 2
 
 
 async def test_a_change_seen_before_the_answer_to_our_own_write_is_not_lost(
@@ -338,7 +387,9 @@ async def test_a_change_seen_before_the_answer_to_our_own_write_is_not_lost(
     emulator.store.update("resourceslices", "", victim["metadata"]["name"], victim, status=False)
 
     await until(lambda: matches(emulator, changed))
-    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {3}
+    await until(lambda: publisher.synced)
+    assert emulator.requests[("update", "resourceslices")] == 2  # the change, and the repair
+    assert publisher.repairs.repairs == 1
 
 
 def _free_port() -> int:
@@ -530,7 +581,7 @@ def node_uid(emulator: ApiServerEmulator) -> str:
 async def test_a_deleted_node_gets_nothing_until_it_returns_then_its_pool_owned_by_it(
     emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:
-    content = pool(plain=200)
+    content = pool(plain=100)
     publisher = running.start()
     publisher.publish(content)
     await until(lambda: matches(emulator, content))
@@ -573,7 +624,7 @@ async def test_a_node_deleted_and_registered_again_and_again_gets_paced_writes(
     run = Running(emulator, repairs=RepairPacer(backoff, quiet=10.0))
     try:
         emulator.gc_delay = 0.02
-        content = pool(plain=200)  # two slices
+        content = pool(plain=100)  # two slices
         publisher = run.start()
         publisher.publish(content)
         await until(lambda: matches(emulator, content))

@@ -5,8 +5,9 @@ of `resource.k8s.io/v1` (`k8s.io/api/resource/v1/types.go` and
 `pkg/apis/resource/validation/validation.go`): at most 128 devices in a
 slice, 64 if any of them has taints or consumes counters; since 1.35 a slice
 holds either devices or shared counter sets, never both, and at most 8 sets.
-Devices are cut in name order, so the same content always gives the same
-slices.
+Devices are cut in name order, 64 to a slice whatever they carry, so the same
+content always gives the same slices, and a taint coming or going (a health
+change) never moves a device to another slice: it changes one slice only.
 
 `content_key` is what a slice says apart from its pool generation, count and
 server-set fields: two slices with the same key need no write.
@@ -38,7 +39,6 @@ from lightkube.resources.resource_v1 import ResourceSlice
 
 from dp_core.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
-    MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_ADVANCED,
     AttributeValue,
     PoolContent,
@@ -75,19 +75,9 @@ def cut(content: PoolContent) -> list[SliceBody]:
     sets = sorted(content.shared_counters, key=lambda s: s.name)
     for start in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE):
         bodies.append(((), tuple(sets[start : start + MAX_COUNTER_SETS_PER_SLICE])))
-    chunk: list[PoolDevice] = []
-    advanced = False
-    for device in sorted(content.devices, key=lambda d: d.name):
-        limit = (
-            MAX_DEVICES_PER_SLICE_ADVANCED if advanced or device.advanced else MAX_DEVICES_PER_SLICE
-        )
-        if len(chunk) + 1 > limit:
-            bodies.append((tuple(chunk), ()))
-            chunk, advanced = [], False
-        chunk.append(device)
-        advanced = advanced or device.advanced
-    if chunk:
-        bodies.append((tuple(chunk), ()))
+    devices = sorted(content.devices, key=lambda d: d.name)
+    for start in range(0, len(devices), MAX_DEVICES_PER_SLICE_ADVANCED):
+        bodies.append((tuple(devices[start : start + MAX_DEVICES_PER_SLICE_ADVANCED]), ()))
     return bodies
 
 

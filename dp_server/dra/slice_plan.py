@@ -2,13 +2,22 @@
 
 `plan_pool` compares the wanted content, cut into slices, with this node's
 slices of the driver as the publisher knows them, and says what to write:
-nothing, when the newest complete generation holds exactly the wanted
-content (apart from the fields the server is known to drop); otherwise the
-next generation, every slice of it (an update of a slice it reuses, with
-that slice's resourceVersion as precondition, or a create), and the deletes
-of what is left: slices of an older generation, of another pool, or beyond
-the wanted count. So slices left by an earlier run are cleaned up at start,
-and a slice someone else changed or deleted is put back.
+
+- nothing, when the newest complete generation holds exactly the wanted
+  content (apart from the fields the server is known to drop);
+- one update, at the same generation, when the pool keeps its slices and
+  exactly one of them must change (a health change, most often): one write
+  is atomic, so the scheduler never sees the pool half changed, which is why
+  the Go helper keeps the generation then too ("at most one update API call
+  is necessary", `resourceslicecontroller.go`);
+- otherwise the next generation, every slice of it (an update of a slice it
+  reuses, with that slice's resourceVersion as precondition, or a create),
+  and the deletes of what is left: slices of an older generation, of another
+  pool, or beyond the wanted count. So slices left by an earlier run are
+  cleaned up at start, and a slice someone else changed or deleted is put
+  back.
+
+Slices are matched to the wanted ones by what they hold, not by name.
 """
 
 from __future__ import annotations
@@ -49,11 +58,12 @@ class SliceWrite:
 
 @attrs.frozen
 class Plan:
-    """Write `writes` at `generation` (of `len(writes)` slices), then delete `deletes`."""
+    """Write `writes` at `generation` of a pool of `count` slices, then delete `deletes`."""
 
     generation: int
+    count: int
     writes: tuple[SliceWrite, ...]
-    deletes: tuple[str, ...]
+    deletes: tuple[str, ...] = ()
 
 
 def pool_of(obj: ResourceSlice) -> tuple[str, int, int]:
@@ -84,10 +94,11 @@ def plan_pool(
     a write it cannot keep as sent is not made again and again.
     """
     bodies = cut(wanted)
-    desired = sorted(
+    desired_by_body = [
         content_key(slice_object(wanted, body, generation=0, count=0, owner=owner), dropped)
         for body in bodies
-    )
+    ]
+    desired = sorted(desired_by_body)
     # Slices the field selectors should not have given us are never touched.
     mine = [s for s in slices if _ours(s, wanted)]
     in_pool = sorted((s for s in mine if pool_of(s)[0] == wanted.pool), key=slice_name)
@@ -98,9 +109,22 @@ def plan_pool(
         not other_pools
         and len(current) == len(in_pool) == len(bodies)
         and all(pool_of(s)[2] == len(bodies) for s in current)
-        and sorted(content_key(s, dropped) for s in current) == desired
     ):
-        return top, None
+        keys = {slice_name(s): content_key(s, dropped) for s in current}
+        unmatched_slices = [s for s in current if keys[slice_name(s)] not in desired]
+        unmatched_bodies = [
+            body
+            for body, key in zip(bodies, desired_by_body, strict=True)
+            if key not in keys.values()
+        ]
+        if sorted(keys.values()) == desired:
+            return top, None
+        if len(unmatched_slices) == len(unmatched_bodies) == 1:
+            (old,) = unmatched_slices
+            (body,) = unmatched_bodies
+            assert old.metadata is not None
+            write = SliceWrite(body, old.metadata.name, old.metadata.resourceVersion)
+            return top, Plan(top, len(bodies), (write,))
     writes = []
     for index, body in enumerate(bodies):
         if index < len(in_pool):
@@ -110,4 +134,4 @@ def plan_pool(
         else:
             writes.append(SliceWrite(body))
     deletes = [slice_name(s) for s in in_pool[len(bodies) :] + other_pools]
-    return top, Plan(top + 1, tuple(writes), tuple(deletes))
+    return top, Plan(top + 1, len(bodies), tuple(writes), tuple(deletes))

@@ -400,7 +400,7 @@ class SlicePublisher:
         self, wanted: PoolContent, plan: Plan, owner: OwnerReference, *, repair: bool
     ) -> bool:
         """Carry out `plan`; False when what was learned changed the content."""
-        count = len(plan.writes)
+        count = plan.count
 
         async def write(index: int) -> tuple[ResourceSlice, ResourceSlice]:
             obj = plan.writes[index].object(wanted, plan.generation, count, owner)
@@ -411,7 +411,9 @@ class SlicePublisher:
         # The slices of a generation go out together: a health change reaches
         # the scheduler once the last of them is written, and the scheduler
         # ignores a generation until it is complete.
-        outcomes = await asyncio.gather(*(write(i) for i in range(count)), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(write(i) for i in range(len(plan.writes))), return_exceptions=True
+        )
         stale = False
         failure: BaseException | None = None
         for outcome in outcomes:
@@ -440,6 +442,7 @@ class SlicePublisher:
                 pool=wanted.pool,
                 generation=plan.generation,
                 slices=count,
+                written=len(plan.writes),
                 devices=len(wanted.devices),
                 deleted=len(plan.deletes),
                 repair=repair,
