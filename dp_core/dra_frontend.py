@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .advertised import AdvertisedDevice
 from .allocation import AllocationBook, container_allocation
+from .answers import ContainerAllocation, DeviceSpec
 from .config import Dra, DraFeatureSetting
 from .dra_effects import (
     ClaimPrepared,
@@ -268,8 +270,7 @@ class DraFrontend:
                     "VFIO cannot split a group between holders; the kubelet retries until "
                     "that holder lets go, or delete the pod to have its claim allocated again",
                 )
-            resource = self._resources[device.resource]
-            edits = container_allocation(resource, [device.advertised])
+            edits = self._edits(device)
             devices.append(
                 ClaimDevice(
                     served,
@@ -283,6 +284,20 @@ class DraFrontend:
                 )
             )
         return tuple(devices)
+
+    def _edits(self, device: DraDevice) -> ContainerAllocation:
+        """What a container gets for `device`: for a whole group, every member's
+        nodes, and each member resource's variable (as Allocate gives them)."""
+        by_resource: dict[str, list[AdvertisedDevice]] = {}
+        for part in device.parts:
+            by_resource.setdefault(part.resource, []).append(part.advertised)
+        envs: list[tuple[str, str]] = []
+        specs: dict[str, DeviceSpec] = {}
+        for name, advertised in by_resource.items():
+            one = container_allocation(self._resources[name], advertised)
+            envs += one.envs
+            specs.update((spec.container_path, spec) for spec in one.devices)
+        return ContainerAllocation(envs=tuple(envs), devices=tuple(specs.values()))
 
     def unprepare(self, event: ClaimUnprepareRequested) -> tuple[Effects, set[int]]:
         """Unprepare one claim, known or not; the effects, and the groups freed."""

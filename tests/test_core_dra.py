@@ -320,7 +320,10 @@ def test_with_device_taints_an_unhealthy_device_is_tainted_instead() -> None:
 # -- what the API server keeps (DraFeaturesObserved) ----------------------------------------
 
 NIC_GONE = ("/dev/vfio/30",)  # the NIC (group 30) turns unhealthy
+# With counters, each group of two offered functions has a device for all of it.
 ALL_MEMBERS = [
+    "iommu-group-10",
+    "iommu-group-20",
     f"mdev-{VGPU_UUID}",
     "pci-0000-3b-00-0",
     "pci-0000-3b-00-1",
@@ -751,3 +754,83 @@ def test_a_claim_from_a_resource_claim_has_its_own_metadata_path() -> None:
 
 def test_pool_content_is_a_value() -> None:
     assert PoolContent(DRIVER, NODE, NODE) == PoolContent(DRIVER, NODE, NODE, (), ())
+
+
+# -- one claim, one whole group --------------------------------------------------------------
+
+
+def test_a_group_of_two_offered_functions_is_offered_whole_too() -> None:
+    node, effects = started(config(audio_frontend="dra"))
+    content = one(effects, PoolChanged).content
+    whole = content.device("iommu-group-10")
+    gpu = content.device("pci-0000-3b-00-0")
+    assert whole is not None and gpu is not None
+    # The group's one counter: the whole and each member exclude one another.
+    assert whole.consumes_counters == gpu.consumes_counters
+    attributes = dict(whole.attributes)
+    assert attributes["resourceName"] == "iommu-group"
+    assert attributes["leadResourceName"] == GPU_RESOURCE
+    assert attributes["resource.kubernetes.io/pciBusID"] == "0000:3b:00.0"
+    assert attributes["members"] == "0000:3b:00.0,0000:3b:00.1"
+    assert attributes["memberCount"] == 2
+    assert attributes["iommuGroup"] == 10
+    # Not without counters: nothing would keep it apart from its members.
+    node, effects = started(config(audio_frontend="dra"), dra_partitionable=False)
+    assert one(effects, PoolChanged).content.device("iommu-group-10") is None
+    # Not for a group with one function offered here (20: the audio is the device plugin's).
+    node, effects = started()
+    assert one(effects, PoolChanged).content.device("iommu-group-20") is None
+
+
+def test_a_claim_for_the_whole_group_gets_every_member_and_excludes_each() -> None:
+    node, _ = started(config(audio_frontend="dra"))
+    effects = prepare(node, CLAIM_A, "iommu-group-10")
+    prepared = one(effects, ClaimPrepared).prepared
+    (device,) = prepared.devices
+    assert (device.name, device.device_id, device.iommu_group) == (
+        "iommu-group-10",
+        "0000:3b:00.0",
+        10,
+    )
+    assert [d.container_path for d in device.edits.devices] == ["/dev/vfio/vfio", "/dev/vfio/10"]
+    # Each member's resource variable, as Allocate would give them.
+    assert dict(device.edits.envs) == {
+        "PCI_RESOURCE_NVIDIA_COM_T4": "0000:3b:00.0",
+        "PCI_RESOURCE_NVIDIA_COM_AUDIO": "0000:3b:00.1",
+    }
+    assert effects_of(effects, PoolChanged) == []  # the counter says it to the scheduler
+    refused = one(prepare(node, CLAIM_B, "pci-0000-3b-00-1", call=5), ClaimRefused)
+    assert refused.reason == "IOMMUGroupHeld" and "vms/vm-a" in refused.error
+    unprepare(node, CLAIM_A)
+    assert effects_of(prepare(node, CLAIM_B, "pci-0000-3b-00-0", call=6, now=3.0), ClaimPrepared)
+    refused = one(prepare(node, CLAIM_A, "iommu-group-10", call=7, now=4.0), ClaimRefused)
+    assert refused.reason == "IOMMUGroupHeld" and "vms/vm-b" in refused.error
+
+
+def test_a_whole_group_is_unhealthy_while_a_member_is() -> None:
+    node, _ = started(config(audio_frontend="dra"), dra_device_taints=True)
+    gone = snapshot(
+        list(host().pci_devices),
+        mdev_types=host().mdev_types,
+        mdevs=host().mdevs,
+        missing_nodes=("/dev/vfio/10",),
+    )
+    content = one(node.handle(HostObserved(gone, 1.0)), PoolChanged).content
+    whole = content.device("iommu-group-10")
+    assert whole is not None
+    assert [t.key for t in whole.taints] == [f"{DRIVER}/unhealthy"]
+    refused = one(prepare(node, CLAIM_A, "iommu-group-10"), ClaimRefused)
+    assert refused.reason == "DeviceUnhealthy" and "pci-0000-3b-00-0" in refused.error
+
+
+def test_the_whole_groups_metadata_names_its_lead_and_members() -> None:
+    node, _ = started(config(audio_frontend="dra"))
+    prepared = one(prepare(node, CLAIM_A, "iommu-group-10"), ClaimPrepared).prepared
+    (request,) = request_metadata(DRIVER, prepared)
+    for document in request.objects:
+        ((one_request),) = document["requests"]  # type: ignore[misc]
+        # One device per request, as KubeVirt 1.9 reads it: the lead's address.
+        (device,) = one_request["devices"]
+        attributes = device["attributes"]
+        assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+        assert attributes["members"] == {"string": "0000:3b:00.0,0000:3b:00.1"}

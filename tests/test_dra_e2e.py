@@ -692,3 +692,71 @@ async def test_preparing_and_unpreparing_claims_writes_no_slice(dra: Dra) -> Non
     assert await dra.unprepare(*claims) == {c.uid: "" for c in claims}
     await writes_settle(dra)
     assert dra.api.writes == writes
+
+
+async def test_one_claim_takes_a_whole_group_and_two_claims_still_never_split_it(
+    dra: Dra,
+) -> None:
+    """The NVMe pair of IOMMU group 93, offered whole as iommu-group-93: a claim
+    for it gets both drives, and claims for one drive each wait meanwhile."""
+    scheduler = Scheduler(dra.api)
+    try:
+        await serving(dra)
+        assert "iommu-group-93" in dra.pool()
+        waiting_claim(dra, "both")
+        scheduler.wait(
+            "default",
+            "both",
+            {
+                "pair": lambda d: (
+                    d.attribute("resourceName") == "iommu-group" and d.attribute("iommuGroup") == 93
+                )
+            },
+        )
+        await until(lambda: ("default", "both") in scheduler.allocated)
+        assert scheduler.allocated[("default", "both")] == [
+            ("pair", DRIVER, NODE, "iommu-group-93")
+        ]
+        for name in ("disk-a", "disk-b"):
+            waiting_claim(dra, name)
+            scheduler.wait("default", name, {"dev": resource_is(NVME)})
+        await asyncio.sleep(0.3)
+        # Neither drive: the whole group holds the counter's one slot.
+        assert set(scheduler.waiting) == {("default", "disk-a"), ("default", "disk-b")}
+
+        both = dra_claim(dra, ("default", "both"))
+        (result,) = (await dra.prepare(both)).values()
+        assert result.error == ""
+        spec = dra.cdi / f"{DRIVER}_claim_{both.uid}.json"
+        edits = resolve(
+            [read_spec(spec.read_bytes(), str(spec))], result.devices[0].cdi_device_ids[0]
+        )
+        assert {n.path for n in edits.device_nodes} == {"/dev/vfio/vfio", "/dev/vfio/93"}
+        host = (
+            dra.plugins / DRIVER / "dra-device-metadata" / "default_both" / "pair" / "metadata.json"
+        )
+        v1alpha1 = [json.loads(line) for line in host.read_text().splitlines()][1]
+        (request,) = v1alpha1["requests"]
+        (device,) = request["devices"]  # KubeVirt 1.9 reads exactly one device per request
+        assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:5e:00.0"}
+        assert device["attributes"]["members"] == {"string": "0000:5e:00.0,0000:5e:01.0"}
+        # A drive of the group, allocated by hand as a split would be: refused.
+        split = dra.claim("split", ("disk", NVME_B))
+        assert "held by claim default/both" in (await dra.prepare(split))[split.uid].error
+        dra.api.store.delete("resourceclaims", "default", "split")
+
+        # The claim's pod goes: Unprepare, the claim de-allocated; a drive claim gets in.
+        assert await dra.unprepare(both) == {both.uid: ""}
+        dra.api.store.delete("resourceclaims", "default", "both")
+        await until(lambda: len(scheduler.waiting) == 1)
+    finally:
+        scheduler.close()
+
+
+def uid_of(dra: Dra, key: tuple[str, str]) -> str:
+    uid: str = dra.api.store.get("resourceclaims", *key)["metadata"]["uid"]
+    return uid
+
+
+def dra_claim(dra: Dra, key: tuple[str, str]) -> Claim:
+    return Claim(key[0], uid_of(dra, key), key[1])
