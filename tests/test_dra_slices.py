@@ -716,3 +716,22 @@ async def test_a_refused_dry_run_is_reported_as_unknown_and_the_pool_still_writt
         assert any(r.getMessage() == "dra-feature-probe-refused" for r in caplog.records)
     finally:
         await run.close()
+
+
+async def test_without_leave_to_watch_nodes_the_deleted_node_is_read_until_it_returns(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    """An RBAC of an older dp lets it get its Node but not list or watch it."""
+    content = pool(plain=3)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    emulator.fail_next("list", "nodes", 403)
+    emulator.delete_node(NODE)
+    await until(lambda: publisher.node_present is False)
+    await until(lambda: emulator.requests[("list", "nodes")] == 1)
+    gets = emulator.requests[("get", "nodes")]
+    emulator.add_node(NODE)
+    await until(lambda: matches(emulator, content) and owner_uids(emulator) == {node_uid(emulator)})
+    assert emulator.requests[("get", "nodes")] > gets
+    assert emulator.requests[("watch", "nodes")] == 0

@@ -160,6 +160,7 @@ class SlicePublisher:
                 await self._session()
             except _Stale as stale:
                 self.synced = False
+                self._owner_check = True  # a 404: maybe the garbage collector's doing
                 self._in_a_row += 1
                 if self._in_a_row <= _MAX_IMMEDIATE_RETRIES:
                     continue
@@ -172,6 +173,7 @@ class SlicePublisher:
     async def _failed(self, error: BaseException) -> None:
         self.failures += 1
         self._learn_soon = True
+        self._owner_check = True  # the Node may have gone while the server was away
         delay = self.backoff.delay(self._in_a_row)
         fields = _fields(error=_describe(error), retry_in=round(delay, 3), failures=self._in_a_row)
         if isinstance(error, (*TRANSIENT_ERRORS, _Stale)):
@@ -223,7 +225,14 @@ class SlicePublisher:
                 found.set()
 
         while True:
-            uid, version = await self.api.list_node(wanted.node_name)
+            try:
+                uid, version = await self.api.list_node(wanted.node_name)
+            except ApiError as error:
+                if not is_status(error, 403):
+                    raise
+                # An RBAC of an older dp: `get` only. Ask again and again.
+                await self._poll_node()
+                return
             if uid is not None:
                 return
             period = self._rng.uniform(*self.watch_period)
@@ -242,17 +251,30 @@ class SlicePublisher:
             if found.is_set():
                 return
 
+    async def _poll_node(self) -> None:
+        """Until the Node exists, reading it after 1 s, 2 s, ... up to 10 s."""
+        wanted = self._wanted
+        assert wanted is not None
+        polls = Backoff(1.0, 10.0, self._rng)
+        tries = 0
+        while await self.api.node_uid(wanted.node_name) is None:
+            tries += 1
+            await asyncio.sleep(polls.delay(tries))
+
     # -- a session ---------------------------------------------------------------------
 
     async def _session(self) -> None:
-        """Check the owner, list, watch from the list, and keep the server's slices
-        as wanted until something ends the watch, shows the view stale, or the
-        Node goes (then wait for it: nothing is written while it is gone)."""
+        """List, watch from the list, and keep the server's slices as wanted until
+        something ends the watch, shows the view stale, or the Node goes (then
+        the next session waits for it: nothing is written while it is gone)."""
         wanted = self._wanted
         assert wanted is not None
-        if await self._owner() is None:
+        if self.node_present is False:
             await self._await_node()
-            return
+        # The Node is read at the first session and when it was missing; later
+        # ones read it before a write, when something may have changed it.
+        if (self._node_uid is None or self.node_present is False) and await self._owner() is None:
+            return  # the next session waits for it
         loop = asyncio.get_running_loop()
         if self._probe_at() <= loop.time():
             await self._probe()
