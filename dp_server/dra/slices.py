@@ -38,7 +38,8 @@ helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
   unknown, and the core takes what it has not seen as absent;
 - after each write it compares what it sent with what the server stored
   (`features_kept`): a difference from the dry run (API servers that
-  disagree, a cluster changed since) goes to `on_features` too. Its
+  disagree while they are upgraded one by one, a cluster changed since) goes
+  to `on_features` too, and the dry run is made again a minute later. Its
   comparisons leave out the fields the server drops, so what the server
   cannot keep is not written again and again.
 """
@@ -108,7 +109,8 @@ class SlicePublisher:
         self.api = api
         self.relearn = relearn
         self._learned_at: float | None = None  # when the last dry run answered
-        self._learn_soon = False  # a session failed since: ask again after a while
+        # A session failed, or a write disagreed with the dry run: ask again soon.
+        self._learn_soon = False
         self._on_features = on_features
         # COUNTERS/TAINTS -> whether the server kept that feature's fields when last sent.
         self.features: dict[str, bool] = {}
@@ -474,8 +476,12 @@ class SlicePublisher:
 
     def _learn(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
         """What a real write showed: it should agree with the dry run, unless the
-        cluster changed since (or its API servers differ)."""
-        self._report(features_kept(sent, stored))
+        cluster changed since (or its API servers differ, as while they are
+        upgraded one by one): then follow the write, and ask again in a minute."""
+        kept = features_kept(sent, stored)
+        if any(self.features.get(f) != k for f, k in kept.items()):
+            self._learn_soon = True
+        self._report(kept)
 
     def families(self) -> Iterable[MetricFamily]:
         yield from self.api.calls.families()
@@ -494,8 +500,8 @@ class SlicePublisher:
         yield MetricFamily(
             "gauge",
             "dp_dra_api_feature",
-            "1 when the API server kept a DRA feature's fields in the last slice that had "
-            "them, 0 when it dropped them; absent until a write had them.",
+            "1 when the API server keeps a DRA feature's fields (a dry run, or the last "
+            "write that had them, says), 0 when it drops them; absent until asked.",
             tuple(
                 Sample((("feature", _GATES[f]),), 1 if kept else 0)
                 for f, kept in sorted(self.features.items())
