@@ -517,7 +517,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         kubelet.wait_for("registered", DRIVER, timeout=args.timeout)
         result["spawn_to_registered_s"] = time.monotonic() - t_spawn
         pool = Pool()
-        expected = args.ids * args.functions + 2 * args.multi_groups
+        # Each group of two is offered whole too (iommu-group-<n>).
+        expected = args.ids * args.functions + 3 * args.multi_groups
         if pool.until(api.events, lambda p: len(p) == expected, args.timeout) is None:
             raise BenchError(
                 f"no complete pool of {expected} devices within {args.timeout} s: "
@@ -529,17 +530,25 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         result["slices"] = len(pool.slices)
         result["server_cpus"] = allowed_cpus(server.pid)
         result["bench_cpus"] = allowed_cpus(os.getpid())
-        # One device per IOMMU group, so no two claims can meet in a group.
+        # One function per IOMMU group, so no two claims can meet in a group;
+        # the groups of two first, so the claims take a function of each (the
+        # pool is not written for them: the group's counter says it).
         by_group: dict[int, str] = {}
-        for name in sorted(current):
+        for name in sorted(n for n in current if not n.startswith("iommu-group-")):
             by_group.setdefault(int(attribute(current[name], "iommuGroup")), name)
-        free = [by_group[g] for g in sorted(by_group)]
+        pairs = {
+            int(attribute(current[n], "iommuGroup"))
+            for n in current
+            if n.startswith("iommu-group-")
+        }
+        free = [by_group[g] for g in sorted(by_group, key=lambda g: (g not in pairs, g))]
         if len(free) < args.claims:
             raise BenchError(f"{len(free)} IOMMU groups, fewer than --claims {args.claims}")
         result["claims"] = measure_claims(args, api, kubelet, server.pid, free, cdi)
         # Spread the health changes over the pool (and so over its slices).
         step = max(1, len(free) // max(1, args.health_changes))
         targets = [(by_group[g], g) for g in sorted(by_group)[::step]]
+        result["pairs_claimed"] = sorted(by_group[g] for g in pairs)
         result["health"] = measure_health(args, api, kubelet, pool, host / "dev", targets)
         result["proc_end"] = proc_snapshot(server.pid)
         result["rejected_by_schema"] = api.call(lambda: list(api.api.rejected))

@@ -6,10 +6,17 @@
     opened again every 300-600 s, as in production, and the re-list after a
     410 when the emulator compacts its history every `--compact-every` s, as
     kube-apiserver's etcd compaction does every 5 minutes, while other nodes
-    write `--churn` times a second), and what that makes for 5,000 nodes;
+    write `--churn` times a second), the dry runs that ask for the cluster's
+    features again every 30 minutes, and what that makes for 5,000 nodes;
 (c) time from a pool content change (`publish`) to the new generation being
     complete on the emulator, median and p99, for a pool of one slice and one
-    of three.
+    of five;
+(d) writes per health change: a device tainted and untainted (a cluster with
+    DRADeviceTaints), and a device left out and put back (without);
+(e) time from a Node's return (deleted, its slices taken by the emulator's
+    garbage collector, registered again with a new UID) to a complete pool
+    owned by the new Node, and from a kubelet's wipe of its node's slices at
+    its start to a complete pool again; and the writes each takes.
 
 The publisher and the emulator share one event loop in this process, as in the tests.
 
@@ -29,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dp_core.slices import PoolContent, PoolDevice  # noqa: E402
+from dp_core.slices import DeviceTaint, PoolContent, PoolDevice  # noqa: E402
 from dp_server.dra.api import KubeApi  # noqa: E402
-from dp_server.dra.slices import SlicePublisher  # noqa: E402
+from dp_server.dra.slices import RepairPacer, SlicePublisher  # noqa: E402
 from dp_testing.apiserver import ApiServerEmulator  # noqa: E402
 from dp_testing.apiserver.store import Event  # noqa: E402
 
@@ -41,8 +48,9 @@ DRIVER = "vfio.dp.example.com"
 NODE = "bench-node"
 
 
-def content(devices: int, unhealthy: int = -1) -> PoolContent:
-    """`devices` GPUs; `unhealthy` (if >= 0) is left out, as a health change does."""
+def content(devices: int, unhealthy: int = -1, *, taint: bool = False) -> PoolContent:
+    """`devices` GPUs; `unhealthy` (if >= 0) is left out, as a health change does
+    without device taints, or with `taint` tainted NoSchedule."""
     return PoolContent(
         driver=DRIVER,
         pool=NODE,
@@ -56,9 +64,10 @@ def content(devices: int, unhealthy: int = -1) -> PoolContent:
                     (f"{DRIVER}/numaNode", i % 2),
                     (f"{DRIVER}/iommuGroup", 10 + i),
                 ],
+                taints=[DeviceTaint(f"{DRIVER}/unhealthy")] if taint and i == unhealthy else (),
             )
             for i in range(devices)
-            if i != unhealthy
+            if i != unhealthy or taint
         ],
     )
 
@@ -105,6 +114,7 @@ async def steady(args: argparse.Namespace) -> dict[str, object]:
         while not complete(emulator, 1):
             await asyncio.sleep(0.01)
         writes, calls = emulator.writes, sum(emulator.requests.values())
+        dry_runs = sum(emulator.dry_runs.values())
         by_kind = dict(emulator.requests)
         client_writes = api.calls.writes
         start = time.monotonic()
@@ -118,7 +128,11 @@ async def steady(args: argparse.Namespace) -> dict[str, object]:
             await asyncio.sleep(min(1.0, start + args.duration - now))
         elapsed = time.monotonic() - start
         steady_calls = sum(emulator.requests.values()) - calls
-        per_hour = steady_calls / elapsed * 3600
+        steady_dry_runs = sum(emulator.dry_runs.values()) - dry_runs
+        # The dry run that asks for the features again, once per `relearn`:
+        # counted from the period, as a steady run shorter than it may hold none.
+        probes_per_hour = 3600 / publisher.relearn
+        per_hour = steady_calls / elapsed * 3600 + probes_per_hour
         return {
             "duration_s": round(elapsed, 1),
             "devices": args.devices,
@@ -130,6 +144,8 @@ async def steady(args: argparse.Namespace) -> dict[str, object]:
                 for (verb, resource), n in sorted(emulator.requests.items())
                 if n - by_kind.get((verb, resource), 0)
             },
+            "dry_runs_during_steady_period": steady_dry_runs,
+            "dry_runs_per_node_per_hour": probes_per_hour,
             "calls_per_node_per_hour": round(per_hour, 1),
             "calls_per_hour_5000_nodes": round(per_hour * 5000),
             "calls_per_second_5000_nodes": round(per_hour * 5000 / 3600, 2),
@@ -144,6 +160,13 @@ async def steady(args: argparse.Namespace) -> dict[str, object]:
         await emulator.stop()
 
 
+def holds(emulator: ApiServerEmulator, wanted: PoolContent) -> bool:
+    """Whether the node's pool is complete and holds exactly `wanted`'s devices."""
+    slices = [s for s in emulator.slices() if s["spec"].get("nodeName") == NODE]
+    names = sorted(d["name"] for s in slices for d in s["spec"].get("devices") or ())
+    return complete_any(emulator) and names == sorted(d.name for d in wanted.devices)
+
+
 async def latency(devices: int, changes: int) -> dict[str, object]:
     emulator = ApiServerEmulator(schema=SCHEMA)
     await emulator.start()
@@ -152,25 +175,23 @@ async def latency(devices: int, changes: int) -> dict[str, object]:
     publisher = SlicePublisher(api)
     task = asyncio.create_task(publisher.run())
     done = asyncio.Event()
-    target = 1
+    wanted = content(devices)
 
     def seen(_: Event) -> None:
-        if complete(emulator, target):
+        if holds(emulator, wanted):
             done.set()
 
     unlisten = emulator.store.listen(seen)
     try:
-        publisher.publish(content(devices))
+        publisher.publish(wanted)
         await asyncio.wait_for(done.wait(), 10)
         times = []
         for change in range(changes):
             await asyncio.sleep(0.02)  # let the watch echoes settle
-            target += 1
             done.clear()
+            wanted = content(devices, unhealthy=change % devices if change % 2 == 0 else -1)
             start = time.perf_counter()
-            publisher.publish(
-                content(devices, unhealthy=change % devices if change % 2 == 0 else -1)
-            )
+            publisher.publish(wanted)
             await asyncio.wait_for(done.wait(), 10)
             times.append(time.perf_counter() - start)
         return {
@@ -190,6 +211,131 @@ async def latency(devices: int, changes: int) -> dict[str, object]:
         await emulator.stop()
 
 
+async def health_writes(devices: int, changes: int, *, taint: bool) -> dict[str, object]:
+    """Writes (and generation bumps) per health change: one device unhealthy, then back."""
+    emulator = ApiServerEmulator(schema=SCHEMA)
+    await emulator.start()
+    emulator.add_node(NODE)
+    api = KubeApi.connect(server=emulator.url)
+    publisher = SlicePublisher(api)
+    task = asyncio.create_task(publisher.run())
+    try:
+        publisher.publish(content(devices))
+        await until(lambda: complete(emulator, 1) and publisher.synced)
+        writes, bumps = [], []
+        for change in range(changes):
+            wanted = content(devices, change % devices if change % 2 == 0 else -1, taint=taint)
+            before, generation = emulator.writes, publisher.generation
+            publisher.publish(wanted)
+            await until(lambda: publisher.synced)
+            writes.append(emulator.writes - before)
+            bumps.append(publisher.generation - generation)
+        return {
+            "devices": devices,
+            "slices": len(emulator.slices()),
+            "health": "tainted in place" if taint else "left out",
+            "changes": changes,
+            "writes_per_change_median": statistics.median(writes),
+            "writes_per_change_max": max(writes),
+            "generation_bumps": sum(bumps),
+            "rejected_by_schema": len(emulator.rejected),
+        }
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+        await emulator.stop()
+
+
+async def until(check: object, timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.005)
+
+
+def owned_by(emulator: ApiServerEmulator, uid: str) -> bool:
+    slices = [s for s in emulator.slices() if s["spec"].get("nodeName") == NODE]
+    return bool(slices) and all(
+        [r["uid"] for r in s["metadata"]["ownerReferences"]] == [uid] for s in slices
+    )
+
+
+async def outside(devices: int, samples: int) -> dict[str, object]:
+    """A Node deleted and registered again, and a kubelet's wipe: the time to a
+    complete pool again, and the requests it took. The pacer's quiet minute is
+    set to 0 s so each sample is a first repair, as a routine one is."""
+    emulator = ApiServerEmulator(schema=SCHEMA)
+    await emulator.start()
+    uid = emulator.add_node(NODE)["metadata"]["uid"]
+    api = KubeApi.connect(server=emulator.url)
+    publisher = SlicePublisher(api, repairs=RepairPacer(quiet=0.0))
+    task = asyncio.create_task(publisher.run())
+    back = asyncio.Event()
+    target = ""
+
+    def seen(_: Event) -> None:
+        if target and owned_by(emulator, target) and complete_any(emulator):
+            back.set()
+
+    unlisten = emulator.store.listen(seen)
+    try:
+        publisher.publish(content(devices))
+        await until(lambda: owned_by(emulator, uid) and publisher.synced)
+        returns, wipes = [], []
+        node_calls: dict[str, int] = {}
+        for _ in range(samples):
+            emulator.delete_node(NODE)
+            await until(lambda: publisher.node_present is False and not emulator.slices())
+            calls = dict(emulator.requests)
+            back.clear()
+            start = time.perf_counter()
+            target = emulator.add_node(NODE)["metadata"]["uid"]
+            await asyncio.wait_for(back.wait(), 20)
+            returns.append(time.perf_counter() - start)
+            await until(lambda: publisher.synced)
+            for (verb, resource), n in emulator.requests.items():
+                key = f"{verb} {resource}"
+                node_calls[key] = node_calls.get(key, 0) + n - calls.get((verb, resource), 0)
+        wiped_writes = []
+        for _ in range(samples):
+            await asyncio.sleep(0.05)
+            before = emulator.writes
+            back.clear()
+            start = time.perf_counter()
+            for obj in emulator.slices():  # DeleteCollection by spec.nodeName, as the kubelet
+                emulator.store.delete("resourceslices", "", obj["metadata"]["name"])
+            await asyncio.wait_for(back.wait(), 20)
+            wipes.append(time.perf_counter() - start)
+            await until(lambda: publisher.synced)
+            wiped_writes.append(emulator.writes - before)
+        return {
+            "devices": devices,
+            "slices": len(emulator.slices()),
+            "samples": samples,
+            "node_return_to_complete_pool_median_ms": round(statistics.median(returns) * 1000, 2),
+            "node_return_to_complete_pool_p99_ms": round(_p99(returns) * 1000, 2),
+            "requests_per_node_return": {k: v / samples for k, v in sorted(node_calls.items())},
+            "kubelet_wipe_to_complete_pool_median_ms": round(statistics.median(wipes) * 1000, 2),
+            "kubelet_wipe_to_complete_pool_p99_ms": round(_p99(wipes) * 1000, 2),
+            "writes_per_kubelet_wipe": statistics.median(wiped_writes),
+            "rejected_by_schema": len(emulator.rejected),
+        }
+    finally:
+        unlisten()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+        await emulator.stop()
+
+
+def complete_any(emulator: ApiServerEmulator) -> bool:
+    slices = [s for s in emulator.slices() if s["spec"].get("nodeName") == NODE]
+    generations = {s["spec"]["pool"]["generation"] for s in slices}
+    return len(generations) == 1 and all(
+        s["spec"]["pool"]["resourceSliceCount"] == len(slices) for s in slices
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=600.0, help="steady period, seconds")
@@ -201,15 +347,27 @@ async def main() -> None:
         "--churn", type=int, default=1, help="other nodes' writes per second in the cluster"
     )
     parser.add_argument("--changes", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=50, help="Node returns and kubelet wipes")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.watch_period, args.compact_every = 20.0, [2.0, 4.0], 10.0
         args.changes = min(args.changes, 100)
+        args.samples = min(args.samples, 20)
     result = {
         "steady": await steady(args),
         "change_to_visible": [
             await latency(args.devices, args.changes),
             await latency(300, args.changes),
+        ],
+        "writes_per_health_change": [
+            await health_writes(args.devices, 20, taint=True),
+            await health_writes(300, 20, taint=True),
+            await health_writes(args.devices, 20, taint=False),
+            await health_writes(300, 20, taint=False),
+        ],
+        "outside_changes": [
+            await outside(args.devices, args.samples),
+            await outside(300, args.samples),
         ],
     }
     print(json.dumps(result, indent=2))

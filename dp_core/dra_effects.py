@@ -32,11 +32,17 @@ class ClaimPrepared:
 
 @attrs.frozen
 class ClaimRefused:
-    """Answer call `call` for `claim` with `error` in its own entry; nothing was held."""
+    """Answer call `call` for `claim` with `error` in its own entry; nothing was held.
+
+    `reason` says why in one CamelCase word, as a Kubernetes Event's reason:
+    `IOMMUGroupHeld`, `DeviceUnhealthy`, `DeviceNotOffered`, `OtherPool` or
+    `DriverOff`.
+    """
 
     call: int
     claim: ClaimRef
     error: str
+    reason: str = "Refused"
 
 
 @attrs.frozen

@@ -14,9 +14,12 @@ of the prepared claims, and sent to every stream when it changed.
 
 Which DRA features the pool uses (`dra_pool`: shared counters, device taints)
 is the config's `dra.partitionableDevices`/`dra.deviceTaints` when true or
-false; with "auto", what the API server was seen to keep of a written slice
-(`DraFeaturesObserved`), and until then the rich pool, whose first write
-tells. A finding is logged once, and the pool changes with it.
+false; with "auto", what the API server showed it keeps (`DraFeaturesObserved`:
+the shell asks with a server-side dry run before it writes the pool, and again
+later, and compares every write). Until then the pool is computed as if the
+cluster had both, but the shell writes nothing before it has asked. A
+finding is logged when it is new or changes, and the pool changes with it;
+a server that cannot be asked counts as lacking what was not seen yet.
 
 A claim the core cannot prepare (a device it does not offer, another node's
 pool, a group held elsewhere) is the peer's problem and gets `ClaimRefused`
@@ -28,7 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .advertised import AdvertisedDevice
 from .allocation import AllocationBook, container_allocation
+from .answers import ContainerAllocation, DeviceSpec
 from .config import Dra, DraFeatureSetting
 from .dra_effects import (
     ClaimPrepared,
@@ -59,7 +64,9 @@ Effects = list[Effect | DraEffect]
 
 
 class _Refusal(Exception):
-    pass
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _claim_name(prepared: PreparedClaim) -> str:
@@ -80,10 +87,11 @@ class DraFrontend:
     ) -> None:
         self._book = book
         self.node_name = node_name
-        # What "auto" assumes until the API server shows otherwise: the rich
-        # pool, whose first write tells whether the cluster keeps its fields.
+        # What "auto" computes until the API server has shown what it keeps:
+        # the rich pool, which the shell holds back until it has asked.
         self._assumed = {_PARTITIONABLE: partitionable, _TAINTS: device_taints}
         self._observed: dict[str, bool] = {}
+        self._guessed: set[str] = set()  # taken as absent: the server could not be asked
         self._settings: dict[str, DraFeatureSetting] = {_PARTITIONABLE: "auto", _TAINTS: "auto"}
         self.driver: str | None = None
         self._devices: dict[str, DraDevice] = {}
@@ -177,16 +185,23 @@ class DraFrontend:
         return [PoolChanged(content)]
 
     def features_observed(self, event: DraFeaturesObserved) -> Effects:
-        """Follow what the API server kept of a write: a log once per finding, and
-        `PoolChanged` when the pool must change with it."""
+        """Follow what the API server showed of its features: a log once per finding,
+        and `PoolChanged` when the pool must change with it."""
         effects: Effects = []
         for feature, seen in (
             (_PARTITIONABLE, event.partitionable),
             (_TAINTS, event.device_taints),
         ):
-            if seen is None or self._observed.get(feature) == seen:
+            if seen is None:
+                if event.unknown is not None and feature not in self._observed:
+                    self._observed[feature] = False
+                    self._guessed.add(feature)
+                    effects.append(_unknown_log(feature, event.unknown, self._settings[feature]))
+                continue
+            if self._observed.get(feature) == seen and feature not in self._guessed:
                 continue
             self._observed[feature] = seen
+            self._guessed.discard(feature)
             effects.append(_feature_log(feature, seen, self._settings[feature]))
         effects.extend(self.refresh())
         return effects
@@ -206,14 +221,14 @@ class DraFrontend:
         try:
             devices = self._claim_devices(event)
         except _Refusal as refusal:
-            reason = str(refusal)
+            message = str(refusal)
             return [
-                ClaimRefused(event.call, claim, reason),
+                ClaimRefused(event.call, claim, message, refusal.reason),
                 Log.warning(
                     "claim-refused",
                     claim=f"{claim.namespace}/{claim.name}",
                     uid=claim.uid,
-                    reason=reason,
+                    reason=message,
                 ),
             ], set()
         prepared = PreparedClaim(claim, devices, event.pod_claim_name)
@@ -238,36 +253,46 @@ class DraFrontend:
     def _claim_devices(self, event: ClaimPrepareRequested) -> tuple[ClaimDevice, ...]:
         driver = self.driver
         if driver is None:
-            raise _Refusal("the DRA front end is off: the config has no dra.driverName")
+            raise _Refusal(
+                "DriverOff", "the DRA front end is off: the config has no dra.driverName"
+            )
         requests: dict[str, list[str]] = {}  # device -> the requests it serves, in order
         for result in event.results:
             if result.driver != driver:
                 continue
             if result.pool != self.node_name:
                 raise _Refusal(
+                    "OtherPool",
                     f"request {result.request!r}: device {result.device!r} is in pool "
-                    f"{result.pool!r}, not this node's pool {self.node_name!r}"
+                    f"{result.pool!r}, not this node's pool {self.node_name!r}",
                 )
             if result.device not in self._devices:
                 raise _Refusal(
+                    "DeviceNotOffered",
                     f"request {result.request!r}: device {result.device!r} is not offered "
-                    f"by {driver} in pool {self.node_name!r}"
+                    f"by {driver} in pool {self.node_name!r}",
                 )
             requests.setdefault(result.device, []).append(result.request)
         devices = []
         for name, served in requests.items():
             device = self._devices[name]
             if not device.advertised.healthy:
-                raise _Refusal(f"device {name} is unhealthy: {device.advertised.reason}")
+                raise _Refusal(
+                    "DeviceUnhealthy",
+                    f"device {name} is unhealthy: {device.advertised.reason}; the claim "
+                    "cannot be prepared on this node while it is: delete the pod to have "
+                    "its claim allocated again",
+                )
             group = device.iommu_group
             holder = self._book.group_holder(group) if group is not None else None
             if holder is not None:
                 raise _Refusal(
+                    "IOMMUGroupHeld",
                     f"IOMMU group {group} of device {name} is held by {holder.describe()}; "
-                    "VFIO cannot split a group between holders"
+                    "VFIO cannot split a group between holders; the kubelet retries until "
+                    "that holder lets go, or delete the pod to have its claim allocated again",
                 )
-            resource = self._resources[device.resource]
-            edits = container_allocation(resource, [device.advertised])
+            edits = self._edits(device)
             devices.append(
                 ClaimDevice(
                     served,
@@ -281,6 +306,20 @@ class DraFrontend:
                 )
             )
         return tuple(devices)
+
+    def _edits(self, device: DraDevice) -> ContainerAllocation:
+        """What a container gets for `device`: for a whole group, every member's
+        nodes, and each member resource's variable (as Allocate gives them)."""
+        by_resource: dict[str, list[AdvertisedDevice]] = {}
+        for part in device.parts:
+            by_resource.setdefault(part.resource, []).append(part.advertised)
+        envs: list[tuple[str, str]] = []
+        specs: dict[str, DeviceSpec] = {}
+        for name, advertised in by_resource.items():
+            one = container_allocation(self._resources[name], advertised)
+            envs += one.envs
+            specs.update((spec.container_path, spec) for spec in one.devices)
+        return ContainerAllocation(envs=tuple(envs), devices=tuple(specs.values()))
 
     def unprepare(self, event: ClaimUnprepareRequested) -> tuple[Effects, set[int]]:
         """Unprepare one claim, known or not; the effects, and the groups freed."""
@@ -371,6 +410,17 @@ def _feature_log(feature: str, kept: bool, setting: DraFeatureSetting) -> Log:
     else:
         detail = f"{dropped} ({gate} is off): {without}"
     return Log.warning("dra-feature-missing", feature=gate, detail=detail)
+
+
+def _unknown_log(feature: str, why: str, setting: DraFeatureSetting) -> Log:
+    gate, _, key, without = _FEATURES[feature]
+    if isinstance(setting, bool):
+        detail = f"cannot ask the API server whether it has {gate} ({why}); {key} decides"
+    else:
+        detail = (
+            f"cannot ask the API server whether it has {gate} ({why}): taking it as off, {without}"
+        )
+    return Log.warning("dra-feature-unknown", feature=gate, detail=detail)
 
 
 def _free_groups(book: AllocationBook, groups: Iterable[int]) -> tuple[list[int], list[int]]:

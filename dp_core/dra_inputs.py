@@ -89,18 +89,21 @@ class ClaimsRecalled:
 
 @attrs.frozen
 class DraFeaturesObserved:
-    """What a ResourceSlice write showed of the API server's DRA features.
+    """What the API server showed of its DRA features.
 
     An API server without a feature drops its fields on write
     (`dropDisabledFields` in kubernetes' `pkg/registry/resource/resourceslice/
-    strategy.go`), so the shell compares what it sent with what came back:
-    `partitionable` is False when `sharedCounters`/`consumesCounters` were
-    sent and dropped, True when they were kept, None when none were sent;
-    `device_taints` likewise for `devices[].taints`.
+    strategy.go`), on a server-side dry run as on a real write, so the shell
+    compares what it sent with what came back: `partitionable` is False when
+    `sharedCounters`/`consumesCounters` were sent and dropped, True when they
+    were kept, None when none were sent; `device_taints` likewise for
+    `devices[].taints`. `unknown` says why the server could not be asked (a
+    dry run it refused); each feature not seen yet is then taken as absent.
     """
 
     partitionable: bool | None = None
     device_taints: bool | None = None
+    unknown: str | None = None
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ from .pci import PciAddress, PciDevice
 from .slices import MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
 
 __all__ = [
+    "GROUP_RESOURCE",
     "IOMMU_GROUP",
     "MDEV_UUID",
     "NUMA_NODE",
@@ -30,6 +31,8 @@ __all__ = [
     "Attributes",
     "attribute_name_error",
     "dns_label_error",
+    "group_attributes",
+    "group_device_name",
     "mdev_attributes",
     "mdev_device_name",
     "pci_attributes",
@@ -49,6 +52,13 @@ IOMMU_GROUP = "iommuGroup"
 PF_PCI_BUS_ID = "pfPciBusID"
 PARENT_PCI_BUS_ID = "parentPciBusID"
 MDEV_TYPE = "mdevType"
+# A device standing for a whole IOMMU group: its `resourceName`, which no
+# device-plugin resource has, so a DeviceClass that selects a resource's
+# devices never selects it; what it holds, and the resource of its lead.
+GROUP_RESOURCE = "iommu-group"
+LEAD_RESOURCE_NAME = "leadResourceName"
+MEMBERS = "members"
+MEMBER_COUNT = "memberCount"
 
 Attributes = tuple[tuple[str, AttributeValue], ...]
 
@@ -82,6 +92,11 @@ def attribute_name_error(name: str) -> str | None:
 def pci_device_name(address: PciAddress) -> str:
     """`0000:3b:00.0` -> `pci-0000-3b-00-0`."""
     return f"pci-{address.domain:04x}-{address.bus:02x}-{address.slot:02x}-{address.function:x}"
+
+
+def group_device_name(group: int) -> str:
+    """IOMMU group 93 -> `iommu-group-93`."""
+    return f"iommu-group-{group}"
 
 
 def mdev_device_name(uuid: str) -> str | None:
@@ -139,6 +154,20 @@ def pci_attributes(pci: PciDevice, resource_name: str) -> tuple[Attributes, tupl
     pairs.insert(0, (PCI_BUS_ID, str(pci.address)))
     if pci.physfn is not None:
         pairs.append((PF_PCI_BUS_ID, str(pci.physfn)))
+    return _checked(pairs)
+
+
+def group_attributes(
+    lead: PciDevice, lead_resource: str, members: tuple[PciAddress, ...]
+) -> tuple[Attributes, tuple[str, ...]]:
+    """A whole group's attributes: its lead function's PCI address (what KubeVirt
+    reads), IDs and NUMA node, so a selector written for a function finds every
+    attribute it names, with `resourceName` `iommu-group`; the lead's resource
+    name; and the members, by address (left out past 64 characters) and count."""
+    pairs = _common(lead, GROUP_RESOURCE, lead.numa_node, lead.iommu_group)
+    pairs.insert(0, (PCI_BUS_ID, str(lead.address)))
+    pairs += [(LEAD_RESOURCE_NAME, lead_resource), (MEMBER_COUNT, len(members))]
+    pairs.append((MEMBERS, ",".join(str(m) for m in members)))
     return _checked(pairs)
 
 

@@ -14,6 +14,24 @@ then a pure function of that catalogue, the IOMMU groups the one ledger
   in two claims; without it only one member of such a group is published
   (the one a claim holds, else the first healthy one by name), since nothing
   else could keep the scheduler from splitting the group.
+
+A group with two or more PCI functions offered here also gets a device that
+stands for the whole group (`iommu-group-<n>`, `resourceName` `iommu-group`):
+it consumes the group's counter like each member, so one claim can take every
+member at once while two claims still never split the group. It is offered
+only with `partitionable` (nothing else keeps it apart from its members) and
+while two or more of its members are; it is unhealthy while any member is.
+Preparing it hands the container every member's device nodes, and its
+KEP-5304 metadata names the lead function (lowest address) as the PCI
+address, which is the one function KubeVirt 1.9 passes to a VM per request.
+
+Only what changes the scheduler's view is marked: a group a DRA claim holds
+through a member that consumes the group's counter needs no mark on its
+other members, since the scheduler counts that member's allocation against
+the counter already; so preparing or unpreparing such a claim leaves the
+pool as it is. A group held through the device-plugin front end (or by a
+claim whose device is not in the pool) is invisible to the scheduler: its
+members are marked.
 """
 
 from __future__ import annotations
@@ -28,6 +46,8 @@ from .config import Config, PermittedHostDevices
 from .dra_names import (
     Attributes,
     dns_label_error,
+    group_attributes,
+    group_device_name,
     mdev_attributes,
     mdev_device_name,
     pci_attributes,
@@ -73,17 +93,26 @@ class PoolOptions:
 @attrs.frozen
 class DraDevice:
     """One device the DRA front end offers: its pool name, the device-plugin
-    resource it would belong to, and what `build_inventory` says of it."""
+    resource it would belong to, and what `build_inventory` says of it.
+
+    A device standing for a whole IOMMU group has its `members` (each a
+    device of its own); its `resource` and `advertised.id` are its lead's."""
 
     name: str
     resource: str
     kind: DeviceKind
     advertised: AdvertisedDevice
     attributes: Attributes = ()
+    members: tuple[DraDevice, ...] = ()
 
     @property
     def iommu_group(self) -> int | None:
         return self.advertised.iommu_group
+
+    @property
+    def parts(self) -> tuple[DraDevice, ...]:
+        """What a claim given this device gets: its members, or itself."""
+        return self.members or (self,)
 
 
 def dra_catalogue(
@@ -114,8 +143,45 @@ def dra_catalogue(
                 continue
             problems += (f"device {name}: {issue}" for issue in issues)
             devices.append(DraDevice(name, resource.name, resource.kind, advertised, attributes))
+    devices += _whole_groups(devices, snapshot, problems)
     devices.sort(key=lambda device: device.name)
     return tuple(devices), tuple(problems)
+
+
+def _whole_groups(
+    devices: Sequence[DraDevice], snapshot: HostSnapshot, problems: list[str]
+) -> list[DraDevice]:
+    """A device for each IOMMU group with two or more PCI functions offered here."""
+    by_group: dict[int, list[DraDevice]] = {}
+    for device in devices:
+        if device.kind is DeviceKind.PCI and device.iommu_group is not None:
+            by_group.setdefault(device.iommu_group, []).append(device)
+    wholes = []
+    for group, members in sorted(by_group.items()):
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda d: PciAddress.parse(d.advertised.id))
+        lead = members[0]
+        lead_pci = snapshot.device(PciAddress.parse(lead.advertised.id))
+        assert lead_pci is not None  # the catalogue has only functions it found
+        addresses = tuple(PciAddress.parse(m.advertised.id) for m in members)
+        attributes, issues = group_attributes(lead_pci, lead.resource, addresses)
+        name = group_device_name(group)
+        problems.extend(f"device {name}: {issue}" for issue in issues)
+        sick = [m for m in members if not m.advertised.healthy]
+        paths = tuple(dict.fromkeys(p for m in members for p in m.advertised.host_paths))
+        advertised = AdvertisedDevice(
+            lead.advertised.id,
+            not sick,
+            lead.advertised.numa_node,
+            group,
+            f"{sick[0].name}: {sick[0].advertised.reason}" if sick else "",
+            paths,
+        )
+        wholes.append(
+            DraDevice(name, lead.resource, DeviceKind.PCI, advertised, attributes, tuple(members))
+        )
+    return wholes
 
 
 def group_counter_set(group: int) -> str:
@@ -167,6 +233,8 @@ def pool_content(
     catalogue = sorted(devices, key=lambda device: device.name)
     keep: set[str] | None = None
     if not options.partitionable:
+        # Only a counter keeps a whole group's device apart from its members.
+        catalogue = [d for d in catalogue if not d.members]
         keep = _representatives(catalogue, reserved)
         grouped = {
             d.name
@@ -175,28 +243,29 @@ def pool_content(
             and sum(1 for o in catalogue if o.iommu_group == d.iommu_group) > 1
         }
         catalogue = [d for d in catalogue if d.name not in grouped or d.name in keep]
-    published: list[tuple[DraDevice, tuple[DeviceTaint, ...]]] = []
-    for device in catalogue:
-        taints: list[DeviceTaint] = []
-        if not device.advertised.healthy:
-            taints.append(DeviceTaint(_taint_key(options.driver, "unhealthy")))
-        if _held_elsewhere(device, reserved) is not None:
-            taints.append(DeviceTaint(_taint_key(options.driver, "iommu-group-held")))
-        if taints and not options.device_taints:
-            continue
-        published.append((device, tuple(taints)))
-    members: dict[int, int] = {}
-    for device, _ in published:
-        if device.iommu_group is not None:
-            members[device.iommu_group] = members.get(device.iommu_group, 0) + 1
-    shared = sorted(g for g, count in members.items() if count > 1) if options.partitionable else []
-    counter_sets = tuple(CounterSet(group_counter_set(g), ((COUNTER, 1),)) for g in shared)
-    shared_groups = set(shared)
+    # A group a claim holds through a member that consumes the group's
+    # counter is held in the scheduler's eyes already: no mark for the rest.
+    # Which members consume it depends on which are published, so settle it:
+    # each round can only withdraw that cover, never grant it.
+    covered = (
+        {g for g, h in reserved.items() if h.claim is not None} if options.partitionable else set()
+    )
+    while True:
+        published = _published(catalogue, reserved, options, covered)
+        shared = _shared_groups(published) if options.partitionable else set()
+        names = {device.name for device, _ in published}
+        still = {
+            g for g in covered if g in shared and any(n in names for n in reserved[g].device_ids)
+        }
+        if still == covered:
+            break
+        covered = still
+    counter_sets = tuple(CounterSet(group_counter_set(g), ((COUNTER, 1),)) for g in sorted(shared))
     pool_devices = []
     for device, marks in published:
         consumes: tuple[CounterConsumption, ...] = ()
         group = device.iommu_group
-        if group is not None and group in shared_groups:
+        if group is not None and group in shared:
             consumes = (CounterConsumption(group_counter_set(group), ((COUNTER, 1),)),)
         pool_devices.append(PoolDevice(device.name, device.attributes, consumes, marks))
     return PoolContent(
@@ -206,6 +275,42 @@ def pool_content(
         tuple(pool_devices),
         tuple(sorted(counter_sets, key=lambda s: s.name)),
     )
+
+
+def _published(
+    catalogue: Sequence[DraDevice],
+    reserved: Mapping[int, Allocation],
+    options: PoolOptions,
+    covered: set[int],
+) -> list[tuple[DraDevice, tuple[DeviceTaint, ...]]]:
+    """The devices offered, each with its taints; `covered`: groups whose holder
+    the scheduler sees through the counter (their members get no mark)."""
+    published: list[tuple[DraDevice, tuple[DeviceTaint, ...]]] = []
+    for device in catalogue:
+        taints: list[DeviceTaint] = []
+        if not device.advertised.healthy:
+            taints.append(DeviceTaint(_taint_key(options.driver, "unhealthy")))
+        if device.iommu_group not in covered and _held_elsewhere(device, reserved) is not None:
+            taints.append(DeviceTaint(_taint_key(options.driver, "iommu-group-held")))
+        if taints and not options.device_taints:
+            continue
+        published.append((device, tuple(taints)))
+    names = {device.name for device, _ in published}
+    # A whole group's device while two or more of its members are offered.
+    return [
+        (device, marks)
+        for device, marks in published
+        if not device.members or sum(m.name in names for m in device.members) > 1
+    ]
+
+
+def _shared_groups(published: Sequence[tuple[DraDevice, object]]) -> set[int]:
+    """Groups with two or more published devices: each gets a counter set."""
+    members: dict[int, int] = {}
+    for device, _ in published:
+        if device.iommu_group is not None:
+            members[device.iommu_group] = members.get(device.iommu_group, 0) + 1
+    return {g for g, count in members.items() if count > 1}
 
 
 def dra_config(config: Config) -> Config | None:

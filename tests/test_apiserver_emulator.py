@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from dp_testing.apiserver import ApiServerEmulator
+from dp_testing.apiserver import ApiServerEmulator, Scheduler
 
 SCHEMA = Path(__file__).parent / "data" / "k8s" / "resource.k8s.io-v1.schema.json"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -276,3 +276,234 @@ async def test_nodes_and_claims(server: ApiServerEmulator, http: httpx2.AsyncCli
     assert (
         await http.get("/apis/resource.k8s.io/v1/namespaces/other/resourceclaims/gpu")
     ).status_code == 404
+
+
+async def test_the_garbage_collector_takes_what_a_deleted_node_owned(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    node = server.add_node("node-a")
+    uid = node["metadata"]["uid"]
+    owned = a_slice()
+    owned["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": uid, "controller": True}
+    ]
+    kept = a_slice("node-b")  # owned by nobody
+    assert (await http.post(SLICES, json=owned)).status_code == 201
+    assert (await http.post(SLICES, json=kept)).status_code == 201
+
+    assert (await http.delete("/api/v1/nodes/node-a")).status_code == 200
+    assert len(server.slices()) == 2  # the collector comes a moment later
+    await asyncio.sleep(server.gc_delay + 0.1)
+    assert [s["spec"]["nodeName"] for s in server.slices()] == ["node-b"]
+    assert [c[0] for c in server.collected] == ["resourceslices"]
+
+    again = server.add_node("node-a")
+    assert again["metadata"]["uid"] != uid  # registered again: another Node
+    listed = await http.get("/api/v1/nodes", params={"fieldSelector": "metadata.name=node-a"})
+    assert [n["metadata"]["uid"] for n in listed.json()["items"]] == [again["metadata"]["uid"]]
+
+
+async def test_an_object_with_a_living_owner_is_not_collected(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    first, second = server.add_node("node-a"), server.add_node("node-b")
+    owned = a_slice()
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": n["metadata"]["name"],
+            "uid": n["metadata"]["uid"],
+        }
+        for n in (first, second)
+    ]
+    assert (await http.post(SLICES, json=owned)).status_code == 201
+    server.delete_node("node-a")
+    await asyncio.sleep(server.gc_delay + 0.1)
+    assert len(server.slices()) == 1
+
+
+async def test_delete_collection_by_field_selector(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    for node in ("node-a", "node-a", "node-b"):
+        await http.post(SLICES, json=a_slice(node))
+    wiped = await http.delete(SLICES, params={"fieldSelector": "spec.nodeName=node-a"})
+    assert wiped.status_code == 200 and wiped.json()["kind"] == "ResourceSliceList"
+    assert len(wiped.json()["items"]) == 2
+    assert [s["spec"]["nodeName"] for s in server.slices()] == ["node-b"]
+
+
+async def test_a_late_answer_and_a_garbled_one(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    server.delay_answer("create", "resourceslices", 0.3)
+    heard: list[float] = []
+
+    async def watch() -> None:
+        async with http.stream("GET", SLICES, params={"watch": "true"}) as answer:
+            async for _ in answer.aiter_lines():
+                heard.append(time.monotonic())
+                return
+
+    watching = asyncio.create_task(watch())
+    await asyncio.sleep(0.1)
+    start = time.monotonic()
+    created = await http.post(SLICES, json=a_slice())
+    answered = time.monotonic()
+    await asyncio.wait_for(watching, 5)
+    assert created.status_code == 201 and answered - start >= 0.3
+    # Stored at once: the watch heard of it well before the answer came.
+    assert heard[0] < answered - 0.2
+
+    server.garble_next("list", "resourceslices")
+    garbled = await http.get(SLICES)
+    assert garbled.status_code == 200 and not garbled.text.startswith("{")
+    assert (await http.get(SLICES)).json()["kind"] == "ResourceSliceList"
+
+
+async def test_a_dry_run_answers_as_a_write_and_stores_nothing(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    server.disabled_features = frozenset({"DRADeviceTaints"})
+    obj = a_slice()
+    obj["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    heard: list[str] = []
+
+    async def watch() -> None:
+        async with http.stream("GET", SLICES, params={"watch": "true"}) as answer:
+            async for line in answer.aiter_lines():
+                heard.append(json.loads(line)["type"])
+
+    watching = asyncio.create_task(watch())
+    await asyncio.sleep(0.1)
+    dry = await http.post(SLICES, json=obj, params={"dryRun": "All"})
+    assert dry.status_code == 201
+    meta = dry.json()["metadata"]
+    # As the real answer: a name and a UID, generation 1, no resourceVersion,
+    # and the fields of a disabled feature dropped.
+    assert meta["name"].startswith("node-a-") and meta["uid"] and meta["generation"] == 1
+    assert "resourceVersion" not in meta
+    assert "taints" not in dry.json()["spec"]["devices"][0]
+    await asyncio.sleep(0.2)
+    watching.cancel()
+    assert server.slices() == [] and heard == [] and server.store.version == 0
+    assert server.dry_runs[("create", "resourceslices")] == 1 and server.writes == 0
+
+    created = (await http.post(SLICES, json=a_slice())).json()
+    url = f"{SLICES}/{created['metadata']['name']}"
+    changed = {
+        **created,
+        "spec": {**created["spec"], "pool": {**created["spec"]["pool"], "generation": 9}},
+    }
+    dry_update = await http.put(url, json=changed, params={"dryRun": "All"})
+    assert dry_update.status_code == 200
+    assert (
+        dry_update.json()["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    )
+    assert dry_update.json()["metadata"]["generation"] == 2
+    assert (await http.delete(url, params={"dryRun": "All"})).status_code == 200
+    (kept,) = server.slices()
+    assert kept["spec"]["pool"]["generation"] == 1
+    # What a real write would refuse, a dry run refuses; and only All is a dry run.
+    bad = a_slice()
+    bad["spec"]["devices"][0]["name"] = "Not_A_Label"
+    assert (await http.post(SLICES, json=bad, params={"dryRun": "All"})).status_code == 422
+    other = await http.post(SLICES, json=a_slice(), params={"dryRun": "Some"})
+    assert other.status_code == 422 and "supported values" in other.json()["message"]
+
+
+async def test_events_are_checked_and_kept(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    events = "/apis/events.k8s.io/v1/namespaces/vms/events"
+    event = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": "gpu.1"},
+        "eventTime": "2026-01-01T00:00:00.000001Z",
+        "type": "Warning",
+        "reason": "IOMMUGroupHeld",
+        "action": "NodePrepareResources",
+        "reportingController": "vfio.dp.example.com",
+        "reportingInstance": "vfio.dp.example.com-node-a",
+        "regarding": {"kind": "ResourceClaim", "name": "gpu", "namespace": "vms"},
+        "note": "held",
+    }
+    assert (await http.post(events, json=event)).status_code == 201
+    (kept,) = server.store.objects("events", "vms")
+    assert kept["metadata"]["namespace"] == "vms"
+    for change, complaint in [
+        ({"eventTime": "2026-01-01T00:00:00Z"}, "RFC3339Micro"),
+        ({"reason": ""}, "reason: Required value"),
+        ({"type": "Bad"}, "type: Unsupported"),
+        ({"regarding": {"kind": "ResourceClaim", "name": "gpu", "namespace": "x"}}, "regarding"),
+    ]:
+        answer = await http.post(events, json={**event, "metadata": {"name": "e"}, **change})
+        assert answer.status_code == 422 and complaint in answer.json()["message"], answer.text
+
+
+async def test_the_scheduler_allocates_from_complete_pools_within_counters_and_taints(
+    server: ApiServerEmulator, http: httpx2.AsyncClient
+) -> None:
+    def claim(name: str) -> None:
+        server.store.create(
+            "resourceclaims",
+            "vms",
+            {"metadata": {"name": name}, "spec": {"devices": {"requests": [{"name": "r"}]}}},
+        )
+
+    def pool(generation: int, count: int, **spec: Any) -> dict[str, Any]:
+        obj = a_slice(**spec)
+        obj["spec"]["pool"] = {
+            "name": "node-a",
+            "generation": generation,
+            "resourceSliceCount": count,
+        }
+        return obj
+
+    scheduler = Scheduler(server)
+    try:
+        for name in ("a", "b", "c"):
+            claim(name)
+            scheduler.wait("vms", name, {"r": lambda d: d.name.startswith("gpu")})
+        devices = [
+            {
+                "name": "gpu-0",
+                "consumesCounters": [{"counterSet": "g", "counters": {"slot": {"value": "1"}}}],
+            },
+            {
+                "name": "gpu-1",
+                "consumesCounters": [{"counterSet": "g", "counters": {"slot": {"value": "1"}}}],
+            },
+            {"name": "gpu-2", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+        ]
+        await http.post(SLICES, json=pool(1, 2, devices=devices))
+        await asyncio.sleep(0.05)
+        assert scheduler.allocated == {}  # one slice of two: not a complete pool
+        counters = pool(1, 2, sharedCounters=[{"name": "g", "counters": {"slot": {"value": "1"}}}])
+        del counters["spec"]["devices"]
+        await http.post(SLICES, json=counters)
+        await asyncio.sleep(0.05)
+        # One of the counter's members, and not the tainted device.
+        assert scheduler.allocated == {
+            ("vms", "a"): [("r", "vfio.dp.example.com", "node-a", "gpu-0")]
+        }
+        claim_a = server.store.get("resourceclaims", "vms", "a")
+        assert claim_a["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+        assert set(scheduler.waiting) == {("vms", "b"), ("vms", "c")}
+    finally:
+        scheduler.close()
+
+    # Without the gates, counters and taints mean nothing to the allocator.
+    server.disabled_features = frozenset({"DRAPartitionableDevices", "DRADeviceTaints"})
+    scheduler = Scheduler(server)
+    try:
+        claim("d")
+        scheduler.wait("vms", "d", {"r": lambda d: d.name.startswith("gpu")})
+        claim("e")
+        scheduler.wait("vms", "e", {"r": lambda d: d.name.startswith("gpu")})
+        await asyncio.sleep(0.05)
+        assert [d for got in scheduler.allocated.values() for *_, d in got] == ["gpu-1", "gpu-2"]
+    finally:
+        scheduler.close()

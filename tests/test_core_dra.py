@@ -320,7 +320,10 @@ def test_with_device_taints_an_unhealthy_device_is_tainted_instead() -> None:
 # -- what the API server keeps (DraFeaturesObserved) ----------------------------------------
 
 NIC_GONE = ("/dev/vfio/30",)  # the NIC (group 30) turns unhealthy
+# With counters, each group of two offered functions has a device for all of it.
 ALL_MEMBERS = [
+    "iommu-group-10",
+    "iommu-group-20",
     f"mdev-{VGPU_UUID}",
     "pci-0000-3b-00-0",
     "pci-0000-3b-00-1",
@@ -413,6 +416,24 @@ TAINTED = {"nic": [f"{DRIVER}/unhealthy"]}
         ),
         (False, False, DraFeaturesObserved(), False, (ONE_PER_GROUP, [], {}), None),
         (False, "auto", DraFeaturesObserved(), False, (ONE_PER_GROUP, [], TAINTED), None),
+        # A server that refuses the dry run: what was not seen counts as absent.
+        (
+            "auto",
+            "auto",
+            DraFeaturesObserved(unknown="400 BadRequest: a webhook refuses dry runs"),
+            True,
+            (ONE_PER_GROUP, [], {}),
+            "cannot ask the API server whether it has DRAPartitionableDevices (400 BadRequest: "
+            "a webhook refuses dry runs): taking it as off",
+        ),
+        (
+            True,
+            "auto",
+            DraFeaturesObserved(unknown="403 Forbidden"),
+            True,
+            (ALL_MEMBERS, COUNTERS, {}),
+            "dra.partitionableDevices decides",
+        ),
     ],
 )
 def test_the_pool_follows_what_the_api_server_keeps(
@@ -434,6 +455,18 @@ def test_the_pool_follows_what_the_api_server_keeps(
         assert any(log in d for d in details), details
     # The same finding again changes nothing and says nothing.
     assert node.handle(observed) == []
+
+
+def test_a_finding_after_an_unknown_is_logged_and_followed() -> None:
+    node = features_node()
+    node.handle(DraFeaturesObserved(unknown="400 BadRequest"))
+    assert pool_summary(node) == (ONE_PER_GROUP, [], {})
+    effects = node.handle(DraFeaturesObserved(partitionable=False, device_taints=True))
+    details = [str(dict(e.fields).get("detail")) for e in effects_of(effects, Log)]
+    # Both are logged: absent was a guess, and now it is known.
+    assert any("dropped sharedCounters" in d for d in details), details
+    assert any("kept device taints" in d for d in details), details
+    assert pool_summary(node) == (ONE_PER_GROUP, [], TAINTED)
 
 
 def test_a_finding_is_logged_once_and_kept_across_rebuilds() -> None:
@@ -489,8 +522,10 @@ def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None
     assert (refused.call, refused.claim) == (7, CLAIM_B)
     assert refused.error == (
         "IOMMU group 10 of device pci-0000-3b-00-1 is held by claim vms/vm-a (UID uid-a); "
-        "VFIO cannot split a group between holders"
+        "VFIO cannot split a group between holders; the kubelet retries until that holder "
+        "lets go, or delete the pod to have its claim allocated again"
     )
+    assert refused.reason == "IOMMUGroupHeld"
     assert effects_of(effects, ClaimsChanged) == []
     assert node.allocations.group_holder(10).claim == CLAIM_A  # type: ignore[union-attr]
 
@@ -517,6 +552,38 @@ def test_device_plugin_allocate_is_refused_while_a_claim_holds_the_group() -> No
         [node.inventory.resource("nvidia.com/audio").devices[1]],  # type: ignore[union-attr]
     )
     assert conflict is not None and "claim vms/vm-a (UID uid-a)" in conflict
+
+
+@pytest.mark.parametrize("taints", [True, False])
+def test_a_claim_on_a_group_with_a_counter_leaves_the_pool_as_it_is(taints: bool) -> None:
+    """The scheduler counts the claim's device against the group's counter: the
+    sibling needs no mark, so Prepare and Unprepare write nothing."""
+    node, _ = started(config(audio_frontend="dra"), dra_device_taints=taints)
+    before = node.dra.pool
+    assert before is not None and before.device("pci-0000-3b-00-1") is not None
+    effects = prepare(node, CLAIM_A, "pci-0000-3b-00-0")
+    assert effects_of(effects, ClaimPrepared) and effects_of(effects, PoolChanged) == []
+    effects = unprepare(node, CLAIM_A)
+    assert effects_of(effects, ClaimUnprepared) and effects_of(effects, PoolChanged) == []
+    assert node.dra.pool == before
+
+
+def test_a_group_held_through_the_device_plugin_is_marked_for_the_scheduler() -> None:
+    """The scheduler cannot see a device-plugin allocation: the DRA members of a
+    group it holds are tainted, though they consume the group's counter."""
+    node = Node(config(), node_name=NODE, dra_device_taints=True)
+    # Group 20 gets a NIC beside its GPU (DRA) and audio (device plugin).
+    third = pci("0000:af:00.2", NIC_PCI, 20, numa=1, class_code=0x020000)
+    node.handle(HostObserved(snapshot([*host().pci_devices, third]), 0.0))
+    node.handle(KubeletStarted(0.0))
+    effects = node.handle(
+        AllocationsObserved({"nvidia.com/audio": frozenset({"0000:af:00.1"})}, 1.0)
+    )
+    content = one(effects, PoolChanged).content
+    for name in ("pci-0000-af-00-0", "pci-0000-af-00-2"):
+        device = content.device(name)
+        assert device is not None and device.consumes_counters
+        assert [t.key for t in device.taints] == [f"{DRIVER}/iommu-group-held"], name
 
 
 def test_adopted_pod_holding_the_sibling_takes_the_dra_device_out_of_the_pool() -> None:
@@ -687,3 +754,83 @@ def test_a_claim_from_a_resource_claim_has_its_own_metadata_path() -> None:
 
 def test_pool_content_is_a_value() -> None:
     assert PoolContent(DRIVER, NODE, NODE) == PoolContent(DRIVER, NODE, NODE, (), ())
+
+
+# -- one claim, one whole group --------------------------------------------------------------
+
+
+def test_a_group_of_two_offered_functions_is_offered_whole_too() -> None:
+    node, effects = started(config(audio_frontend="dra"))
+    content = one(effects, PoolChanged).content
+    whole = content.device("iommu-group-10")
+    gpu = content.device("pci-0000-3b-00-0")
+    assert whole is not None and gpu is not None
+    # The group's one counter: the whole and each member exclude one another.
+    assert whole.consumes_counters == gpu.consumes_counters
+    attributes = dict(whole.attributes)
+    assert attributes["resourceName"] == "iommu-group"
+    assert attributes["leadResourceName"] == GPU_RESOURCE
+    assert attributes["resource.kubernetes.io/pciBusID"] == "0000:3b:00.0"
+    assert attributes["members"] == "0000:3b:00.0,0000:3b:00.1"
+    assert attributes["memberCount"] == 2
+    assert attributes["iommuGroup"] == 10
+    # Not without counters: nothing would keep it apart from its members.
+    node, effects = started(config(audio_frontend="dra"), dra_partitionable=False)
+    assert one(effects, PoolChanged).content.device("iommu-group-10") is None
+    # Not for a group with one function offered here (20: the audio is the device plugin's).
+    node, effects = started()
+    assert one(effects, PoolChanged).content.device("iommu-group-20") is None
+
+
+def test_a_claim_for_the_whole_group_gets_every_member_and_excludes_each() -> None:
+    node, _ = started(config(audio_frontend="dra"))
+    effects = prepare(node, CLAIM_A, "iommu-group-10")
+    prepared = one(effects, ClaimPrepared).prepared
+    (device,) = prepared.devices
+    assert (device.name, device.device_id, device.iommu_group) == (
+        "iommu-group-10",
+        "0000:3b:00.0",
+        10,
+    )
+    assert [d.container_path for d in device.edits.devices] == ["/dev/vfio/vfio", "/dev/vfio/10"]
+    # Each member's resource variable, as Allocate would give them.
+    assert dict(device.edits.envs) == {
+        "PCI_RESOURCE_NVIDIA_COM_T4": "0000:3b:00.0",
+        "PCI_RESOURCE_NVIDIA_COM_AUDIO": "0000:3b:00.1",
+    }
+    assert effects_of(effects, PoolChanged) == []  # the counter says it to the scheduler
+    refused = one(prepare(node, CLAIM_B, "pci-0000-3b-00-1", call=5), ClaimRefused)
+    assert refused.reason == "IOMMUGroupHeld" and "vms/vm-a" in refused.error
+    unprepare(node, CLAIM_A)
+    assert effects_of(prepare(node, CLAIM_B, "pci-0000-3b-00-0", call=6, now=3.0), ClaimPrepared)
+    refused = one(prepare(node, CLAIM_A, "iommu-group-10", call=7, now=4.0), ClaimRefused)
+    assert refused.reason == "IOMMUGroupHeld" and "vms/vm-b" in refused.error
+
+
+def test_a_whole_group_is_unhealthy_while_a_member_is() -> None:
+    node, _ = started(config(audio_frontend="dra"), dra_device_taints=True)
+    gone = snapshot(
+        list(host().pci_devices),
+        mdev_types=host().mdev_types,
+        mdevs=host().mdevs,
+        missing_nodes=("/dev/vfio/10",),
+    )
+    content = one(node.handle(HostObserved(gone, 1.0)), PoolChanged).content
+    whole = content.device("iommu-group-10")
+    assert whole is not None
+    assert [t.key for t in whole.taints] == [f"{DRIVER}/unhealthy"]
+    refused = one(prepare(node, CLAIM_A, "iommu-group-10"), ClaimRefused)
+    assert refused.reason == "DeviceUnhealthy" and "pci-0000-3b-00-0" in refused.error
+
+
+def test_the_whole_groups_metadata_names_its_lead_and_members() -> None:
+    node, _ = started(config(audio_frontend="dra"))
+    prepared = one(prepare(node, CLAIM_A, "iommu-group-10"), ClaimPrepared).prepared
+    (request,) = request_metadata(DRIVER, prepared)
+    for document in request.objects:
+        ((one_request),) = document["requests"]  # type: ignore[misc]
+        # One device per request, as KubeVirt 1.9 reads it: the lead's address.
+        (device,) = one_request["devices"]
+        attributes = device["attributes"]
+        assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+        assert attributes["members"] == {"string": "0000:3b:00.0,0000:3b:00.1"}

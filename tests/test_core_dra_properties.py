@@ -4,7 +4,9 @@ Random interleavings of DRA prepare and unprepare, device-plugin Allocates,
 PodResources answers that release pods, health changes (a group's node gone
 and back) and restarts (a new Node given the checkpoint and what pods hold)
 over generated hosts. Invariants: no IOMMU group is ever held by two holders,
-every prepared claim holds its groups, and a restart rebuilds the same ledger.
+every prepared claim holds its groups, a restart rebuilds the same ledger, and
+the pool never offers, unmarked, a device the scheduler could give a second
+holder of its group.
 """
 
 from __future__ import annotations
@@ -84,6 +86,34 @@ def check_one_holder_per_group(node: Node) -> None:
     assert set(seen) == set(reserved)
     prepared = {p.claim.uid: p for p in node.dra.prepared()}
     assert {h.claim.uid for h in node.allocations.claim_holds() if h.claim} == set(prepared)
+
+
+def check_the_pool_never_offers_a_split(node: Node) -> None:
+    """Each device the pool offers without a NoSchedule taint can be allocated
+    without splitting a held group, as the scheduler sees it: its group is
+    free, or held through it, or held by a claim through a member that
+    consumes the same counter (which the scheduler counts)."""
+    pool = node.dra.pool
+    if pool is None:
+        return
+    reserved = node.allocations.reserved_groups()
+    groups = {d.name: d.iommu_group for d in node.dra.devices()}
+    for device in pool.devices:
+        if any(t.effect == "NoSchedule" for t in device.taints):
+            continue
+        group = groups[device.name]
+        holder = reserved.get(group) if group is not None else None
+        if holder is None or (holder.claim is not None and device.name in holder.device_ids):
+            continue
+        assert holder.claim is not None, f"{device.name}: group {group} held by a pod, unmarked"
+        sets = {c.counter_set for c in device.consumes_counters}
+        consumed = {
+            c.counter_set
+            for name in holder.device_ids
+            if (held := pool.device(name)) is not None
+            for c in held.consumes_counters
+        }
+        assert sets & consumed, f"{device.name}: group {group} held by a claim, unmarked"
 
 
 class World:
@@ -215,3 +245,4 @@ def test_no_group_has_two_holders_and_a_restart_rebuilds_the_ledger(
             assert world.node.dra.prepared() == prepared
             assert ledger(world.node) == before
         check_one_holder_per_group(world.node)
+        check_the_pool_never_offers_a_split(world.node)

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 
 from dp_server.cli.main import main
 from dp_server.config.loader import parse_config
 from dp_server.monitoring.status import runtime_families, runtime_readiness
 from dp_server.runtime.runtime import Runtime
-from dp_testing.apiserver import ApiServerEmulator
+from dp_testing.apiserver import ApiServerEmulator, Device, Scheduler
 from dp_testing.dra_kubelet import Claim, DraKubeletEmulator, PrepareResult
 from tests.cdi_reader import read_spec, resolve
 from tests.e2e_harness import Harness
@@ -531,3 +532,231 @@ async def test_partitionable_devices_false_never_sends_counters(dra: Dra) -> Non
     await until(lambda: GPU_A in dra.pool() and len(dra.pool() & {NVME_A, NVME_B}) == 1)
     history = [e.object for e in dra.api.store.events_since(0) if e.resource == "resourceslices"]
     assert history and not counters_in(history)
+
+
+async def test_the_kubelet_wiping_the_node_slices_at_its_start_gets_them_back_at_once(
+    dra: Dra,
+) -> None:
+    """A kubelet that starts deletes its node's ResourceSlices, every driver's
+    (DeleteCollection by spec.nodeName, pkg/kubelet/cm/dra/plugin/registration.go);
+    dp puts them back in its first repair, which is not delayed."""
+    runtime = await serving(dra)
+    before = dra.pool()
+    async with httpx2.AsyncClient(base_url=dra.api.url, timeout=5) as http:
+        wiped = await http.delete(
+            "/apis/resource.k8s.io/v1/resourceslices",
+            params={"fieldSelector": f"spec.nodeName={NODE}"},
+        )
+    assert wiped.status_code == 200 and wiped.json()["items"]
+    assert dra.pool() == set()
+    await until(lambda: dra.pool() == before, timeout=2)
+    families = {f.name: f for f in runtime_families(runtime)}
+    assert families["dp_dra_slice_repairs_total"].samples[0].value == 1
+    assert families["dp_dra_node_present"].samples[0].value == 1
+    assert runtime.essential_tasks() == {
+        "file-watch": "",
+        "timer-loop": "",
+        "dra-slice-publisher": "",
+    }
+
+
+# -- the start-up window: a scheduler that allocates the moment slices appear ----------------
+
+NVME = "devices.kubevirt.io/nvme"
+
+
+def waiting_claim(dra: Dra, name: str) -> None:
+    """A claim with one request, not allocated yet."""
+    dra.api.store.create(
+        "resourceclaims",
+        "default",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "x"}}]}
+            },
+        },
+    )
+
+
+def resource_is(resource: str) -> Callable[[Device], bool]:
+    return lambda d: d.driver == DRIVER and d.attribute("resourceName") == resource
+
+
+async def test_claims_waiting_at_start_never_get_two_members_of_a_group_without_counters(
+    dra: Dra,
+) -> None:
+    """DRAPartitionableDevices off (every v1 cluster before 1.36), two claims
+    waiting for one NVMe drive each, both drives in IOMMU group 93: the
+    scheduler allocates from dp's first complete pool, so that pool must
+    already be the one the cluster keeps."""
+    dra.api.disabled_features = frozenset({PARTITIONABLE})
+    scheduler = Scheduler(dra.api)
+    try:
+        await dra.start_api()
+        for name in ("disk-a", "disk-b"):
+            waiting_claim(dra, name)
+            scheduler.wait("default", name, {"dev": resource_is(NVME)})
+        await dra.start_server()
+        await until(lambda: GPU_A in dra.pool())
+        await writes_settle(dra)
+        allocated = [d for got in scheduler.allocated.values() for _, _, _, d in got]
+        assert len(allocated) == 1 and allocated[0] in {NVME_A, NVME_B}
+        assert set(scheduler.waiting) == {("default", n) for n in ("disk-a", "disk-b")} - set(
+            scheduler.allocated
+        )
+        # Nothing dp wrote ever carried the counters the server drops.
+        history = [
+            e.object for e in dra.api.store.events_since(0) if e.resource == "resourceslices"
+        ]
+        assert history and not counters_in(history)
+        assert dra.api.dry_runs[("create", "resourceslices")] >= 1
+    finally:
+        scheduler.close()
+
+
+async def test_a_device_whose_group_is_not_viable_is_never_allocated_without_taints(
+    dra: Dra,
+) -> None:
+    """DRADeviceTaints off: the T4 at 0000:d8:00.0 (its audio function on a host
+    driver) must never be in a pool the scheduler sees, not even the first."""
+    dra.api.disabled_features = frozenset({TAINTS})
+    scheduler = Scheduler(dra.api)
+    try:
+        await dra.start_api()
+        waiting_claim(dra, "vm-gpu")
+        scheduler.wait(
+            "default",
+            "vm-gpu",
+            {"dev": lambda d: d.attribute("resource.kubernetes.io/pciBusID") == "0000:d8:00.0"},
+        )
+        await dra.start_server()
+        await until(lambda: GPU_A in dra.pool())
+        await writes_settle(dra)
+        assert scheduler.allocated == {}
+        history = [
+            e.object for e in dra.api.store.events_since(0) if e.resource == "resourceslices"
+        ]
+        names = {d["name"] for s in history for d in s["spec"].get("devices") or ()}
+        assert UNHEALTHY_GPU not in names
+    finally:
+        scheduler.close()
+
+
+async def test_a_refused_claim_gets_an_event_saying_why_once_per_reason(dra: Dra) -> None:
+    """The pod of a refused claim stays bound and the kubelet retries Prepare:
+    the claim says why (kubectl describe resourceclaim), once, not at every retry."""
+    runtime = await serving(dra)
+    nvme_a = dra.claim("nvme-a", ("disk", NVME_A))
+    nvme_b = dra.claim("nvme-b", ("disk", NVME_B))
+    assert (await dra.prepare(nvme_a))[nvme_a.uid].error == ""
+    for _ in range(3):  # the kubelet retries
+        assert "IOMMU group 93" in (await dra.prepare(nvme_b))[nvme_b.uid].error
+    await until(lambda: len(dra.api.store.objects("events", "default")) >= 1)
+    await asyncio.sleep(0.2)
+    (event,) = dra.api.store.objects("events", "default")
+    assert event["regarding"] == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "name": "nvme-b",
+        "namespace": "default",
+        "uid": nvme_b.uid,
+    }
+    assert (event["type"], event["reason"], event["action"]) == (
+        "Warning",
+        "IOMMUGroupHeld",
+        "NodePrepareResources",
+    )
+    assert "IOMMU group 93" in event["note"] and "default/nvme-a" in event["note"]
+    assert event["reportingController"] == DRIVER
+    families = {f.name: f for f in runtime_families(runtime)}
+    refused = {
+        dict(s.labels)["reason"]: s.value for s in families["dp_dra_claims_refused_total"].samples
+    }
+    assert refused == {"IOMMUGroupHeld": 3}
+    events = {
+        dict(s.labels)["result"]: s.value for s in families["dp_dra_claim_events_total"].samples
+    }
+    assert events == {"posted": 1, "failed": 0}
+
+
+async def test_preparing_and_unpreparing_claims_writes_no_slice(dra: Dra) -> None:
+    """Where the server keeps counters, a claim changes nothing the scheduler
+    does not know already: the pool is not written for it."""
+    await serving(dra)
+    await writes_settle(dra)
+    writes = dra.api.writes
+    claims = [dra.claim("nvme-a", ("disk", NVME_A)), dra.claim("vm-gpu", ("gpu", GPU_A))]
+    for claim in claims:
+        assert (await dra.prepare(claim))[claim.uid].error == ""
+    assert await dra.unprepare(*claims) == {c.uid: "" for c in claims}
+    await writes_settle(dra)
+    assert dra.api.writes == writes
+
+
+async def test_one_claim_takes_a_whole_group_and_two_claims_still_never_split_it(
+    dra: Dra,
+) -> None:
+    """The NVMe pair of IOMMU group 93, offered whole as iommu-group-93: a claim
+    for it gets both drives, and claims for one drive each wait meanwhile."""
+    scheduler = Scheduler(dra.api)
+    try:
+        await serving(dra)
+        assert "iommu-group-93" in dra.pool()
+        waiting_claim(dra, "both")
+        scheduler.wait(
+            "default",
+            "both",
+            {
+                "pair": lambda d: (
+                    d.attribute("resourceName") == "iommu-group" and d.attribute("iommuGroup") == 93
+                )
+            },
+        )
+        await until(lambda: ("default", "both") in scheduler.allocated)
+        assert scheduler.allocated[("default", "both")] == [
+            ("pair", DRIVER, NODE, "iommu-group-93")
+        ]
+        for name in ("disk-a", "disk-b"):
+            waiting_claim(dra, name)
+            scheduler.wait("default", name, {"dev": resource_is(NVME)})
+        await asyncio.sleep(0.3)
+        # Neither drive: the whole group holds the counter's one slot.
+        assert set(scheduler.waiting) == {("default", "disk-a"), ("default", "disk-b")}
+
+        both = dra_claim(dra, ("default", "both"))
+        (result,) = (await dra.prepare(both)).values()
+        assert result.error == ""
+        spec = dra.cdi / f"{DRIVER}_claim_{both.uid}.json"
+        edits = resolve(
+            [read_spec(spec.read_bytes(), str(spec))], result.devices[0].cdi_device_ids[0]
+        )
+        assert {n.path for n in edits.device_nodes} == {"/dev/vfio/vfio", "/dev/vfio/93"}
+        host = (
+            dra.plugins / DRIVER / "dra-device-metadata" / "default_both" / "pair" / "metadata.json"
+        )
+        v1alpha1 = [json.loads(line) for line in host.read_text().splitlines()][1]
+        (request,) = v1alpha1["requests"]
+        (device,) = request["devices"]  # KubeVirt 1.9 reads exactly one device per request
+        assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:5e:00.0"}
+        assert device["attributes"]["members"] == {"string": "0000:5e:00.0,0000:5e:01.0"}
+        # A drive of the group, allocated by hand as a split would be: refused.
+        split = dra.claim("split", ("disk", NVME_B))
+        assert "held by claim default/both" in (await dra.prepare(split))[split.uid].error
+        dra.api.store.delete("resourceclaims", "default", "split")
+
+        # The claim's pod goes: Unprepare, the claim de-allocated; a drive claim gets in.
+        assert await dra.unprepare(both) == {both.uid: ""}
+        dra.api.store.delete("resourceclaims", "default", "both")
+        await until(lambda: len(scheduler.waiting) == 1)
+    finally:
+        scheduler.close()
+
+
+def uid_of(dra: Dra, key: tuple[str, str]) -> str:
+    uid: str = dra.api.store.get("resourceclaims", *key)["metadata"]["uid"]
+    return uid
+
+
+def dra_claim(dra: Dra, key: tuple[str, str]) -> Claim:
+    return Claim(key[0], uid_of(dra, key), key[1])

@@ -346,7 +346,7 @@ def test_the_kubernetes_schema_can_fail(schemas: Schemas, variant: dict) -> None
     daemonset = copy.deepcopy(variant[("DaemonSet", "dp")])
     daemonset["spec"]["template"]["spec"]["serviceAcountName"] = "dp"
     assert any("serviceAcountName" in e for e in schemas.errors(daemonset))
-    (device_class, _) = _documents(EXAMPLES / "deviceclasses.yaml")
+    device_class = _documents(EXAMPLES / "deviceclasses.yaml")[0]
     device_class["spec"]["selectors"][0]["cel"] = {"expresion": "true"}
     assert schemas.errors(device_class)
 
@@ -471,7 +471,8 @@ def test_rbac_is_what_the_driver_does(variant: dict[tuple[str, str], Object]) ->
             ["get", "list", "watch", "create", "update", "delete"]
         ),
         ("resource.k8s.io", "resourceclaims"): ["get"],
-        ("", "nodes"): ["get"],
+        ("", "nodes"): ["get", "list", "watch"],
+        ("events.k8s.io", "events"): ["create"],
     }
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
 
@@ -506,6 +507,7 @@ def test_config_puts_the_gpus_on_dra_and_the_shared_devices_on_the_device_plugin
     )
     assert {e.resource_name: e.frontend for e in entries} == {
         "nvidia.com/TU104GL_Tesla_T4": "dra",
+        "nvidia.com/TU104_HDA": "dra",
         "nvidia.com/GRID_T4-1Q": "dra",
     }
     assert {d.resource_name for d in config.shared_devices} == {
@@ -607,25 +609,43 @@ def _classes() -> dict[str, str]:
     return classes
 
 
-def test_a_device_class_per_resource_selects_exactly_its_devices(
+T4 = "nvidia.com/TU104GL_Tesla_T4"
+
+
+def _kind(device: DraDevice) -> tuple[str, str]:
+    """What a class may select: the functions of one resource, or the whole
+    IOMMU groups led by one resource."""
+    return ("group" if device.members else "function", device.resource)
+
+
+def test_each_device_class_selects_exactly_one_kind_of_device(
     published: tuple[str, tuple[DraDevice, ...]],
 ) -> None:
     driver, devices = published
-    resources = {d.resource for d in devices}
-    assert resources == {"nvidia.com/TU104GL_Tesla_T4", "nvidia.com/GRID_T4-1Q"}
-    selected_by: dict[str, set[str]] = {}
+    assert {_kind(d) for d in devices} == {
+        ("function", T4),
+        ("function", "nvidia.com/TU104_HDA"),
+        ("function", "nvidia.com/GRID_T4-1Q"),
+        ("group", T4),
+    }
+    selected_by: dict[tuple[str, str], set[str]] = {}
     for name, expression in _classes().items():
-        chosen = {d.resource for d in devices if selects(expression, driver, d)}
+        chosen = {_kind(d) for d in devices if selects(expression, driver, d)}
         assert len(chosen) == 1, f"{name} selects {chosen or 'nothing'}"
-        (resource,) = chosen
-        assert all(selects(expression, driver, d) for d in devices if d.resource == resource)
-        selected_by.setdefault(resource, set()).add(name)
-    assert {r: len(n) for r, n in selected_by.items()} == {r: 1 for r in resources}
+        (kind,) = chosen
+        assert all(selects(expression, driver, d) for d in devices if _kind(d) == kind)
+        selected_by.setdefault(kind, set()).add(name)
+    # The audio function has no class of its own: it goes with its GPU, whole.
+    assert {k: len(n) for k, n in selected_by.items()} == {
+        ("function", T4): 1,
+        ("function", "nvidia.com/GRID_T4-1Q"): 1,
+        ("group", T4): 1,
+    }
 
 
 def test_the_selector_check_can_fail(published: tuple[str, tuple[DraDevice, ...]]) -> None:
     driver, devices = published
-    t4 = next(d for d in devices if d.resource == "nvidia.com/TU104GL_Tesla_T4")
+    t4 = next(d for d in devices if d.resource == T4 and not d.members)
     good = f'device.attributes["{driver}"].{RESOURCE_NAME} == "nvidia.com/TU104GL_Tesla_T4"'
     assert selects(good, driver, t4)
     # The attribute is in the driver's domain, not unqualified or another's.
@@ -686,3 +706,20 @@ def test_vmi_devices_name_a_claim_request_whose_devices_kubevirt_can_read(
     assert used == 1
     # Every claim the VMI declares is used by a device.
     assert len(claims) == used
+
+
+def test_every_claim_template_gets_devices_kubevirt_can_read(
+    published: tuple[str, tuple[DraDevice, ...]],
+) -> None:
+    """Each template's requests select devices with the one attribute KubeVirt
+    1.9 reads per request: a PCI address (a whole group's is its lead's) or an
+    mdev UUID."""
+    driver, devices = published
+    classes = _classes()
+    for template, requests in _templates().items():
+        for request, class_name in requests.items():
+            chosen = [d for d in devices if selects(classes[class_name], driver, d)]
+            assert chosen, f"{template}/{request}: {class_name} selects nothing"
+            for device in chosen:
+                keys = {k for k, _ in device.attributes}
+                assert keys & {PCI_BUS_ID, MDEV_UUID}, f"{template}/{request}: {device.name}"

@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dp_core import DraFeaturesObserved
 from dp_core.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
 from dp_server.dra.api import KubeApi
-from dp_server.dra.slices import Backoff, SlicePublisher
+from dp_server.dra.slices import Backoff, RepairPacer, SlicePublisher
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.apiserver.rules import drop_disabled_fields
 
@@ -150,8 +151,10 @@ async def test_a_pool_is_cut_into_owned_slices_within_the_limits(
         advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
         assert len(devices) <= (64 if advanced else 128)
     # 70 counter sets in 9 slices of at most 8, 200 plain devices in 2, 70 advanced in 2.
-    assert sorted(len(s["spec"].get("devices") or []) for s in slices) == [0] * 9 + [6, 64, 72, 128]
-    assert emulator.writes == len(slices) == publisher.generation + 12
+    # 70 counter sets in 9 slices of at most 8; 270 devices, 64 to a slice
+    # whatever they carry (so a taint coming or going moves none of them).
+    assert sorted(len(s["spec"].get("devices") or []) for s in slices) == [0] * 9 + [14] + [64] * 4
+    assert emulator.writes == len(slices) == publisher.generation + 13
     assert publisher.synced
 
 
@@ -180,23 +183,64 @@ async def test_a_change_bumps_the_generation_of_every_slice(
     emulator: ApiServerEmulator, running: Running
 ) -> None:
     publisher = running.start()
-    publisher.publish(pool(plain=300))
-    await until(lambda: matches(emulator, pool(plain=300)))
+    publisher.publish(pool(plain=150))
+    await until(lambda: matches(emulator, pool(plain=150)))
     assert len(ours(emulator)) == 3
     writes = emulator.writes
 
-    changed = pool(plain=300, numa=1)
+    changed = pool(plain=150, numa=1)
     publisher.publish(changed)
     await until(lambda: matches(emulator, changed))
     assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
     assert emulator.writes == writes + 3  # three updates, nothing created or deleted
 
-    fewer = pool(plain=100, numa=1)
+    fewer = pool(plain=50, numa=1)
     publisher.publish(fewer)
     await until(lambda: matches(emulator, fewer))
     assert [s["spec"]["pool"]["generation"] for s in ours(emulator)] == [3]
     assert emulator.writes == writes + 3 + 3  # one update, two deletes
     assert emulator.requests[("create", "resourceslices")] == 3
+
+
+async def test_a_change_to_one_slice_is_one_update_at_the_same_generation(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    """A health change taints one device: one slice changes, and one update is
+    atomic, so the generation stays (as the Go helper does)."""
+    content = pool(plain=150, advanced=2)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)
+    writes = emulator.writes
+
+    sick = device(149)
+    tainted = attrs.evolve(sick, taints=[DeviceTaint(f"{DRIVER}/unhealthy")])
+    unhealthy = attrs.evolve(
+        content, devices=[tainted if d.name == sick.name else d for d in content.devices]
+    )
+    publisher.publish(unhealthy)
+    await until(lambda: taints_of(emulator, sick.name) == [f"{DRIVER}/unhealthy"])
+    await until(lambda: publisher.synced)
+    assert emulator.writes == writes + 1
+    assert emulator.requests[("update", "resourceslices")] == 1
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {1}
+
+    publisher.publish(content)  # healthy again
+    await until(lambda: taints_of(emulator, sick.name) == [])
+    await until(lambda: publisher.synced)
+    assert emulator.writes == writes + 2
+    assert publisher.generation == 1
+
+
+def taints_of(emulator: ApiServerEmulator, name: str) -> list[str]:
+    return [
+        t["key"]
+        for s in ours(emulator)
+        for d in s["spec"].get("devices") or ()
+        if d["name"] == name
+        for t in d.get("taints") or ()
+    ]
 
 
 async def test_stale_slices_of_this_node_and_driver_are_cleaned_at_start(
@@ -248,6 +292,36 @@ async def test_a_conflict_is_answered_by_listing_again_and_retrying(
     assert publisher.failures == 0
 
 
+async def test_conflicts_without_end_back_off_and_never_end_the_publisher(
+    emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    publisher = running.start()
+    publisher.publish(pool(plain=3))
+    await until(lambda: matches(emulator, pool(plain=3)))
+
+    for _ in range(12):  # more stale views in a row than it retries at once
+        emulator.fail_next("update", "resourceslices", 409)
+    publisher.publish(pool(plain=4))
+    await until(lambda: matches(emulator, pool(plain=4)))
+    assert publisher.conflicts == 12
+    assert publisher.failures >= 1  # it backed off, and went on
+    assert any(r.getMessage() == "kube-api-unavailable" for r in caplog.records)
+    assert running.task is not None and not running.task.done()
+
+
+async def test_an_answer_that_is_no_object_is_retried_after_a_backoff(
+    emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    emulator.garble_next("list", "resourceslices")
+    publisher = running.start()
+    publisher.publish(pool(plain=3))
+    await until(lambda: matches(emulator, pool(plain=3)))
+    assert publisher.failures == 1
+    (failed,) = [r for r in caplog.records if r.getMessage() == "resourceslice-publisher-failed"]
+    assert "retry_in" in getattr(failed, "dp_fields", {})
+    assert running.task is not None and not running.task.done()
+
+
 async def test_an_expired_watch_lists_again_and_sees_what_changed(
     emulator: ApiServerEmulator, running: Running
 ) -> None:
@@ -270,7 +344,7 @@ async def test_an_expired_watch_lists_again_and_sees_what_changed(
 async def test_slices_changed_or_deleted_by_someone_else_are_put_back(
     emulator: ApiServerEmulator, running: Running
 ) -> None:
-    content = pool(plain=200)
+    content = pool(plain=100)
     publisher = running.start()
     publisher.publish(content)
     await until(lambda: matches(emulator, content))
@@ -279,13 +353,43 @@ async def test_slices_changed_or_deleted_by_someone_else_are_put_back(
     emulator.store.delete("resourceslices", "", first["metadata"]["name"])
     await until(lambda: matches(emulator, content))
     assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
+    await until(lambda: publisher.synced)
+    writes = emulator.writes
 
     victim = ours(emulator)[0]
     victim["spec"]["devices"] = victim["spec"]["devices"][:1]
     emulator.store.update("resourceslices", "", victim["metadata"]["name"], victim, status=False)
     await until(lambda: matches(emulator, content))
-    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {3}
-    await until(lambda: publisher.generation == 3)  # once the pass has read its answers
+    # One slice changed: put back by one update, at the same generation.
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {2}
+    await until(lambda: publisher.synced)
+    assert emulator.writes == writes + 1
+    assert publisher.repairs.repairs == 2
+
+
+async def test_a_change_seen_before_the_answer_to_our_own_write_is_not_lost(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    """The watch may bring someone else's change to a slice before the answer to
+    dp's own write of it: the newer of the two is what dp knows of the slice."""
+    content = pool(plain=3)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)
+
+    emulator.delay_answer("update", "resourceslices", 0.5)
+    changed = pool(plain=3, numa=1)
+    publisher.publish(changed)
+    await until(lambda: matches(emulator, changed))  # stored; dp still waits for the answer
+    (victim,) = ours(emulator)
+    victim["spec"]["devices"] = victim["spec"]["devices"][:1]
+    emulator.store.update("resourceslices", "", victim["metadata"]["name"], victim, status=False)
+
+    await until(lambda: matches(emulator, changed))
+    await until(lambda: publisher.synced)
+    assert emulator.requests[("update", "resourceslices")] == 2  # the change, and the repair
+    assert publisher.repairs.repairs == 1
 
 
 def _free_port() -> int:
@@ -460,3 +564,174 @@ def test_the_emulator_drops_a_disabled_feature_unless_the_old_slice_uses_it() ->
     assert drop_disabled_fields(spec(**taints), None, frozenset()) == spec(**taints)
     with pytest.raises(ValueError, match="DRAPartitionable"):
         ApiServerEmulator(disabled_features={"DRAPartitionable"})
+
+
+# -- the Node that owns the slices --------------------------------------------------------
+
+
+def owner_uids(emulator: ApiServerEmulator) -> set[str]:
+    return {r["uid"] for s in ours(emulator) for r in s["metadata"]["ownerReferences"]}
+
+
+def node_uid(emulator: ApiServerEmulator) -> str:
+    uid: str = emulator.store.get("nodes", "", NODE)["metadata"]["uid"]
+    return uid
+
+
+async def test_a_deleted_node_gets_nothing_until_it_returns_then_its_pool_owned_by_it(
+    emulator: ApiServerEmulator, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    content = pool(plain=100)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    await until(lambda: publisher.synced)
+    writes = emulator.writes
+
+    emulator.delete_node(NODE)  # the garbage collector takes the slices 0.1 s later
+    await until(lambda: not ours(emulator))
+    await until(lambda: publisher.node_present is False)
+    await asyncio.sleep(1.0)  # several watch periods of the publisher
+    assert ours(emulator) == [] and emulator.writes == writes
+    assert any(r.getMessage() == "node-missing" for r in caplog.records)
+    gauges = {f.name: f.samples[0].value for f in publisher.families() if f.samples}
+    assert gauges["dp_dra_node_present"] == 0
+
+    emulator.add_node(NODE)  # registered again: a new UID
+    await until(lambda: matches(emulator, content))
+    assert owner_uids(emulator) == {node_uid(emulator)}
+    assert {s["spec"]["pool"]["generation"] for s in ours(emulator)} == {1}
+    assert emulator.writes == writes + 2  # the two slices created again, nothing else
+    await until(lambda: publisher.node_present is True)
+
+
+def most_repairs(seconds: float, backoff: Backoff) -> int:
+    """How many repairs `RepairPacer` allows in `seconds`: the first at once, then
+    each at least half its backoff delay after the one before."""
+    count, spent = 1, 0.0
+    while True:
+        gap = 0.5 * min(backoff.cap, backoff.first * 2.0 ** (count - 1))
+        if spent + gap > seconds:
+            return count
+        spent += gap
+        count += 1
+
+
+async def test_a_node_deleted_and_registered_again_and_again_gets_paced_writes(
+    emulator: ApiServerEmulator,
+) -> None:
+    backoff = Backoff(first=0.2, cap=0.8)
+    run = Running(emulator, repairs=RepairPacer(backoff, quiet=10.0))
+    try:
+        emulator.gc_delay = 0.02
+        content = pool(plain=100)  # two slices
+        publisher = run.start()
+        publisher.publish(content)
+        await until(lambda: matches(emulator, content))
+        writes = emulator.writes
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(40):
+            emulator.delete_node(NODE)
+            await asyncio.sleep(0.05)
+            emulator.add_node(NODE)
+            await asyncio.sleep(0.05)
+        storm = loop.time() - started
+        # After the storm, the pool comes back owned by the last Node.
+        await until(
+            lambda: matches(emulator, content) and owner_uids(emulator) == {node_uid(emulator)}
+        )
+        finished = loop.time() - started
+
+        repairs = publisher.repairs.repairs
+        assert repairs <= most_repairs(finished, backoff)
+        assert repairs < 40  # one a cycle without the pacer
+        # Each repair writes at most the pool's two slices (creates or updates).
+        assert emulator.writes - writes <= 2 * repairs
+        assert storm < finished
+    finally:
+        await run.close()
+
+
+# -- what the cluster keeps, asked before the first write -------------------------------------
+
+
+def weakened(history: list[dict[str, Any]]) -> list[str]:
+    """Devices of the rich pool ever stored without their counters."""
+    return [
+        d["name"]
+        for s in history
+        for d in s["spec"].get("devices") or ()
+        if d["name"].startswith("vf-") and not d.get("consumesCounters")
+    ]
+
+
+async def test_the_features_are_asked_by_a_dry_run_before_the_first_write_and_again_later(
+    emulator: ApiServerEmulator,
+) -> None:
+    rich, safe = pool(plain=3, advanced=4), pool(plain=3)
+    heard: list[DraFeaturesObserved] = []
+
+    def core(found: DraFeaturesObserved) -> None:
+        # What the core answers: the pool the cluster can keep.
+        heard.append(found)
+        if found.partitionable is not None:
+            run.publisher.publish(rich if found.partitionable else safe)
+
+    emulator.disabled_features = frozenset({"DRAPartitionableDevices"})
+    run = Running(emulator, on_features=core, relearn=0.5)
+    try:
+        publisher = run.start()
+        publisher.publish(rich)  # what the core computes before anything is known
+        await until(lambda: matches(emulator, safe))
+        assert heard[0] == DraFeaturesObserved(partitionable=False, device_taints=True)
+        assert emulator.dry_runs[("create", "resourceslices")] == 1
+        assert emulator.requests[("create", "resourceslices")] == 1  # the safe pool's slice
+
+        emulator.disabled_features = frozenset()  # the cluster upgraded to 1.36
+        await until(lambda: matches_without(emulator, rich, ()), timeout=5)
+        assert heard[-1].partitionable is True
+        assert emulator.dry_runs[("create", "resourceslices")] >= 2
+        history = [
+            e.object for e in emulator.store.events_since(0) if e.resource == "resourceslices"
+        ]
+        assert weakened(history) == []
+    finally:
+        await run.close()
+
+
+async def test_a_refused_dry_run_is_reported_as_unknown_and_the_pool_still_written(
+    emulator: ApiServerEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    heard: list[DraFeaturesObserved] = []
+    run = Running(emulator, on_features=heard.append)
+    try:
+        emulator.fail_next("create", "resourceslices", 400)  # a webhook refusing dry runs
+        publisher = run.start()
+        publisher.publish(pool(plain=3))
+        await until(lambda: matches(emulator, pool(plain=3)))
+        assert heard[0].unknown is not None and "400" in heard[0].unknown
+        assert heard[0].partitionable is None and heard[0].device_taints is None
+        assert any(r.getMessage() == "dra-feature-probe-refused" for r in caplog.records)
+    finally:
+        await run.close()
+
+
+async def test_without_leave_to_watch_nodes_the_deleted_node_is_read_until_it_returns(
+    emulator: ApiServerEmulator, running: Running
+) -> None:
+    """An RBAC of an older dp lets it get its Node but not list or watch it."""
+    content = pool(plain=3)
+    publisher = running.start()
+    publisher.publish(content)
+    await until(lambda: matches(emulator, content))
+    emulator.fail_next("list", "nodes", 403)
+    emulator.delete_node(NODE)
+    await until(lambda: publisher.node_present is False)
+    await until(lambda: emulator.requests[("list", "nodes")] == 1)
+    gets = emulator.requests[("get", "nodes")]
+    emulator.add_node(NODE)
+    await until(lambda: matches(emulator, content) and owner_uids(emulator) == {node_uid(emulator)})
+    assert emulator.requests[("get", "nodes")] > gets
+    assert emulator.requests[("watch", "nodes")] == 0

@@ -112,13 +112,19 @@ def test_a_whole_node_and_this_process_parse() -> None:
     node, kubelet = live_node()
     kubelet.allocate(GPU_RESOURCE, ("0000:3b:00.0",))
     view = SimpleNamespace(
-        node=node, last_rescan=(0.0, 0.01), rescan_failures=0, now=lambda: 1.0, dra=None
+        node=node,
+        last_rescan=(0.0, 0.01),
+        rescan_failures=0,
+        now=lambda: 1.0,
+        dra=None,
+        essential_tasks=lambda: {"timer-loop": ""},
     )
     text = generate_latest(metrics_registry(lambda: runtime_families(view)))  # type: ignore[arg-type]
     got = parsed(text)
     key = (("code", "OK"), ("method", "Allocate"), ("resource", GPU_RESOURCE))
     assert got["dp_rpcs_total", key] == 1
     assert got["dp_host_scan_duration_seconds", ()] == 0.01
+    assert got["dp_task_running", (("task", "timer-loop"),)] == 1
     # The process metrics come from prometheus-client's ProcessCollector.
     assert got["process_resident_memory_bytes", ()] > 1_000_000
     assert got["process_virtual_memory_bytes", ()] > 0

@@ -44,7 +44,12 @@ def exported() -> dict[str, set[str]]:
     """Every family dp exports -> its label names."""
     node, kubelet = live_node()
     runtime = SimpleNamespace(
-        node=node, last_rescan=(0.0, 0.01), rescan_failures=0, now=lambda: 1.0, dra=None
+        node=node,
+        last_rescan=(0.0, 0.01),
+        rescan_failures=0,
+        now=lambda: 1.0,
+        dra=None,
+        essential_tasks=lambda: {"timer-loop": ""},
     )
     return {
         family.name: {name for sample in family.samples for name, _ in sample.labels}

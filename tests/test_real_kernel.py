@@ -621,7 +621,6 @@ def test_dra_publishes_prepares_and_unprepares_real_vfio_devices(
     assert selected.pop(testdev)["driver"] is None
     assert all(f["driver"] == "vfio-pci" for f in selected.values())
     unhealthy = [{"effect": "NoSchedule", "key": f"{DRA_DRIVER}/unhealthy"}]
-    held = [f"{DRA_DRIVER}/iommu-group-held"]
     slices = report["slices"]
     validator = Validator(SCHEMA)
     for piece in slices:
@@ -630,7 +629,9 @@ def test_dra_publishes_prepares_and_unprepares_real_vfio_devices(
         assert piece["spec"]["pool"]["name"] == DRA_NODE
         (owner,) = piece["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"]) == ("Node", DRA_NODE)
-    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
+    everyone = {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
+    wholes = {n: d for n, d in everyone.items() if n.startswith("iommu-group-")}
+    devices = {n: d for n, d in everyone.items() if n not in wholes}
     assert sorted(devices) == sorted(name(a) for a in [*selected, testdev])
     for device in devices.values():
         taints = [
@@ -671,6 +672,18 @@ def test_dra_publishes_prepares_and_unprepares_real_vfio_devices(
                 ]
             else:
                 assert consumed is None, device_name
+    # Each such group is offered whole too, on the same counter, led by its
+    # lowest function (the one KubeVirt would pass to a VM).
+    assert sorted(wholes) == sorted(f"iommu-group-{g}" for g in shared)
+    for g in shared:
+        whole = wholes[f"iommu-group-{g}"]
+        addresses = sorted(a for a in [*selected, testdev] if name(a) in members[g])
+        assert whole["consumesCounters"] == [
+            {"counterSet": f"iommu-group-{g}", "counters": {"slot": {"value": "1"}}}
+        ]
+        assert whole["attributes"]["resourceName"] == {"string": "iommu-group"}
+        assert whole["attributes"]["members"] == {"string": ",".join(addresses)}
+        assert whole["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": addresses[0]}
 
     # The e1000's claim, prepared: its CDI spec names the nodes the guest has.
     uid = report["uids"]["vm-nic"]
@@ -709,10 +722,12 @@ def test_dra_publishes_prepares_and_unprepares_real_vfio_devices(
     assert kept["claim"]["uid"] == uid
     assert [d["iommu_group"] for d in kept["devices"]] == [group]
 
-    # While the group is held its other member is tainted, and a claim for it
-    # anyway is refused, naming the group and the claim that holds it.
+    # While the group is held the pool stays as it was (the claim's device
+    # consumes the group's one counter, which the scheduler counts), and a
+    # claim for the other member anyway is refused, naming the group and the
+    # claim that holds it.
     everything = {a: [] for a in selected} | {testdev: [unhealthy[0]["key"]]}
-    assert report["pool_held"] == everything | {disk: held}
+    assert report["pool_held"] == everything
     (refused,) = report["prepare_sibling"].values()
     assert refused["devices"] == [] and f"IOMMU group {group}" in refused["error"]
     assert "default/vm-nic" in refused["error"], refused

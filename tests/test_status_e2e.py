@@ -19,6 +19,7 @@ from dp_server.cli.main import main
 from dp_server.monitoring.exposition import metrics_registry
 from dp_server.monitoring.status import Check, StatusEndpoint, start_status
 from dp_server.monitoring.view import ServerView
+from dp_server.runtime.tasks import Tasks
 
 from e2e_harness import ALL, GPU, Harness
 
@@ -134,9 +135,62 @@ class StoppedTimer:
         self.rescan_failures = view.rescan_failures
         self.now = view.now
         self.dra = view.dra
+        self.essential_tasks = view.essential_tasks
 
     def timer_stopped(self) -> bool:
         return True
+
+
+async def test_essential_tasks_are_reported_and_one_that_ends_fails_liveness(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = await harness.serve(metrics_address=LOCAL)
+    port = port_of(harness)
+    got = samples((await get(port, "/metrics"))[2])
+    assert got["dp_task_running", (("task", "timer-loop"),)] == 1
+    assert got["dp_task_running", (("task", "file-watch"),)] == 1
+
+    # What the runtime's Tasks record when one ends: the reason, logged.
+    tasks = Tasks()
+
+    async def broken() -> None:
+        raise RuntimeError("lost its way")
+
+    task = tasks.spawn(broken(), essential="publisher")
+    await asyncio.gather(task, return_exceptions=True)
+    assert tasks.ended == {"publisher": "RuntimeError: lost its way"}
+    (logged,) = [r for r in caplog.records if r.getMessage() == "essential-task-ended"]
+    assert getattr(logged, "dp_fields", {}) == {
+        "task": "publisher",
+        "reason": "RuntimeError: lost its way",
+    }
+    # Once dp is stopping, a task that ends is no failure.
+    calm = Tasks(stopping=lambda: True)
+    await asyncio.gather(calm.spawn(broken(), essential="publisher"), return_exceptions=True)
+    assert calm.ended == {}
+
+    ended = EndedTask(runtime, tasks.essential)
+    server = await start_status(ended, LOCAL)
+    assert server.address is not None
+    try:
+        status, _, body = await get(server.address[1], "/healthz")
+        assert status == 503
+        assert "publisher (RuntimeError: lost its way)" in body
+        got = samples((await get(server.address[1], "/metrics"))[2])
+        assert got["dp_task_running", (("task", "publisher"),)] == 0
+    finally:
+        await server.close()
+
+
+class EndedTask(StoppedTimer):
+    """A ServerView of `view` whose essential tasks are `tasks`."""
+
+    def __init__(self, view: ServerView, tasks: dict[str, str]) -> None:
+        super().__init__(view)
+        self.essential_tasks = lambda: tasks
+
+    def timer_stopped(self) -> bool:
+        return False
 
 
 async def test_bad_requests_get_4xx_and_the_server_keeps_serving(harness: Harness) -> None:

@@ -1,9 +1,10 @@
 """The DRA front end's calls to the Kubernetes API, through lightkube, each one counted.
 
-`KubeApi` is the only place that talks to the API server: it reads the Node
-(for the owner reference of our ResourceSlices) and ResourceClaims, and lists,
-watches, creates, replaces and deletes this node's ResourceSlices of one
-driver. The request code and the object models are lightkube's; this module
+`KubeApi` is the only place that talks to the API server: it reads, lists
+and watches this node's Node object (the owner of our ResourceSlices, which
+may be deleted and registered again with a new UID), reads ResourceClaims,
+and lists, watches, creates, replaces and deletes this node's ResourceSlices
+of one driver. The request code and the object models are lightkube's; this module
 only picks the calls, the field selectors and the timeouts, and counts every
 request by verb and resource (`ApiCalls`), so /metrics and the benchmarks can
 say how much dp asks of the API server.
@@ -19,6 +20,7 @@ import asyncio
 import collections
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient
@@ -27,6 +29,7 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.client import FieldSelector
 from lightkube.core.exceptions import NotReadyError
 from lightkube.resources.core_v1 import Node
+from lightkube.resources.events_v1 import Event
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from dp_core import MetricFamily, Sample
@@ -43,6 +46,7 @@ __all__ = [
 #: What a request can fail with that a retry may cure: the API server's own
 #: answers (`ApiError`) and anything on the way (refused, reset, timed out).
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (httpx2.HTTPError, OSError, TimeoutError)
+# A dry run ("create-dry-run") is a request but writes nothing.
 WRITE_VERBS = frozenset({"create", "update", "delete"})
 
 
@@ -90,6 +94,14 @@ class ApiCalls:
         )
 
 
+def _version_of(listing: Any) -> str:
+    """A list's resourceVersion; "" (watch from now) when the answer had none."""
+    try:
+        return str(listing.resourceVersion)
+    except NotReadyError:
+        return ""
+
+
 def _slice_fields(node: str, driver: str) -> FieldSelector:
     return {"spec.nodeName": node, "spec.driver": driver}
 
@@ -131,11 +143,37 @@ class KubeApi:
     async def close(self) -> None:
         await self._client.close()
 
-    async def node_uid(self, name: str) -> str:
+    async def node_uid(self, name: str) -> str | None:
+        """The UID of Node `name`; None when there is no such Node."""
         self.calls.count("get", "nodes")
-        node = await self._client.get(Node, name)
+        try:
+            node = await self._client.get(Node, name)
+        except ApiError as error:
+            if error.status.code == 404:
+                return None
+            raise
         assert node.metadata is not None and node.metadata.uid is not None
         return node.metadata.uid
+
+    async def list_node(self, name: str) -> tuple[str | None, str]:
+        """The UID of Node `name` (None: there is none), and the resourceVersion to watch from."""
+        listing = self._client.list(Node, fields={"metadata.name": name})
+        self.calls.count("list", "nodes")
+        uids = [n.metadata.uid async for n in listing if n.metadata is not None]
+        return (uids[0] if uids else None), _version_of(listing)
+
+    async def watch_node(
+        self,
+        name: str,
+        resource_version: str,
+        period: float,
+        on_event: Callable[[str, Node], None],
+    ) -> None:
+        """Pass each change to Node `name` after `resource_version` to `on_event`, for
+        `period` seconds (as `watch_slices`)."""
+        await self._watch(
+            Node, "nodes", {"metadata.name": name}, resource_version, period, on_event
+        )
 
     async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         self.calls.count("get", "resourceclaims")
@@ -145,15 +183,10 @@ class KubeApi:
     async def list_slices(self, node: str, driver: str) -> tuple[list[ResourceSlice], str]:
         """This node's slices of `driver`, and the resourceVersion to watch from."""
         listing = self._client.list(ResourceSlice, fields=_slice_fields(node, driver))
-        items: list[ResourceSlice] = []
         # One request per chunk; lightkube asks for no chunking, so one in all.
         self.calls.count("list", "resourceslices")
-        async for item in listing:
-            items.append(item)
-        try:
-            return items, listing.resourceVersion
-        except NotReadyError:  # no version in the answer: watch from now
-            return items, ""
+        items = [item async for item in listing]
+        return items, _version_of(listing)
 
     async def watch_slices(
         self,
@@ -171,16 +204,30 @@ class KubeApi:
         server that never closes cannot hold it forever. A 410 Gone (the version
         is too old) raises `ApiError` like any other failure; the caller lists again.
         """
-        self.calls.count("watch", "resourceslices")
-        events = self._client.watch(
+        await self._watch(
             ResourceSlice,
-            fields=_slice_fields(node, driver),
-            resource_version=resource_version or None,
+            "resourceslices",
+            _slice_fields(node, driver),
+            resource_version,
+            period,
+            on_event,
         )
+
+    async def _watch(
+        self,
+        kind: type[Any],
+        resource: str,
+        fields: FieldSelector,
+        resource_version: str,
+        period: float,
+        on_event: Callable[[str, Any], None],
+    ) -> None:
+        self.calls.count("watch", resource)
+        events = self._client.watch(kind, fields=fields, resource_version=resource_version or None)
         try:
             async with asyncio.timeout(period):
-                async for kind, obj in events:
-                    on_event(kind, obj)
+                async for change, obj in events:
+                    on_event(change, obj)
         except TimeoutError:
             return
         finally:
@@ -192,6 +239,18 @@ class KubeApi:
         self.calls.count("create", "resourceslices")
         created: ResourceSlice = await self._client.create(obj)
         return created
+
+    async def dry_run_slice(self, obj: ResourceSlice) -> ResourceSlice:
+        """The slice as the server would store it (`?dryRun=All`): nothing is stored."""
+        self.calls.count("create-dry-run", "resourceslices")
+        answer: ResourceSlice = await self._client.create(obj, dry_run=True)
+        return answer
+
+    async def create_event(self, event: Event) -> None:
+        """Record `event` (events.k8s.io/v1) in its namespace."""
+        assert event.metadata is not None
+        self.calls.count("create", "events")
+        await self._client.create(event, namespace=event.metadata.namespace)
 
     async def replace_slice(self, obj: ResourceSlice) -> ResourceSlice:
         """An update with the object's resourceVersion as precondition (409 if stale)."""

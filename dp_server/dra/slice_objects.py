@@ -5,8 +5,9 @@ of `resource.k8s.io/v1` (`k8s.io/api/resource/v1/types.go` and
 `pkg/apis/resource/validation/validation.go`): at most 128 devices in a
 slice, 64 if any of them has taints or consumes counters; since 1.35 a slice
 holds either devices or shared counter sets, never both, and at most 8 sets.
-Devices are cut in name order, so the same content always gives the same
-slices.
+Devices are cut in name order, 64 to a slice whatever they carry, so the same
+content always gives the same slices, and a taint coming or going (a health
+change) never moves a device to another slice: it changes one slice only.
 
 `content_key` is what a slice says apart from its pool generation, count and
 server-set fields: two slices with the same key need no write.
@@ -38,14 +39,15 @@ from lightkube.resources.resource_v1 import ResourceSlice
 
 from dp_core.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
-    MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_ADVANCED,
     AttributeValue,
     PoolContent,
     PoolDevice,
     Version,
 )
+from dp_core.slices import CounterConsumption as CoreCounterConsumption
 from dp_core.slices import CounterSet as CoreCounterSet
+from dp_core.slices import DeviceTaint as CoreDeviceTaint
 
 __all__ = [
     "COUNTERS",
@@ -56,6 +58,7 @@ __all__ = [
     "features_kept",
     "generate_name",
     "node_owner",
+    "probe_object",
     "slice_object",
 ]
 
@@ -72,19 +75,9 @@ def cut(content: PoolContent) -> list[SliceBody]:
     sets = sorted(content.shared_counters, key=lambda s: s.name)
     for start in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE):
         bodies.append(((), tuple(sets[start : start + MAX_COUNTER_SETS_PER_SLICE])))
-    chunk: list[PoolDevice] = []
-    advanced = False
-    for device in sorted(content.devices, key=lambda d: d.name):
-        limit = (
-            MAX_DEVICES_PER_SLICE_ADVANCED if advanced or device.advanced else MAX_DEVICES_PER_SLICE
-        )
-        if len(chunk) + 1 > limit:
-            bodies.append((tuple(chunk), ()))
-            chunk, advanced = [], False
-        chunk.append(device)
-        advanced = advanced or device.advanced
-    if chunk:
-        bodies.append((tuple(chunk), ()))
+    devices = sorted(content.devices, key=lambda d: d.name)
+    for start in range(0, len(devices), MAX_DEVICES_PER_SLICE_ADVANCED):
+        bodies.append((tuple(devices[start : start + MAX_DEVICES_PER_SLICE_ADVANCED]), ()))
     return bodies
 
 
@@ -165,6 +158,25 @@ def slice_object(
 # The fields of partitionable devices (KEP-4815) and of device taints (KEP-5055).
 COUNTERS = "counters"
 TAINTS = "taints"
+
+_PROBE = "dp-feature-probe"
+
+
+def probe_object(content: PoolContent, owner: OwnerReference) -> ResourceSlice:
+    """A slice for a server-side dry run that tells which DRA features the cluster
+    keeps: one device that consumes a counter (`DRAPartitionableDevices`) and is
+    tainted (`DRADeviceTaints`). The server drops what it lacks, as on a real
+    write, and stores nothing; a counter set named by a device is not checked
+    against the pool's (it may be in another slice since 1.35)."""
+    device = PoolDevice(
+        _PROBE,
+        consumes_counters=(CoreCounterConsumption(_PROBE, (("slot", 1),)),),
+        taints=(CoreDeviceTaint(f"{content.driver}/feature-probe"),),
+    )
+    probe = slice_object(content, ((device,), ()), generation=0, count=1, owner=owner)
+    assert probe.metadata is not None
+    probe.metadata.generateName = f"{generate_name(content)}probe-"[: _NAME_MAX - _GENERATED_SUFFIX]
+    return probe
 
 
 def _uses(spec: dict[str, Any], feature: str) -> bool:

@@ -16,43 +16,54 @@ helper's controller (`k8s.io/dynamic-resource-allocation/resourceslice`):
   of another pool, an older generation or beyond the wanted count are deleted;
   so slices left by an earlier run are cleaned up at start, and a slice that
   someone else changed or deleted is put back;
-- a 409 Conflict or a 404 on an update means its view was stale: it lists
-  again and retries at once; a 410 Gone on the watch means its version is too
-  old: it lists again; anything else (refused, reset, timed out, 5xx) ends the
-  session, and it starts again after an exponential backoff with jitter, for
-  as long as it runs. The rest of dp is never held up by any of this;
+- a 409 Conflict or a 404 on an update means its view was stale, and a 410
+  Gone on the watch that its version is too old: it ends the watch, lists
+  again and watches from the new list (a list beside a running watch could
+  overwrite a change the watch had brought). Its view of each slice is the
+  newest state the watch or its own writes' answers showed (`SliceCache`);
+- nothing ends it but cancellation: a refused, reset or timed-out request, a
+  5xx, six stale views in a row, or a fault of its own, each ends the session
+  and it starts again after an exponential backoff with jitter, for as long
+  as it runs; `failures` and the log say what happened. The rest of dp is
+  never held up by any of this;
+- before it first writes the pool it asks which DRA features the cluster
+  keeps: a server-side dry run of a slice that uses shared counters and a
+  device taint (`probe_object`) comes back without the fields of a feature
+  the server lacks, and nothing is stored. What it learns goes to
+  `on_features` (the core's `DraFeaturesObserved`), whose answer is the pool
+  the cluster can keep, so the rich pool never reaches a cluster that would
+  store it weakened. It asks again every `relearn` seconds (a cluster
+  upgraded to 1.36 turns both gates on) and a minute after a session failed
+  (an API server restarted); a server that refuses dry runs is reported as
+  unknown, and the core takes what it has not seen as absent;
 - after each write it compares what it sent with what the server stored
-  (`features_kept`): a server without partitionable devices or device taints
-  drops their fields. What it learns is handed to `on_features` (the core's
-  `DraFeaturesObserved`) when it is new, and the pass stops if the content
-  changed with it; from then on its comparisons leave out the fields the
-  server drops, so what the server cannot keep is not written again and again.
+  (`features_kept`): a difference from the dry run (API servers that
+  disagree while they are upgraded one by one, a cluster changed since) goes
+  to `on_features` too, and the dry run is made again a minute later. Its
+  comparisons leave out the fields the server drops, so what the server
+  cannot keep is not written again and again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from lightkube.models.meta_v1 import OwnerReference
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from dp_core import DraFeaturesObserved, MetricFamily, Sample
 from dp_core.slices import PoolContent
 from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
-from dp_server.dra.slice_objects import (
-    COUNTERS,
-    TAINTS,
-    content_key,
-    cut,
-    features_kept,
-    node_owner,
-    slice_object,
-)
+from dp_server.dra.pacing import Backoff, RepairPacer
+from dp_server.dra.slice_cache import SliceCache
+from dp_server.dra.slice_objects import COUNTERS, TAINTS, features_kept, node_owner, probe_object
+from dp_server.dra.slice_plan import Plan, plan_pool
 
-__all__ = ["Backoff", "SlicePublisher"]
+__all__ = ["Backoff", "RepairPacer", "SlicePublisher"]
 
 _log = logging.getLogger("dp.dra")
 
@@ -61,19 +72,12 @@ _GATES = {COUNTERS: "DRAPartitionableDevices", TAINTS: "DRADeviceTaints"}
 
 # Conflicts in a row before the publisher backs off instead of retrying at once.
 _MAX_IMMEDIATE_RETRIES = 5
-
-
-class Backoff:
-    """Exponential delays from `first` to `cap` seconds, each scaled by a random 0.5-1."""
-
-    def __init__(self, first: float = 0.5, cap: float = 30.0, rng: random.Random | None = None):
-        self.first = first
-        self.cap = cap
-        self._rng = rng or random.Random()
-
-    def delay(self, failures: int) -> float:
-        base = min(self.cap, self.first * 2.0 ** max(0, failures - 1))
-        return base * self._rng.uniform(0.5, 1.0)
+# After a session failed (the API server may have been upgraded meanwhile),
+# the features are asked again, but not more often than this (seconds).
+_PROBE_AFTER_FAILURE = 60.0
+# The answers to a dry run that say it cannot be made (a webhook that refuses
+# dry runs, a policy), not that the server is away.
+_PROBE_REFUSED = (400, 403, 404, 405, 415, 422)
 
 
 class _Stale(Exception):
@@ -85,8 +89,10 @@ class SlicePublisher:
 
     `watch_period` bounds each watch request, in seconds (a random value in
     the range, as client-go's reflector does, so that many nodes do not
-    reconnect at once). `on_features` hears what a write showed of the
-    server's DRA features, each finding once.
+    reconnect at once). `backoff` spaces the sessions after a failure,
+    `repairs` the writes that put back what outside changes undid.
+    `relearn` is how often (seconds) it asks again which DRA features the
+    cluster keeps; `on_features` hears each new finding.
     """
 
     def __init__(
@@ -95,26 +101,39 @@ class SlicePublisher:
         *,
         watch_period: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff | None = None,
+        repairs: RepairPacer | None = None,
+        relearn: float = 1800.0,
         rng: random.Random | None = None,
         on_features: Callable[[DraFeaturesObserved], object] | None = None,
     ) -> None:
         self.api = api
+        self.relearn = relearn
+        self._learned_at: float | None = None  # when the last dry run answered
+        # A session failed, or a write disagreed with the dry run: ask again soon.
+        self._learn_soon = False
         self._on_features = on_features
         # COUNTERS/TAINTS -> whether the server kept that feature's fields when last sent.
         self.features: dict[str, bool] = {}
         self.watch_period = watch_period
         self.backoff = backoff or Backoff()
+        self.repairs = repairs or RepairPacer()
         self._rng = rng or random.Random()
         self._wanted: PoolContent | None = None
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # the content, or what the server holds, changed
+        self._new_content = asyncio.Event()  # the content changed
+        self._held: PoolContent | None = None  # what the server held when last seen in step
         self._node_uid: str | None = None
-        self._cache: dict[str, ResourceSlice] = {}
+        self._owner_check = False  # a slice went: the Node may have gone with it
+        self._cache = SliceCache()
         self._version = ""
+        self._in_a_row = 0  # sessions ended by a failure or a stale view since the last sync
+        self.node_present: bool | None = None  # None: not asked yet
         self.generation = 0
         self.synced = False
         self.conflicts = 0
         self.relists = 0
         self.failures = 0
+        self.probes = 0
 
     def publish(self, content: PoolContent) -> None:
         """Make `content` the pool's wanted content; the running task writes it when it can."""
@@ -128,146 +147,296 @@ class SlicePublisher:
         self._wanted = content
         self.synced = False
         self._changed.set()
+        self._new_content.set()
 
     async def run(self) -> None:
-        """Publish until cancelled; the first content must come from `publish`."""
+        """Publish until cancelled; the first content must come from `publish`.
+
+        Nothing but cancellation ends it: whatever ends a session is logged and
+        counted, and the next session starts after a backoff (at once after a
+        stale view, five times in a row)."""
         while self._wanted is None:
             await self._changed.wait()
-        failures = 0
         while True:
             try:
                 await self._session()
-            except ApiError as error:
-                if is_status(error, 410):
-                    _log.info("resourceslice-watch-expired", extra=_fields(relist=True))
-                    self.relists += 1
+            except _Stale as stale:
+                self.synced = False
+                self._owner_check = True  # a 404: maybe the garbage collector's doing
+                self._in_a_row += 1
+                if self._in_a_row <= _MAX_IMMEDIATE_RETRIES:
                     continue
-                failures = await self._failed(error, failures)
-            except TRANSIENT_ERRORS as error:
-                failures = await self._failed(error, failures)
+                await self._failed(stale)
+            except Exception as error:  # noqa: BLE001 - no failure may end the publisher
+                self.synced = False
+                self._in_a_row += 1
+                await self._failed(error)
 
-    async def _failed(self, error: BaseException, failures: int) -> int:
-        failures += 1
+    async def _failed(self, error: BaseException) -> None:
         self.failures += 1
-        self.synced = False
-        delay = self.backoff.delay(failures)
-        _log.warning(
-            "kube-api-unavailable",
-            extra=_fields(error=_describe(error), retry_in=round(delay, 3), failures=failures),
-        )
+        self._learn_soon = True
+        self._owner_check = True  # the Node may have gone while the server was away
+        delay = self.backoff.delay(self._in_a_row)
+        fields = _fields(error=_describe(error), retry_in=round(delay, 3), failures=self._in_a_row)
+        if isinstance(error, (*TRANSIENT_ERRORS, _Stale)):
+            _log.warning("kube-api-unavailable", extra=fields)
+        else:
+            _log.error("resourceslice-publisher-failed", extra=fields, exc_info=error)
         await asyncio.sleep(delay)
-        return failures
 
-    async def _session(self) -> None:
+    # -- the owner ---------------------------------------------------------------------
+
+    async def _owner(self) -> str | None:
+        """The Node's UID now (None: it does not exist), noting a change."""
         wanted = self._wanted
         assert wanted is not None
-        if self._node_uid is None:
-            self._node_uid = await self.api.node_uid(wanted.node_name)
-        await self._list()
+        uid = await self.api.node_uid(wanted.node_name)
+        self._owner_check = False
+        if uid is None:
+            if self.node_present is not False:
+                _log.warning(
+                    "node-missing",
+                    extra=_fields(
+                        node=wanted.node_name,
+                        detail="the Node does not exist: no ResourceSlices are written "
+                        "until it is registered again",
+                    ),
+                )
+            self.node_present = False
+            self.synced = False
+            return None
+        if self._node_uid is not None and uid != self._node_uid:
+            _log.warning(
+                "node-replaced",
+                extra=_fields(node=wanted.node_name, uid=uid, was=self._node_uid),
+            )
+        elif self.node_present is False:
+            _log.info("node-registered", extra=_fields(node=wanted.node_name, uid=uid))
+        self._node_uid = uid
+        self.node_present = True
+        return uid
+
+    async def _await_node(self) -> None:
+        """Until the Node exists: list it by name, and watch from the list."""
+        wanted = self._wanted
+        assert wanted is not None
+        found = asyncio.Event()
+
+        def seen(kind: str, node: object) -> None:
+            if kind in ("ADDED", "MODIFIED"):
+                found.set()
+
+        while True:
+            try:
+                uid, version = await self.api.list_node(wanted.node_name)
+            except ApiError as error:
+                if not is_status(error, 403):
+                    raise
+                # An RBAC of an older dp: `get` only. Ask again and again.
+                await self._poll_node()
+                return
+            if uid is not None:
+                return
+            period = self._rng.uniform(*self.watch_period)
+            watch = asyncio.ensure_future(
+                self.api.watch_node(wanted.node_name, version, period, seen)
+            )
+            appeared = asyncio.ensure_future(found.wait())
+            try:
+                await asyncio.wait({watch, appeared}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (watch, appeared):
+                    task.cancel()
+                await asyncio.gather(watch, appeared, return_exceptions=True)
+            if watch.done() and not watch.cancelled() and watch.exception() is not None:
+                raise watch.exception()  # type: ignore[misc]
+            if found.is_set():
+                return
+
+    async def _poll_node(self) -> None:
+        """Until the Node exists, reading it after 1 s, 2 s, ... up to 10 s."""
+        wanted = self._wanted
+        assert wanted is not None
+        polls = Backoff(1.0, 10.0, self._rng)
+        tries = 0
+        while await self.api.node_uid(wanted.node_name) is None:
+            tries += 1
+            await asyncio.sleep(polls.delay(tries))
+
+    # -- a session ---------------------------------------------------------------------
+
+    async def _session(self) -> None:
+        """List, watch from the list, and keep the server's slices as wanted until
+        something ends the watch, shows the view stale, or the Node goes (then
+        the next session waits for it: nothing is written while it is gone)."""
+        wanted = self._wanted
+        assert wanted is not None
+        if self.node_present is False:
+            await self._await_node()
+        # The Node is read at the first session and when it was missing; later
+        # ones read it before a write, when something may have changed it.
+        if (self._node_uid is None or self.node_present is False) and await self._owner() is None:
+            return  # the next session waits for it
+        loop = asyncio.get_running_loop()
+        if self._probe_at() <= loop.time():
+            await self._probe()
+        items, self._version = await self.api.list_slices(wanted.node_name, wanted.driver)
+        self._cache = SliceCache(items)
         watcher = asyncio.create_task(self._watch(), name="dp-resourceslice-watch")
         try:
-            conflicts = 0
             while True:
                 self._changed.clear()
-                try:
-                    await self._reconcile()
-                    conflicts = 0
-                except _Stale:
-                    conflicts += 1
-                    if conflicts > _MAX_IMMEDIATE_RETRIES:
-                        raise
-                    await self._list()
-                    continue
+                if not await self._reconcile():
+                    return  # the Node is gone
                 self.synced = True
+                self._in_a_row = 0
                 changed = asyncio.ensure_future(self._changed.wait())
                 try:
-                    await asyncio.wait({changed, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {changed, watcher},
+                        timeout=max(0.0, self._probe_at() - loop.time()),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                 finally:
                     changed.cancel()
                 if watcher.done():
                     watcher.result()  # raises what ended the watch
                     raise _Stale  # pragma: no cover - the watch loop never returns
+                if self._probe_at() <= loop.time():
+                    await self._probe()  # a new finding changes the content
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
 
-    async def _list(self) -> None:
+    # -- what the cluster keeps --------------------------------------------------------
+
+    def _probe_at(self) -> float:
+        """When to ask (again) which DRA features the cluster keeps."""
+        if self._learned_at is None:
+            return 0.0
+        if self._learn_soon:
+            return self._learned_at + min(self.relearn, _PROBE_AFTER_FAILURE)
+        return self._learned_at + self.relearn
+
+    async def _probe(self) -> None:
+        """Ask with a server-side dry run which DRA features the cluster keeps.
+
+        Before the pool is first written: a cluster without a feature would
+        store the pool without its fields, and the scheduler could split a
+        group meanwhile. The answer goes to `on_features` when it is new."""
         wanted = self._wanted
-        assert wanted is not None
-        items, version = await self.api.list_slices(wanted.node_name, wanted.driver)
-        self._cache = {_name(s): s for s in items}
-        self._version = version
+        assert wanted is not None and self._node_uid is not None
+        sent = probe_object(wanted, node_owner(wanted.node_name, self._node_uid))
+        try:
+            stored = await self.api.dry_run_slice(sent)
+        except ApiError as error:
+            if not is_status(error, *_PROBE_REFUSED):
+                raise
+            self._asked()
+            _log.warning("dra-feature-probe-refused", extra=_fields(error=_describe(error)))
+            if self._on_features is not None and len(self.features) < len(_GATES):
+                self._on_features(DraFeaturesObserved(unknown=_describe(error)))
+            return
+        self._asked()
+        self._report(features_kept(sent, stored))
+
+    def _asked(self) -> None:
+        self._learned_at = asyncio.get_running_loop().time()
+        self._learn_soon = False
+        self.probes += 1
+
+    def _report(self, kept: dict[str, bool]) -> None:
+        found = {f: k for f, k in kept.items() if self.features.get(f) != k}
+        if not found:
+            return
+        self.features.update(found)
+        if self._on_features is not None:
+            self._on_features(DraFeaturesObserved(found.get(COUNTERS), found.get(TAINTS)))
 
     async def _watch(self) -> None:
         wanted = self._wanted
         assert wanted is not None
         while True:
             period = self._rng.uniform(*self.watch_period)
-            await self.api.watch_slices(
-                wanted.node_name, wanted.driver, self._version, period, self._seen
-            )
+            try:
+                await self.api.watch_slices(
+                    wanted.node_name, wanted.driver, self._version, period, self._seen
+                )
+            except ApiError as error:
+                if not is_status(error, 410):
+                    raise
+                _log.info("resourceslice-watch-expired", extra=_fields(relist=True))
+                self.relists += 1
+                raise _Stale("the watch's resourceVersion is too old") from None
 
     def _seen(self, kind: str, obj: ResourceSlice) -> None:
-        name = _name(obj)
         if kind == "DELETED":
-            self._cache.pop(name, None)
+            self._cache.delete(obj)
+            # The garbage collector takes the slices of a deleted Node: ask
+            # whether it is still there before writing them again.
+            self._owner_check = True
         else:
-            self._cache[name] = obj
+            self._cache.put(obj)
         if obj.metadata is not None and obj.metadata.resourceVersion:
             self._version = obj.metadata.resourceVersion
         self._changed.set()
 
-    async def _reconcile(self) -> None:
-        """One pass: nothing if the server holds the wanted content, else a new generation."""
-        wanted = self._wanted
-        uid = self._node_uid
-        assert wanted is not None and uid is not None
-        owner = node_owner(wanted.node_name, uid)
-        bodies = cut(wanted)
-        dropped = frozenset(f for f, kept in self.features.items() if not kept)
-        desired = sorted(
-            content_key(slice_object(wanted, body, generation=0, count=0, owner=owner), dropped)
-            for body in bodies
-        )
-        # Slices the field selectors should not have given us are never touched.
-        mine = [s for s in self._cache.values() if _spec_ok(s, wanted)]
-        in_pool = [s for s in mine if _pool(s)[0] == wanted.pool]
-        other_pools = [s for s in mine if _pool(s)[0] != wanted.pool]
-        top = max((_pool(s)[1] for s in in_pool), default=0)
-        current = [s for s in in_pool if _pool(s)[1] == top]
-        if (
-            not other_pools
-            and len(current) == len(in_pool) == len(bodies)
-            and all(_pool(s)[2] == len(bodies) for s in current)
-            and sorted(content_key(s, dropped) for s in current) == desired
-        ):
-            self.generation = top
-            return
-        generation = top + 1
-        reuse = sorted(in_pool, key=_name)
+    async def _reconcile(self) -> bool:
+        """Make the server hold the wanted content; False when the Node is gone.
 
-        async def write(index: int, body: Any) -> tuple[ResourceSlice, ResourceSlice]:
-            if index < len(reuse):
-                old = reuse[index]
-                assert old.metadata is not None
-                obj = slice_object(
-                    wanted,
-                    body,
-                    generation=generation,
-                    count=len(bodies),
-                    owner=owner,
-                    name=old.metadata.name,
-                    resource_version=old.metadata.resourceVersion,
-                )
+        A write while the content is what the server last held repairs an
+        outside change, and waits for `repairs` (or for new content)."""
+        loop = asyncio.get_running_loop()
+        paced = False
+        while True:
+            wanted = self._wanted
+            uid = self._node_uid
+            assert wanted is not None and uid is not None
+            owner = node_owner(wanted.node_name, uid)
+            dropped = frozenset(f for f, kept in self.features.items() if not kept)
+            top, plan = plan_pool(wanted, self._cache.values(), owner, dropped)
+            if plan is None:
+                self.generation = top
+                self._held = wanted
+                return True
+            repair = wanted == self._held
+            if repair and not paced:
+                paced = True
+                wait = self.repairs.not_before(loop.time()) - loop.time()
+                if wait > 0:
+                    self._new_content.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._new_content.wait(), wait)
+                    continue  # the server, the content or the Node may have moved meanwhile
+            if self._owner_check:
+                now_uid = await self._owner()
+                if now_uid is None:
+                    return False
+                if now_uid != uid:
+                    continue  # owned by the new Node: every slice is written again
+            if repair:
+                self.repairs.wrote(loop.time())
+            if await self._write(wanted, plan, owner, repair=repair):
+                self._held = wanted
+                return True
+
+    async def _write(
+        self, wanted: PoolContent, plan: Plan, owner: OwnerReference, *, repair: bool
+    ) -> bool:
+        """Carry out `plan`; False when what was learned changed the content."""
+        count = plan.count
+
+        async def write(index: int) -> tuple[ResourceSlice, ResourceSlice]:
+            obj = plan.writes[index].object(wanted, plan.generation, count, owner)
+            if obj.metadata is not None and obj.metadata.name:
                 return obj, await self.api.replace_slice(obj)
-            obj = slice_object(wanted, body, generation=generation, count=len(bodies), owner=owner)
             return obj, await self.api.create_slice(obj)
 
         # The slices of a generation go out together: a health change reaches
         # the scheduler once the last of them is written, and the scheduler
         # ignores a generation until it is complete.
         outcomes = await asyncio.gather(
-            *(write(index, body) for index, body in enumerate(bodies)), return_exceptions=True
+            *(write(i) for i in range(len(plan.writes))), return_exceptions=True
         )
         stale = False
         failure: BaseException | None = None
@@ -279,40 +448,40 @@ class SlicePublisher:
                 failure = failure or outcome
             else:
                 obj, written = outcome
-                self._cache[_name(written)] = written
+                self._cache.put(written)
                 self._learn(obj, written)
         if failure is not None:
             raise failure
         if stale:
-            raise _Stale
+            raise _Stale("a slice changed or went since it was read")
         if self._wanted is not wanted:
-            return  # what was learned changed the content: start again with it
-        for stale in reuse[len(bodies) :] + other_pools:
-            await self.api.delete_slice(_name(stale))
-            self._cache.pop(_name(stale), None)
-        self.generation = generation
+            return False  # what was learned changed the content: start again with it
+        for name in plan.deletes:
+            await self.api.delete_slice(name)
+            self._cache.deleted_by_us(name)
+        self.generation = plan.generation
         _log.info(
             "resourceslices-published",
             extra=_fields(
                 pool=wanted.pool,
-                generation=generation,
-                slices=len(bodies),
+                generation=plan.generation,
+                slices=count,
+                written=len(plan.writes),
                 devices=len(wanted.devices),
-                deleted=len(reuse[len(bodies) :]) + len(other_pools),
+                deleted=len(plan.deletes),
+                repair=repair,
             ),
         )
+        return True
 
     def _learn(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
-        found = {
-            f: kept
-            for f, kept in features_kept(sent, stored).items()
-            if self.features.get(f) != kept
-        }
-        if not found:
-            return
-        self.features.update(found)
-        if self._on_features is not None:
-            self._on_features(DraFeaturesObserved(found.get(COUNTERS), found.get(TAINTS)))
+        """What a real write showed: it should agree with the dry run, unless the
+        cluster changed since (or its API servers differ, as while they are
+        upgraded one by one): then follow the write, and ask again in a minute."""
+        kept = features_kept(sent, stored)
+        if any(self.features.get(f) != k for f, k in kept.items()):
+            self._learn_soon = True
+        self._report(kept)
 
     def families(self) -> Iterable[MetricFamily]:
         yield from self.api.calls.families()
@@ -331,8 +500,8 @@ class SlicePublisher:
         yield MetricFamily(
             "gauge",
             "dp_dra_api_feature",
-            "1 when the API server kept a DRA feature's fields in the last slice that had "
-            "them, 0 when it dropped them; absent until a write had them.",
+            "1 when the API server keeps a DRA feature's fields (a dry run, or the last "
+            "write that had them, says), 0 when it drops them; absent until asked.",
             tuple(
                 Sample((("feature", _GATES[f]),), 1 if kept else 0)
                 for f, kept in sorted(self.features.items())
@@ -350,28 +519,25 @@ class SlicePublisher:
             "Times the API server could not be reached or failed, each followed by a backoff.",
             (Sample((), self.failures),),
         )
-
-
-def _name(obj: ResourceSlice) -> str:
-    assert obj.metadata is not None and obj.metadata.name is not None
-    return obj.metadata.name
-
-
-def _pool(obj: ResourceSlice) -> tuple[str, int, int]:
-    assert obj.spec is not None
-    pool = obj.spec.pool
-    return pool.name, pool.generation, pool.resourceSliceCount
-
-
-def _spec_ok(obj: ResourceSlice, wanted: PoolContent) -> bool:
-    return (
-        obj.spec is not None
-        and obj.spec.nodeName == wanted.node_name
-        and obj.spec.driver == wanted.driver
-    )
+        yield MetricFamily(
+            "counter",
+            "dp_dra_slice_repairs_total",
+            "Writes of the pool that put back what outside changes undid (paced).",
+            (Sample((), self.repairs.repairs),),
+        )
+        if self.node_present is not None:
+            yield MetricFamily(
+                "gauge",
+                "dp_dra_node_present",
+                "1 while this node's Node object exists, 0 while it does not (nothing is "
+                "published then).",
+                (Sample((), 1 if self.node_present else 0),),
+            )
 
 
 def _describe(error: BaseException) -> str:
+    if isinstance(error, _Stale):
+        return f"stale view: {error}"
     if isinstance(error, ApiError):
         return f"{error.status.code} {error.status.reason}: {error.status.message}"
     return f"{type(error).__name__}: {error}"

@@ -256,6 +256,12 @@ def runtime_health(view: ServerView) -> Check:
     # resources meanwhile; they show in the log and in the scan metrics.
     if view.timer_stopped():
         return Check(False, "the timer loop has stopped: no rescans, ticks or re-registrations")
+    # A task that meets outages by retrying inside has ended: a bug, which a
+    # restart cures. An outage never ends one, so it never fails this probe.
+    ended = {name: why for name, why in view.essential_tasks().items() if why}
+    if ended:
+        shown = "; ".join(f"{name} ({why})" for name, why in sorted(ended.items()))
+        return Check(False, f"a task dp cannot work without has ended: {shown}")
     # CDI specs that cannot be written do not fail it either: a restart would
     # not make the directory writable, and Allocate works without them.
     cdi = view.node.cdi
@@ -329,6 +335,20 @@ def runtime_families(view: ServerView) -> list[MetricFamily]:
                 "dp_host_scan_age_seconds",
                 "Seconds since the last host scan that finished.",
                 (Sample((), round(view.now() - when, 3)),),
+            )
+        )
+    tasks = view.essential_tasks()
+    if tasks:
+        shell.append(
+            MetricFamily(
+                "gauge",
+                "dp_task_running",
+                "1 while a task dp cannot work without runs, 0 once it has ended "
+                "(logged as essential-task-ended; /healthz fails).",
+                tuple(
+                    Sample((("task", name),), 0 if why else 1)
+                    for name, why in sorted(tasks.items())
+                ),
             )
         )
     on = _dra(view)

@@ -51,3 +51,7 @@ class ServerView(Protocol):
     def timer_stopped(self) -> bool:
         """Whether the loop that drives rescans, ticks and re-registrations has ended."""
         ...
+
+    def essential_tasks(self) -> dict[str, str]:
+        """Each task dp cannot work without, by name -> why it ended ("" while it runs)."""
+        ...

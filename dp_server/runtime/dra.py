@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ from dp_server.dra import (
     health_message,
 )
 from dp_server.dra.api import KubeApi
+from dp_server.dra.claim_events import ClaimEvents
 from dp_server.dra.slices import SlicePublisher
 from dp_server.rpc import StreamSlot
 from dp_server.runtime.claims_file import ClaimsStore
@@ -139,6 +140,9 @@ class DraRuntime:
         self.publisher = SlicePublisher(
             self.api, watch_period=settings.slice_watch_period, on_features=feed
         )
+        # An Event on each claim dp refuses: its pod stays bound while the kubelet retries.
+        self.events = ClaimEvents(self.api, driver, node.dra.node_name)
+        self._spawn: Callable[..., object] | None = None
         try:
             self.endpoints = DraEndpoints(
                 driver,
@@ -163,12 +167,13 @@ class DraRuntime:
         if recalled:
             self._feed(ClaimsRecalled(recalled))
 
-    async def start(self, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
+    async def start(self, spawn: Callable[..., object]) -> None:
         try:
             await self.endpoints.start()
         except OSError as error:
             raise SettingsError(f"the DRA sockets: {error}") from error
-        spawn(self.publisher.run())
+        self._spawn = spawn
+        spawn(self.publisher.run(), essential="dra-slice-publisher")
 
     async def restore(self) -> None:
         """Listen again on a DRA socket whose file was deleted (the plugin watcher
@@ -227,6 +232,7 @@ class DraRuntime:
         )
         for effect in effects:
             if isinstance(effect, ClaimRefused) and effect.call == call:
+                self._record(claim, effect)
                 return PrepareFailed(effect.error)
             if isinstance(effect, ClaimPrepared) and effect.call == call:
                 problem = self._files_done.pop(call, "")
@@ -241,6 +247,15 @@ class DraRuntime:
                     )
                 return Prepared(prepared_devices(self.driver, effect.prepared))
         return PrepareFailed(f"claim {_show(claim)}: the core gave no answer")  # pragma: no cover
+
+    def _record(self, claim: ClaimRef, refused: ClaimRefused) -> None:
+        posting = self.events.refusal(claim, refused.reason, refused.error)
+        if posting is None:
+            return
+        if self._spawn is None:
+            posting.close()  # not started: no loop of ours to post it on
+            return
+        self._spawn(posting)
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         call = next(self._ids)
@@ -311,6 +326,7 @@ class DraRuntime:
 
     def families(self) -> Iterable[MetricFamily]:
         yield from self.publisher.families()
+        yield from self.events.families()
         yield MetricFamily(
             "gauge",
             "dp_dra_registered",

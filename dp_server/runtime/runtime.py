@@ -130,7 +130,7 @@ class Runtime:
             FileVersion(Path(watched).absolute(), settle=_CONFIG_SETTLE) if watched else None
         )
 
-        self._tasks = Tasks()
+        self._tasks = Tasks(self.stopping)
         self._memory = CollectionPolicy()
         self._streams = Streams()
         self._pods = PodResourcesPoller(
@@ -443,10 +443,10 @@ class Runtime:
                 self.dra.recall()  # before the DRA sockets serve a Prepare
             if plugin_dir_present and self.settings.socket_mode is SocketMode.SINGLE:
                 await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
-            self._tasks.spawn(self._watch_files())
+            self._tasks.spawn(self._watch_files(), essential="file-watch")
             if uevents is not None:
                 self._tasks.spawn(self._follow_uevents(uevents))
-            self._tasks.spawn(self._timers.run())
+            self._tasks.spawn(self._timers.run(), essential="timer-loop")
             await self._check_sockets()
             if not self.kubelet.present:
                 self.kubelet.follow(fast=False)
@@ -507,6 +507,10 @@ class Runtime:
     def timer_stopped(self) -> bool:
         """Whether the loop that drives rescans, ticks and polls has ended."""
         return self._timers.stopped
+
+    def essential_tasks(self) -> dict[str, str]:
+        """Each task dp cannot work without, by name -> why it ended ("" while it runs)."""
+        return dict(self._tasks.essential)
 
     @property
     def open_streams(self) -> int:

@@ -41,6 +41,7 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _KINDS = {
     "resourceslices": "io.k8s.api.resource.v1.ResourceSlice",
     "resourceclaims": "io.k8s.api.resource.v1.ResourceClaim",
+    "events": "io.k8s.api.events.v1.Event",
 }
 _NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
 MAX_DEVICES = 128
@@ -82,6 +83,8 @@ class Validator:
                 problems.append(f"{where}: {error.message}")
         if resource == "resourceslices" and not problems:
             problems.extend(_slice_rules(obj.get("spec") or {}))
+        if resource == "events" and not problems:
+            problems.extend(_event_rules(obj))
         if problems:
             raise ApiFailure(422, "Invalid", "; ".join(problems))
 
@@ -129,6 +132,37 @@ def _slice_rules(spec: Obj) -> list[str]:
                 problems.append(
                     f"{where}.attributes[{key}]: string longer than {MAX_STRING_ATTRIBUTE}"
                 )
+    return problems
+
+
+_EVENT_REQUIRED = ("reportingController", "reportingInstance", "action", "reason")
+_EVENT_FIELD_MAX = 128
+_EVENT_NOTE_MAX = 1024
+_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+
+
+def _event_rules(event: Obj) -> list[str]:
+    """`ValidateEventCreate` of events.k8s.io/v1 (`pkg/apis/core/validation/events.go`)."""
+    problems = []
+    for field in _EVENT_REQUIRED:
+        value = event.get(field) or ""
+        if not value:
+            problems.append(f"{field}: Required value")
+        elif len(value) > _EVENT_FIELD_MAX:
+            problems.append(f"{field}: longer than {_EVENT_FIELD_MAX} characters")
+    if not event.get("eventTime"):
+        problems.append("eventTime: Required value")
+    elif not _MICRO_TIME.fullmatch(str(event["eventTime"])):
+        # metav1.MicroTime is read as RFC 3339 with exactly six fractional digits.
+        problems.append(f"eventTime: {event['eventTime']!r} is not RFC3339Micro")
+    if event.get("type") not in ("Normal", "Warning"):
+        problems.append(f"type: Unsupported value: {event.get('type')!r}")
+    if len((event.get("note") or "").encode()) > _EVENT_NOTE_MAX:
+        problems.append(f"note: longer than {_EVENT_NOTE_MAX} bytes")
+    regarding = event.get("regarding") or {}
+    namespace = (event.get("metadata") or {}).get("namespace")
+    if regarding.get("namespace") and namespace and regarding["namespace"] != namespace:
+        problems.append("regarding.namespace: does not match the event's namespace")
     return problems
 
 

@@ -3,18 +3,28 @@
 It serves, over HTTP/1.1 (h11) on the running asyncio loop, with the REST
 conventions of the real server:
 
-- `GET /api/v1/nodes/<name>` (nodes are added with `add_node`);
+- `/api/v1/nodes` (get, list and watch; `add_node`, `delete_node`: a Node
+  registered again has a new UID);
 - `resource.k8s.io/v1` `resourceslices` (cluster-scoped) and `resourceclaims`
-  (namespaced, with the `status` subresource): get, list, watch, create, update
-  and delete;
+  (namespaced, with the `status` subresource): get, list, watch, create, update,
+  delete and, by field selector, deletecollection (as the kubelet wipes its
+  node's slices at start);
+- `events.k8s.io/v1` `events` (namespaced), as a controller reports on an
+  object: create, get and list;
 - list and watch with field selectors (`metadata.name`, `spec.nodeName`,
   `spec.driver` for slices; `metadata.name`, `metadata.namespace` for claims)
   and `resourceVersion`; watch events as JSON lines in a chunked answer,
   ended after `timeoutSeconds`;
 - `generateName`, `uid`, `generation`, `creationTimestamp`; ownerReferences
-  kept as given; an update with a stale `resourceVersion` is a 409 Conflict;
+  kept as given, and honoured by a garbage collector: `gc_delay` seconds
+  (0.1) after an object is deleted, everything whose owners are all gone is
+  deleted too (`collected`); an update with a stale `resourceVersion` is a 409 Conflict;
   a watch from a version no longer in the history (`compact`, or
   `expire_watches` for the open ones) gets a 410 Gone ERROR event;
+- `?dryRun=All` on a create, update or delete: the same defaulting, field
+  dropping and validation as the real write, and the same answer (a create's
+  with a UID and a name but no resourceVersion), but nothing is stored and
+  no watch hears of it; counted in `dry_runs`, not `requests`;
 - every object written is checked against the published schema and the rules
   in code (`rules.Validator`, 422 Invalid when it fails) and rejects are kept
   in `rejected`.
@@ -25,8 +35,10 @@ server that has them off, which drops their fields from the slices it is
 given (`rules.drop_disabled_fields`).
 
 Faults for tests: `delay` (seconds before every answer), `unavailable`
-(503 to everything), `fail_next(verb, resource, code)`, and `stop`/`start`
-(nothing listening). `requests` counts what was asked, by (verb, resource).
+(503 to everything), `fail_next(verb, resource, code)`, `garble_next(verb,
+resource)` (200 and a body that is no object), `delay_answer(verb,
+resource, seconds)` (a write stored at once, its answer late), and
+`stop`/`start` (nothing listening). `requests` counts what was asked, by (verb, resource).
 """
 
 from __future__ import annotations
@@ -68,16 +80,23 @@ _ROUTES = [
         "resourceclaims",
         False,
     ),
+    (
+        re.compile(r"/apis/events.k8s.io/v1/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?"),
+        "events",
+        False,
+    ),
 ]
 _KINDS = {
     "nodes": ("v1", "Node"),
     "resourceslices": ("resource.k8s.io/v1", "ResourceSlice"),
     "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim"),
+    "events": ("events.k8s.io/v1", "Event"),
 }
 _FIELDS = {
     "nodes": {"metadata.name"},
     "resourceslices": {"metadata.name", "spec.nodeName", "spec.driver"},
     "resourceclaims": {"metadata.name", "metadata.namespace"},
+    "events": {"metadata.name", "metadata.namespace", "regarding.name", "regarding.uid", "reason"},
 }
 _MAX_BODY = 3 * 1024 * 1024
 
@@ -97,13 +116,22 @@ class ApiServerEmulator:
         if unknown:
             raise ValueError(f"unknown feature gates {unknown}; known: {sorted(FEATURES)}")
         self.store = Store(history=history)
+        # The garbage collector (kube-controller-manager's): what a deleted
+        # object owned goes `gc_delay` seconds later (about 100 ms on a real
+        # control plane); None turns it off.
+        self.gc_delay: float | None = 0.1
+        self.collected: list[tuple[str, str, str]] = []
+        self.store.listen(self._owner_deleted)
         self.validator = Validator(schema) if schema is not None else None
         self.delay = 0.0
         self.unavailable = False
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        # Requests with ?dryRun=All, apart: they write nothing.
+        self.dry_runs: collections.Counter[tuple[str, str]] = collections.Counter()
         self.rejected: list[tuple[str, str]] = []
         self.port = 0
         self._faults: list[tuple[str, str, int]] = []
+        self._late: list[tuple[str, str, float]] = []
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._watches: set[asyncio.Queue[Event | None]] = set()
@@ -136,13 +164,52 @@ class ApiServerEmulator:
         self._server = None
 
     def add_node(self, name: str) -> Obj:
+        """Register Node `name`; registered again after `delete_node`, it has a new UID."""
         return self.store.create(
             "nodes", "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
 
+    def delete_node(self, name: str) -> Obj:
+        """`kubectl delete node`: what it owns goes after `gc_delay`."""
+        return self.store.delete("nodes", "", name)
+
+    def _owner_deleted(self, event: Event) -> None:
+        uid = event.object.get("metadata", {}).get("uid")
+        if event.type != "DELETED" or not uid or self.gc_delay is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the collector runs on the emulator's loop
+        loop.call_later(self.gc_delay, self._collect, uid)
+
+    def _collect(self, uid: str) -> None:
+        """Delete every object one of whose owners was `uid` and none of whose
+        owners exists any more, as the garbage collector does for dangling
+        owner references (background propagation)."""
+        alive = {o["metadata"]["uid"] for o in self.store.everything()}
+        for resource, namespace, obj in self.store.everything_with_keys():
+            owners = {r.get("uid") for r in obj.get("metadata", {}).get("ownerReferences") or ()}
+            if uid in owners and not owners & alive:
+                name = obj["metadata"]["name"]
+                with contextlib.suppress(ApiFailure):  # someone was quicker
+                    self.store.delete(resource, namespace, name)
+                    self.collected.append((resource, namespace, name))
+
     def fail_next(self, verb: str, resource: str, code: int) -> None:
         """Answer the next `verb` on `resource` with `code` (409, 500, 503...)."""
         self._faults.append((verb, resource, code))
+
+    def garble_next(self, verb: str, resource: str) -> None:
+        """Answer the next `verb` on `resource` with 200 and a body that is no
+        object (a proxy's error page), without serving it."""
+        self._faults.append((verb, resource, 0))
+
+    def delay_answer(self, verb: str, resource: str, seconds: float) -> None:
+        """Answer the next `verb` on `resource` `seconds` after it took effect: what it
+        changed is stored and its watch events go out at once, as when an answer is
+        slow on its way back."""
+        self._late.append((verb, resource, seconds))
 
     def expire_watches(self) -> None:
         """End every open watch with a 410 Gone, and forget the history (a compaction)."""
@@ -190,15 +257,26 @@ class ApiServerEmulator:
                 raise ApiFailure(503, "ServiceUnavailable", "the server is currently unavailable")
             resource, namespace, name, status = _route(target.path)
             verb = _verb(method, name, query)
-            self.requests[(verb, resource)] += 1
+            dry_run = _dry_run(verb, query)
+            (self.dry_runs if dry_run else self.requests)[(verb, resource)] += 1
             for fault in self._faults:
                 if fault[:2] == (verb, resource):
                     self._faults.remove(fault)
+                    if fault[2] == 0:
+                        await _send_text(conn, writer, 200, b"<html>502 Bad Gateway</html>")
+                        return True
                     raise ApiFailure(fault[2], "Injected", f"injected {fault[2]} for {verb}")
             if verb == "watch":
                 await self._watch(conn, writer, resource, namespace, query)
                 return False
-            code, answer = self._serve(verb, resource, namespace, name, status, query, body)
+            code, answer = self._serve(
+                verb, resource, namespace, name, status, query, body, dry_run=dry_run
+            )
+            for late in self._late:
+                if late[:2] == (verb, resource):
+                    self._late.remove(late)
+                    await asyncio.sleep(late[2])
+                    break
         except ApiFailure as failure:
             code, answer = failure.code, failure.status()
         await _send_json(conn, writer, code, answer)
@@ -213,6 +291,8 @@ class ApiServerEmulator:
         status: bool,
         query: dict[str, str],
         body: bytes,
+        *,
+        dry_run: bool = False,
     ) -> tuple[int, Obj]:
         api_version, kind = _KINDS[resource]
         if verb == "get":
@@ -228,10 +308,30 @@ class ApiServerEmulator:
             }
             return 200, listing
         if verb == "delete":
-            return 200, _typed(resource, self.store.delete(resource, namespace, name))
+            return 200, _typed(
+                resource, self.store.delete(resource, namespace, name, dry_run=dry_run)
+            )
+        if verb == "deletecollection":
+            selector = _selector(resource, query)
+            gone = [
+                self.store.delete(resource, namespace, o["metadata"]["name"], dry_run=dry_run)
+                for o in self.store.objects(resource, namespace)
+                if _matches(o, selector)
+            ]
+            listing = {"kind": f"{kind}List", "apiVersion": api_version, "items": gone}
+            return 200, {**listing, "metadata": {"resourceVersion": str(self.store.version)}}
         obj = _decode(body)
         if obj.get("kind", kind) != kind or obj.get("apiVersion", api_version) != api_version:
             raise ApiFailure(400, "BadRequest", f"expected {api_version} {kind}")
+        if namespace:
+            meta = obj.setdefault("metadata", {})
+            if meta.setdefault("namespace", namespace) != namespace:
+                raise ApiFailure(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace "
+                    "sent on the request",
+                )
         if resource == "resourceslices":
             obj = default_slice(obj)
             if self.disabled_features:
@@ -247,9 +347,11 @@ class ApiServerEmulator:
                 self.rejected.append((resource, failure.message))
                 raise
         if verb == "create":
-            return 201, _typed(resource, self.store.create(resource, namespace, obj))
+            created = self.store.create(resource, namespace, obj, dry_run=dry_run)
+            return 201, _typed(resource, created)
         return 200, _typed(
-            resource, self.store.update(resource, namespace, name, obj, status=status)
+            resource,
+            self.store.update(resource, namespace, name, obj, status=status, dry_run=dry_run),
         )
 
     async def _watch(
@@ -329,10 +431,26 @@ def _verb(method: str, name: str, query: dict[str, str]) -> str:
         if name:
             return "get"
         return "watch" if query.get("watch") in ("true", "1") else "list"
+    if method == "DELETE" and not name:
+        return "deletecollection"
     verbs = {"POST": "create", "PUT": "update", "DELETE": "delete"}
     if method not in verbs or (method == "POST") == bool(name):
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not allowed here")
     return verbs[method]
+
+
+def _dry_run(verb: str, query: dict[str, str]) -> bool:
+    """Whether the request is a server-side dry run; `All` is the one value a
+    server takes (`ValidateDryRun`, apimachinery's `meta/v1/validation`)."""
+    if "dryRun" not in query:
+        return False
+    if verb not in ("create", "update", "delete", "deletecollection") or query["dryRun"] != "All":
+        raise ApiFailure(
+            422,
+            "Invalid",
+            f'dryRun: Unsupported value: "{query["dryRun"]}": supported values: "All"',
+        )
+    return True
 
 
 def _selector(resource: str, query: dict[str, str]) -> list[tuple[str, str, bool]]:
@@ -407,8 +525,17 @@ async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: h11.E
 async def _send_json(
     conn: h11.Connection, writer: asyncio.StreamWriter, code: int, obj: Obj
 ) -> None:
-    data = json.dumps(obj).encode()
-    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    await _send_text(conn, writer, code, json.dumps(obj).encode(), "application/json")
+
+
+async def _send_text(
+    conn: h11.Connection,
+    writer: asyncio.StreamWriter,
+    code: int,
+    data: bytes,
+    content_type: str = "text/html",
+) -> None:
+    headers = [("Content-Type", content_type), ("Content-Length", str(len(data)))]
     await _send(conn, writer, h11.Response(status_code=code, headers=headers))
     await _send(conn, writer, h11.Data(data=data))
     await _send(conn, writer, h11.EndOfMessage())

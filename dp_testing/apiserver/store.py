@@ -105,13 +105,23 @@ class Store:
             if r == resource and (not namespace or ns == namespace)
         ]
 
+    def everything(self) -> list[Obj]:
+        """Every object of every resource (not copies: read them, do not change them)."""
+        return list(self._objects.values())
+
+    def everything_with_keys(self) -> list[tuple[str, str, Obj]]:
+        """(resource, namespace, object) for every object, as `everything`."""
+        return [(r, ns, o) for (r, ns, _), o in sorted(self._objects.items())]
+
     def get(self, resource: str, namespace: str, name: str) -> Obj:
         try:
             return copy.deepcopy(self._objects[(resource, namespace, name)])
         except KeyError:
             raise ApiFailure(404, "NotFound", f'{resource} "{name}" not found') from None
 
-    def create(self, resource: str, namespace: str, obj: Obj) -> Obj:
+    def create(self, resource: str, namespace: str, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """Store `obj` as new. `dry_run`: the answer the server would give, with a
+        UID and a name but no resourceVersion, and nothing stored (`dryrun.go`)."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
@@ -131,10 +141,22 @@ class Store:
         meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         meta["creationTimestamp"] = _now()
         meta["generation"] = 1
+        if dry_run:
+            return obj
         return self._put(resource, namespace, name, obj, "ADDED")
 
-    def update(self, resource: str, namespace: str, name: str, obj: Obj, *, status: bool) -> Obj:
-        """PUT: the body's resourceVersion, when set, must be the stored one (else 409)."""
+    def update(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        obj: Obj,
+        *,
+        status: bool,
+        dry_run: bool = False,
+    ) -> Obj:
+        """PUT: the body's resourceVersion, when set, must be the stored one (else 409).
+        `dry_run`: the answer, at the stored resourceVersion, and nothing stored."""
         current = self.get(resource, namespace, name)
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
@@ -164,10 +186,15 @@ class Store:
             )
             if "status" in current:
                 merged["status"] = current["status"]
+        if dry_run:
+            merged["metadata"]["resourceVersion"] = kept["resourceVersion"]
+            return merged
         return self._put(resource, namespace, name, merged, "MODIFIED")
 
-    def delete(self, resource: str, namespace: str, name: str) -> Obj:
+    def delete(self, resource: str, namespace: str, name: str, *, dry_run: bool = False) -> Obj:
         obj = self.get(resource, namespace, name)
+        if dry_run:
+            return obj
         del self._objects[(resource, namespace, name)]
         self._version += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
