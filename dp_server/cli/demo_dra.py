@@ -26,6 +26,7 @@ from dp_testing.dra_kubelet import Claim
 __all__ = ["DRA_DEMO_CONFIG", "dra_lines"]
 
 BUS_ID = "resource.kubernetes.io/pciBusID"
+MEMBER_COUNT = "memberCount"  # an attribute of a device standing for a whole IOMMU group
 DRA_DEMO_CONFIG = """
 dra:
   driverName: vfio.dp.example.com
@@ -121,6 +122,17 @@ def _sibling(served: Served, group: object) -> tuple[str, str] | None:
     return None
 
 
+def _first_claimed(served: Served, free: list[dict[str, Any]]) -> dict[str, Any]:
+    """The device the demo claims first: a single function whose IOMMU group a
+    device-plugin device shares, where there is one (both front ends meet in
+    it), else the first that can be claimed."""
+    for device in free:
+        whole_group = _attribute(device, MEMBER_COUNT) is not None
+        if not whole_group and _sibling(served, _attribute(device, "iommuGroup")) is not None:
+            return device
+    return free[0]
+
+
 def _pair(devices: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Two devices that can be allocated and share an IOMMU group."""
     by_group: dict[object, list[dict[str, Any]]] = {}
@@ -147,7 +159,7 @@ async def dra_lines(served: Served, config: Config) -> list[str]:
     free = [d for d in devices if not d.get("taints")]
     if not free:
         return [*lines, "", "Every published device is tainted: none can be claimed now."]
-    first = free[0]
+    first = _first_claimed(served, free)
     group, bus = _attribute(first, "iommuGroup"), _attribute(first, BUS_ID) or first["name"]
     claim = _claim(api, driver, "vm-a", "dev", first["name"])
     (prepared,) = (await asyncio.to_thread(kubelet.prepare, driver, [claim])).values()
@@ -176,7 +188,9 @@ async def dra_lines(served: Served, config: Config) -> list[str]:
         if pair[0] is not first:
             one = _claim(api, driver, "vm-b", "dev", pair[0]["name"])
             (reply,) = (await asyncio.to_thread(kubelet.prepare, driver, [one])).values()
-            lines.append(f"  claim vm-b ({pair[0]['name']}): {reply.error or 'prepared'}")
+            members = _attribute(pair[0], "members")
+            whole = f", the whole group: {members}" if members else ""
+            lines.append(f"  claim vm-b ({pair[0]['name']}{whole}): {reply.error or 'prepared'}")
             claims.append(one)
         second = _claim(api, driver, "vm-c", "dev", pair[1]["name"])
         (reply,) = (await asyncio.to_thread(kubelet.prepare, driver, [second])).values()
