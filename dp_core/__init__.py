@@ -91,6 +91,7 @@ from .inputs import (
     ContainerPreference,
     HostObserved,
     Input,
+    KubeletCheckpointObserved,
     KubeletStarted,
     KubeletStopped,
     MovesRecalled,
@@ -113,6 +114,8 @@ from .inventory import (
     build_inventory,
     cdev_state,
 )
+from .kubelet_checkpoint import CheckpointEntry, KubeletCheckpoint
+from .kubelet_sync import SyncPhase
 from .metrics import MetricFamily, Sample, collect
 from .moves import Move
 from .names import endpoint_name, min_endpoint_length
@@ -156,6 +159,7 @@ __all__ = [
     "BindingBook",
     "BindingFinished",
     "CdiDevice",
+    "CheckpointEntry",
     "CdiMount",
     "CdiSpec",
     "CdiSpecsChanged",
@@ -177,6 +181,8 @@ __all__ = [
     "Input",
     "Inventory",
     "IommuGroup",
+    "KubeletCheckpoint",
+    "KubeletCheckpointObserved",
     "KubeletStarted",
     "KubeletStopped",
     "Log",
@@ -216,6 +222,7 @@ __all__ = [
     "SkippedDevice",
     "SocketMode",
     "StatusCode",
+    "SyncPhase",
     "Tally",
     "Tick",
     "Timing",
