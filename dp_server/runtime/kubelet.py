@@ -15,7 +15,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from dp_core import ConnectionClosed, ConnectionOpened, Input, KubeletStarted, KubeletStopped
+from dp_core import (
+    ConnectionClosed,
+    ConnectionOpened,
+    Input,
+    KubeletCheckpoint,
+    KubeletStarted,
+    KubeletStopped,
+)
 from dp_server.files.sockets import socket_identity
 from dp_server.runtime.memory import CollectionPolicy
 
@@ -36,7 +43,9 @@ class KubeletFollower:
 
     It is the `ConnectionEvents` of every plugin socket. `retire` is called
     when kubelet.sock is another one than before (or gone): the channel to
-    the old one must not carry the next Register.
+    the old one must not carry the next Register. `checkpoint` reads the
+    kubelet's device-manager checkpoint, which a new kubelet has just read
+    back (kubelet_sync).
     """
 
     def __init__(
@@ -44,6 +53,7 @@ class KubeletFollower:
         kubelet_socket: Path,
         *,
         retire: Callable[[], None],
+        checkpoint: Callable[[], KubeletCheckpoint],
         ids: itertools.count[int],
         feed: Callable[[Input], object],
         now: Callable[[], float],
@@ -53,6 +63,7 @@ class KubeletFollower:
     ) -> None:
         self.kubelet_socket = kubelet_socket
         self._retire = retire
+        self._checkpoint = checkpoint
         self._ids = ids
         self._feed = feed
         self._now = now
@@ -110,7 +121,7 @@ class KubeletFollower:
             self._feed(KubeletStopped(self._now()))
             self.follow(fast=False)
         else:
-            self._feed(KubeletStarted(self._now()))
+            self._feed(KubeletStarted(self._now(), self._checkpoint()))
 
     def follow(self, *, fast: bool = True) -> None:
         """Look at kubelet.sock often for a while (`fast`), or, while there is
