@@ -9,6 +9,7 @@ ListAndWatch lists or end the streams.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -39,6 +40,7 @@ from dp_testing.emulator import (
     KubeletEmulator,
     KubeletError,
     PluginOptions,
+    Startup,
 )
 from dp_testing.emulator._rpc import is_extended_resource_name
 from dp_testing.emulator.pb.deviceplugin.v1beta1 import api_pb2 as dp_pb2
@@ -582,13 +584,18 @@ async def test_restart_deletes_sockets_but_keeps_the_checkpoint(
     kubelet = make_kubelet()
     plugin = await make_plugin()
     checkpoint = sock_dir / CHECKPOINT_FILE
-    checkpoint.write_text('{"Data": {}}')
     (sock_dir / "DEPRECATION").write_text("")  # a plain file: the kubelet leaves it
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(sock_dir / "stale.sock"))
     stale.close()
     await plugin.register(kubelet)
     await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    for _ in range(100):  # written just after the device list is stored
+        if kubelet.checkpoint.writes:
+            break
+        await asyncio.sleep(0.01)
+    written = checkpoint.read_bytes()
+    assert json.loads(written)["Data"]["RegisteredDevices"] == {RESOURCE: ["w0", "w1", "w2"]}
 
     before = time.monotonic()
     await asyncio.to_thread(kubelet.restart)
@@ -596,7 +603,7 @@ async def test_restart_deletes_sockets_but_keeps_the_checkpoint(
     assert sorted(p.name for p in sock_dir.iterdir()) == sorted(
         ["DEPRECATION", CHECKPOINT_FILE, "kubelet.sock"]
     )
-    assert checkpoint.read_text() == '{"Data": {}}'
+    assert checkpoint.read_bytes() == written
     assert kubelet.last_restart is not None and kubelet.last_restart >= before
     state = kubelet.resources()[RESOURCE]
     assert not state.registered and state.capacity == 3 and state.allocatable == 0
@@ -735,7 +742,7 @@ async def test_admit_remove_pod_and_pod_resources(
 
 async def test_pod_resources_rate_limit(make_kubelet: Any, sock_dir: Path) -> None:
     pr_socket = sock_dir / "pr.sock"
-    make_kubelet(pod_resources_socket=pr_socket, pod_resources_qps=1.0)
+    make_kubelet(pod_resources_socket=pr_socket, pod_resources_qps=1.0, startup=Startup.none())
 
     def burst() -> list[grpc.StatusCode]:
         codes = []
