@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import cattrs
+import cattrs.v
 from cattrs.gen import make_dict_structure_fn, override
 
 from dp_core import CheckpointEntry, KubeletCheckpoint
@@ -38,32 +39,55 @@ _converter = cattrs.Converter(detailed_validation=True)  # other fields (AllocRe
 register_strict_scalars(_converter)
 
 
+class _NotDeviceIds(ValueError):
+    pass
+
+
 def _device_ids(value: Any, _: Any) -> tuple[str, ...]:
     if isinstance(value, dict):  # per NUMA node
         lists = list(value.values())
     elif isinstance(value, list):  # kubelets before 1.20
         lists = [value]
     else:
-        raise TypeError(f"expected device IDs by NUMA node, got {value!r}")
+        raise _NotDeviceIds(f"expected device IDs by NUMA node, got {value!r}")
     found: list[str] = []
     for ids in lists:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise TypeError(f"expected a list of device IDs, got {ids!r}")
+            raise _NotDeviceIds(f"expected a list of device IDs, got {ids!r}")
         found += [i for i in ids if i not in found]  # a device on two NUMA nodes is listed twice
     return tuple(found)
 
 
+_GO_NAMES = {
+    "pod_uid": "PodUID",
+    "container": "ContainerName",
+    "resource": "ResourceName",
+    "device_ids": "DeviceIDs",
+}
 _converter.register_structure_hook(
     CheckpointEntry,
     make_dict_structure_fn(
         CheckpointEntry,
         _converter,
-        pod_uid=override(rename="PodUID"),
-        container=override(rename="ContainerName"),
-        resource=override(rename="ResourceName"),
-        device_ids=override(rename="DeviceIDs", struct_hook=_device_ids),
+        pod_uid=override(rename=_GO_NAMES["pod_uid"]),
+        container=override(rename=_GO_NAMES["container"]),
+        resource=override(rename=_GO_NAMES["resource"]),
+        device_ids=override(rename=_GO_NAMES["device_ids"], struct_hook=_device_ids),
     ),
 )
+
+
+def _describe(error: BaseException, type_: type | None) -> str:
+    if isinstance(error, _NotDeviceIds):
+        return str(error)
+    return cattrs.v.format_exception(error, type_)
+
+
+def _problems(error: cattrs.BaseValidationError | cattrs.ClassValidationError) -> str:
+    lines = cattrs.transform_error(error, path="PodDeviceEntries", format_exception=_describe)
+    for name, go in _GO_NAMES.items():  # the file's names, not the core's
+        lines = [line.replace(f"].{name}", f"].{go}") for line in lines]
+    return "; ".join(lines)
 
 
 def read_kubelet_checkpoint(path: Path) -> KubeletCheckpoint:
@@ -89,8 +113,7 @@ def read_kubelet_checkpoint(path: Path) -> KubeletCheckpoint:
     try:
         found = _converter.structure(entries, tuple[CheckpointEntry, ...])
     except (cattrs.BaseValidationError, cattrs.ClassValidationError) as error:
-        detail = "; ".join(cattrs.transform_error(error, path="PodDeviceEntries"))
-        return KubeletCheckpoint(problem=f"{path}: {detail}")
+        return KubeletCheckpoint(problem=f"{path}: {_problems(error)}")
     return KubeletCheckpoint(found)
 
 
