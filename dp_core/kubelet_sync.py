@@ -49,6 +49,7 @@ from .timing import Timing
 
 __all__ = [
     "POLL",
+    "SYNCED_POLL",
     "RULES",
     "TRANSITIONS",
     "Answered",
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 POLL = RefreshAllocations("the kubelet is syncing its pods: which pods hold devices")
+SYNCED_POLL = RefreshAllocations("the kubelet has synced its pods: which still hold devices")
 
 
 class SyncPhase(enum.Enum):
@@ -117,10 +119,10 @@ DeviceOf = Callable[[str, str], "AdvertisedDevice | None"]
 @attrs.frozen
 class Settled:
     """What `KubeletSync.settle` changed: groups whose holder changed, and the
-    log lines that tell it."""
+    effects that go with it (log lines; a poll when it synced)."""
 
     touched: frozenset[int] = frozenset()
-    logs: tuple[Effect, ...] = ()
+    effects: tuple[Effect, ...] = ()
 
 
 @attrs.frozen
@@ -129,7 +131,7 @@ class Answered:
 
     # Allocations adopted and released, groups found split (in that order),
     # then how the sync went on.
-    logs: tuple[Effect, ...]
+    effects: tuple[Effect, ...]
     touched: frozenset[int]
     released: tuple[Allocation, ...]
 
@@ -223,12 +225,12 @@ class KubeletSync:
             splits.update(split)
         logs += [Log.error("group-split", detail=split) for split in sorted(splits - self._splits)]
         self._splits = splits  # logged once each, while it lasts
-        settled = self.settle(now)
+        settled = self.settle(now, answering=True)
         released = book.release_unheld(held, now) if self.rules.releases else []
         logs += [allocation_log("released", allocation) for allocation in released]
         touched.update(group for allocation in released for group in allocation.groups)
         return Answered(
-            (*logs, *settled.logs), frozenset(touched | settled.touched), tuple(released)
+            (*logs, *settled.effects), frozenset(touched | settled.touched), tuple(released)
         )
 
     def poll_step(self, now: float) -> float:
@@ -268,10 +270,12 @@ class KubeletSync:
                     unlisted.pods.append(entry.pod_uid)
         return found
 
-    def settle(self, now: float) -> Settled:
+    def settle(self, now: float, *, answering: bool = False) -> Settled:
         """Move to SYNCED if nothing is unaccounted for, and bring the held
         groups in line with what is (every group of two or more members while
-        the checkpoint cannot be read)."""
+        the checkpoint cannot be read). Synced by a checkpoint the kubelet
+        wrote (not `answering` a List), it asks List again at once: what it
+        no longer lists can be released now, not at the next regular poll."""
         touched: set[int] = set()
         unaccounted: dict[int, _Unlisted] = {}
         logs: list[Effect] = []
@@ -295,6 +299,8 @@ class KubeletSync:
                             "kubelet-synced", after=round(now - started, 3), held_back=held_back
                         )
                     )
+                    if not answering:
+                        logs.append(SYNCED_POLL)
         wanted: dict[int, tuple[str, tuple[str, ...], str]] = {}
         if self.rules.holds_unlisted:
             if problem is not None:

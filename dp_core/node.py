@@ -309,7 +309,7 @@ class Node:
     def _settle_sync(self) -> list[Effect]:
         """Hold and free the groups the kubelet's sync leaves in doubt (`KubeletSync.settle`)."""
         settled = self.sync.settle(self._now)
-        return list(settled.logs) + self._refresh_holders(settled.touched)
+        return list(settled.effects) + self._refresh_holders(settled.touched)
 
     def _refresh_holders(self, touched: Collection[int]) -> list[Effect]:
         """What the node and the DRA pool publish again when these groups' holders changed."""
@@ -591,7 +591,7 @@ class Node:
     def _allocations_observed(self, event: AllocationsObserved) -> list[Effect]:
         binds_before = self.sync.rules.binds
         answered = self.sync.answered(event.held, event.now)
-        effects = list(answered.logs) + self._refresh_holders(answered.touched)
+        effects = list(answered.effects) + self._refresh_holders(answered.touched)
         first = self.sync.rules.binds and not binds_before
         if (answered.released or first) and self.config.binding is not None:
             # Binds waiting for a trusted answer, and binds and give-backs put

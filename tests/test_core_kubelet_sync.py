@@ -147,6 +147,10 @@ def test_a_pod_deleted_while_the_kubelet_was_down_frees_its_group_once_the_kubel
     assert health(node)[QAT_1] is False
     freed = node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 1.55))
     assert node.sync.phase is SyncPhase.SYNCED
+    # Trusted now: what it no longer lists is released at the next answer, asked at once.
+    assert [r.reason for r in effects_of(freed, RefreshAllocations)] == [
+        "the kubelet has synced its pods: which still hold devices"
+    ]
     assert not node.wants_kubelet_checkpoint
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     report = one(freed, HealthChanged)
