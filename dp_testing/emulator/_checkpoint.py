@@ -87,7 +87,16 @@ def encode(entries: Iterable[PodDevicesEntry], registered: Mapping[str, list[str
 
 
 class Checkpoint:
-    """The file, written from `snapshot` (entries, healthy devices by resource)."""
+    """The file, written from `snapshot` (entries, healthy devices by resource).
+
+    `write` writes at once (an admission: the kubelet writes before it starts
+    the container); `soon` has a writer thread write it (a device list: the
+    kubelet writes in the goroutine that reads that plugin's stream, beside
+    the others). Lists that arrive while it writes are written once after:
+    each write is of the state as it is then, so the file ends as the kubelet
+    would leave it, without the emulator's threads queueing behind 64 writes
+    when 64 resources register at once.
+    """
 
     def __init__(
         self,
@@ -100,6 +109,41 @@ class Checkpoint:
         # goes back to an older state than one already written.
         self._lock = threading.Lock()
         self.writes = 0
+        self._due = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._closed = False
+
+    def soon(self) -> None:
+        with self._writer_lock:
+            if self._closed:
+                return
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_when_due, name="kubelet-checkpoint", daemon=True
+                )
+                self._writer.start()
+        self._due.set()
+
+    def _write_when_due(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._closed:
+                return
+            try:
+                self.write()
+            except OSError:
+                pass  # the directory went away (a test removed it); the next list writes
+
+    def close(self) -> None:
+        """No more writes from lists (the kubelet stopped); waits for one under way."""
+        with self._writer_lock:
+            self._closed = True
+            writer = self._writer
+        self._due.set()
+        if writer is not None:
+            writer.join(5.0)
 
     def write(self) -> None:
         with self._lock:

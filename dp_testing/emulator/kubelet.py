@@ -104,7 +104,7 @@ class KubeletEmulator(PodsMixin):
             dial_timeout=dial_timeout,
             refuse=refuse,
             keeps_clients=keeps_clients,
-            on_list=self.checkpoint.write,
+            on_list=self.checkpoint.soon,
         )
         self._running = False
         self._stopped = False
@@ -192,6 +192,7 @@ class KubeletEmulator(PodsMixin):
         self._registration.disconnect_all(reason="kubelet stopped")
         self._registration.join_threads()
         self._registration.close()
+        self.checkpoint.close()
         self._state.event("stop", "", "")
 
     def restart(self, *, removed: Iterable[str] = ()) -> None:
