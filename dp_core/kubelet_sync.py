@@ -29,7 +29,10 @@ So from a kubelet start (`SYNCING`), a device the checkpoint names that
 
 The answer is trusted (`SYNCED`) once every such device is listed, or is no
 longer in the checkpoint. An unreadable checkpoint holds every group of two
-or more until it can be read. Which phase allows what is `RULES`; every
+or more until it can be read. An answer before any kubelet.sock (`EARLY`: dp
+started before the kubelet's device manager, as on a booting node, where no
+VM runs yet) lets moves to vfio-pci start, as any answer did before; nothing
+is released on it. Which phase allows what is `RULES`; every
 phase change goes through `TRANSITIONS`, and nothing else assigns a phase.
 """
 
@@ -66,6 +69,10 @@ SYNCED_POLL = RefreshAllocations("the kubelet has synced its pods: which still h
 
 class SyncPhase(enum.Enum):
     UNSEEN = "unseen"  # no kubelet.sock seen yet
+    # PodResources answered, and there is no kubelet.sock yet: dp started
+    # before the kubelet's device manager (a node booting), so no pod can
+    # hold a device dp gave, and no VM runs.
+    EARLY = "early"
     SYNCING = "syncing"  # a kubelet started; List may leave out pods that hold devices
     SYNCED = "synced"  # List shows every pod that holds a device
 
@@ -79,15 +86,18 @@ class Step(enum.Enum):
 
 TRANSITIONS: dict[tuple[SyncPhase, Step], SyncPhase] = {
     (SyncPhase.UNSEEN, Step.STARTED): SyncPhase.SYNCING,
+    (SyncPhase.EARLY, Step.STARTED): SyncPhase.SYNCING,
     (SyncPhase.SYNCING, Step.STARTED): SyncPhase.SYNCING,
     (SyncPhase.SYNCED, Step.STARTED): SyncPhase.SYNCING,
     # The kubelet serves PodResources before kubelet.sock: an answer may
     # come first, and is as young as the kubelet.
-    (SyncPhase.UNSEEN, Step.LISTED): SyncPhase.UNSEEN,
+    (SyncPhase.UNSEEN, Step.LISTED): SyncPhase.EARLY,
+    (SyncPhase.EARLY, Step.LISTED): SyncPhase.EARLY,
     (SyncPhase.SYNCING, Step.LISTED): SyncPhase.SYNCING,
     (SyncPhase.SYNCED, Step.LISTED): SyncPhase.SYNCED,
     # The file changes at every device list; it matters only while syncing.
     (SyncPhase.UNSEEN, Step.READ): SyncPhase.UNSEEN,
+    (SyncPhase.EARLY, Step.READ): SyncPhase.EARLY,
     (SyncPhase.SYNCING, Step.READ): SyncPhase.SYNCING,
     (SyncPhase.SYNCED, Step.READ): SyncPhase.SYNCED,
     (SyncPhase.SYNCING, Step.ACCOUNTED): SyncPhase.SYNCED,
@@ -108,6 +118,9 @@ class PhaseRules:
 
 RULES: dict[SyncPhase, PhaseRules] = {
     SyncPhase.UNSEEN: PhaseRules(releases=False, holds_unlisted=False, polls=False, binds=False),
+    # Moves may start as they always could once PodResources had answered;
+    # what it lists is adopted, and nothing is released on its word.
+    SyncPhase.EARLY: PhaseRules(releases=False, holds_unlisted=False, polls=False, binds=True),
     SyncPhase.SYNCING: PhaseRules(releases=False, holds_unlisted=True, polls=True, binds=False),
     SyncPhase.SYNCED: PhaseRules(releases=True, holds_unlisted=False, polls=False, binds=True),
 }

@@ -77,13 +77,20 @@ def test_every_phase_change_is_in_the_table_and_nothing_else_is_allowed() -> Non
     assert TRANSITIONS[(SyncPhase.SYNCING, Step.ACCOUNTED)] is SyncPhase.SYNCED
     # Only a syncing kubelet can become synced: an answer before kubelet.sock
     # is as young as the kubelet, and a synced one stays so until it restarts.
-    for phase in (SyncPhase.UNSEEN, SyncPhase.SYNCED):
+    assert TRANSITIONS[(SyncPhase.UNSEEN, Step.LISTED)] is SyncPhase.EARLY
+    for phase in (SyncPhase.UNSEEN, SyncPhase.EARLY, SyncPhase.SYNCED):
         assert (phase, Step.ACCOUNTED) not in TRANSITIONS
+        assert TRANSITIONS[(phase, Step.STARTED)] is SyncPhase.SYNCING
+    for phase in (SyncPhase.EARLY, SyncPhase.SYNCED):
         assert TRANSITIONS[(phase, Step.LISTED)] is phase
-    # What each phase allows: releases and binds only on a trusted answer,
+    # What each phase allows: releases only on a trusted answer; binds on an
+    # answer too before any kubelet.sock (nothing runs yet on a booting node);
     # holds and the fast polls only while syncing.
     assert [phase for phase in SyncPhase if RULES[phase].releases] == [SyncPhase.SYNCED]
-    assert [phase for phase in SyncPhase if RULES[phase].binds] == [SyncPhase.SYNCED]
+    assert [phase for phase in SyncPhase if RULES[phase].binds] == [
+        SyncPhase.EARLY,
+        SyncPhase.SYNCED,
+    ]
     assert [phase for phase in SyncPhase if RULES[phase].holds_unlisted] == [SyncPhase.SYNCING]
     assert [phase for phase in SyncPhase if RULES[phase].polls] == [SyncPhase.SYNCING]
 
@@ -258,8 +265,11 @@ def test_binds_wait_until_the_answer_can_be_trusted() -> None:
     node = Node(qat_config(shared_devices=()))
     node.handle(HostObserved(shared_group_host(), 0.0))
     assert not node.sync.rules.binds
-    node.handle(AllocationsObserved({}, 0.1))  # before kubelet.sock: as young as the kubelet
-    assert node.sync.phase is SyncPhase.UNSEEN and not node.sync.rules.binds
+    # Before kubelet.sock, an answer lets binds start (dp started before the
+    # kubelet's device manager: nothing runs on the node yet)...
+    node.handle(AllocationsObserved({}, 0.1))
+    assert node.sync.phase is SyncPhase.EARLY and node.sync.rules.binds
+    # ...but once a kubelet started, they wait for its answers to be trusted.
     node.handle(KubeletStarted(0.2, checkpoint(QAT_0)))
     node.handle(AllocationsObserved({}, 0.4))
     assert not node.sync.rules.binds
