@@ -182,6 +182,9 @@ class KubeletSync:
         # A resource with a device still unaccounted for: where a device list
         # sent again makes the kubelet write its checkpoint (`nudge_resource`).
         self.nudge_resource: str | None = None
+        # Whether a device is in doubt, or the checkpoint could not be read:
+        # only then can a new write of it change anything (`wants_checkpoint`).
+        self._in_doubt = False
         self._logged_holds: frozenset[int] = frozenset()
         self._logged_problem: str | None = None
 
@@ -192,6 +195,13 @@ class KubeletSync:
     @property
     def trusted(self) -> bool:
         return self.phase is SyncPhase.SYNCED
+
+    @property
+    def wants_checkpoint(self) -> bool:
+        """Whether the kubelet's next checkpoint write should be read: while it
+        syncs, and a device is in doubt or the last one could not be read.
+        Devices the node gives out meanwhile it knows from their Allocate."""
+        return self.rules.holds_unlisted and self._in_doubt
 
     @property
     def checkpoint(self) -> KubeletCheckpoint | None:
@@ -351,4 +361,5 @@ class KubeletSync:
         self._logged_holds = held
         first = next(iter(unaccounted.values()), None)
         self.nudge_resource = first.resource if first is not None and problem is None else None
+        self._in_doubt = bool(unaccounted) or problem is not None
         return Settled(frozenset(touched), tuple(logs))

@@ -225,8 +225,9 @@ class Node:
     @property
     def wants_kubelet_checkpoint(self) -> bool:
         """Whether the shell should read the kubelet's checkpoint again when
-        it changes (`KubeletCheckpointObserved`): only while the kubelet syncs."""
-        return self.sync.rules.holds_unlisted
+        it changes (`KubeletCheckpointObserved`): while the kubelet syncs and
+        something it wrote could matter (`KubeletSync.wants_checkpoint`)."""
+        return self.sync.wants_checkpoint
 
     def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
         """The device list (health included) last published for `resource`."""

@@ -170,6 +170,7 @@ def test_a_device_alone_in_its_group_holds_nothing_back() -> None:
     node, _, effects = young_node(checkpoint(QAT_2))
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     assert not node.allocations.unlisted_holds()
+    assert not node.wants_kubelet_checkpoint  # nothing a later write could change
     assert "kubelet-syncing" not in [e.event for e in effects_of(effects, Log)]
     # Nothing to account for: the first answer is trusted, listed or not.
     node.handle(AllocationsObserved({}, 0.3))
@@ -224,6 +225,7 @@ def test_an_unreadable_checkpoint_holds_every_shared_group_until_it_can_be_read(
     assert warning.level == "warning"
     assert dict(warning.fields)["reason"] == problem
     assert health(node) == {QAT_0: False, QAT_1: False, QAT_2: True}
+    assert node.wants_kubelet_checkpoint
     node.handle(AllocationsObserved({}, 0.5))
     assert node.sync.phase is SyncPhase.SYNCING  # an answer alone does not do
     node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 0.6))
