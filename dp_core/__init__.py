@@ -101,6 +101,7 @@ from .inputs import (
     ContainerPreference,
     HostObserved,
     Input,
+    KubeletCheckpointObserved,
     KubeletStarted,
     KubeletStopped,
     MovesRecalled,
@@ -123,6 +124,8 @@ from .inventory import (
     build_inventory,
     cdev_state,
 )
+from .kubelet_checkpoint import CheckpointEntry, KubeletCheckpoint
+from .kubelet_sync import SyncPhase
 from .metrics import MetricFamily, Sample, collect
 from .moves import Move
 from .names import endpoint_name, min_endpoint_length
@@ -171,6 +174,7 @@ __all__ = [
     "BindingBook",
     "BindingFinished",
     "CdiDevice",
+    "CheckpointEntry",
     "CdiMount",
     "CdiSpec",
     "CdiSpecsChanged",
@@ -192,6 +196,8 @@ __all__ = [
     "Input",
     "Inventory",
     "IommuGroup",
+    "KubeletCheckpoint",
+    "KubeletCheckpointObserved",
     "KubeletStarted",
     "KubeletStopped",
     "Log",
@@ -231,6 +237,7 @@ __all__ = [
     "SkippedDevice",
     "SocketMode",
     "StatusCode",
+    "SyncPhase",
     "Tally",
     "Tick",
     "Timing",

@@ -45,8 +45,13 @@ class Allocation:
     # Set for a DRA claim's hold: `resource` is then the driver and
     # `device_ids` the pool's device names (`AllocationBook.hold_claim`).
     claim: ClaimRef | None = attrs.field(default=None, kw_only=True)
+    # Set for a group held while the kubelet syncs (`AllocationBook.hold_unlisted`):
+    # who may hold it, as its description says.
+    unlisted: str | None = attrs.field(default=None, kw_only=True)
 
     def describe(self) -> str:
+        if self.unlisted is not None:
+            return self.unlisted
         if self.claim is not None:
             claim = self.claim
             return f"claim {claim.namespace}/{claim.name} (UID {claim.uid})"
@@ -124,6 +129,10 @@ class AllocationBook:
         # DRA claims' holds, by claim UID: released by NodeUnprepareResources
         # alone, never by what PodResources says.
         self._claims: dict[str, Allocation] = {}
+        # Groups held while the kubelet syncs, by group (kubelet_sync): a pod
+        # it has not listed yet may hold them. An Allocate or a PodResources
+        # answer naming one of the held devices takes the group over.
+        self._unlisted: dict[int, Allocation] = {}
 
     def __len__(self) -> int:
         return len(self._allocations)
@@ -175,6 +184,8 @@ class AllocationBook:
         if groups:
             self._allocations[allocation.serial] = allocation
             for group in groups:
+                # The kubelet gave a device the hold names: it holds it no more.
+                self._unlisted.pop(group, None)
                 self._by_group[group] = allocation
             for device_id in ids:
                 self._by_device.setdefault(resource, {})[device_id] = allocation.serial
@@ -221,6 +232,9 @@ class AllocationBook:
         adopted, split = [], []
         for group, members in sorted(by_group.items()):
             holder = self._by_group.get(group)
+            if holder is not None and holder.unlisted is not None:
+                self.release_unlisted(group)  # the pod it was held for is listed now
+                holder = None
             if holder is not None:
                 ids = ", ".join(device.id for device in members)
                 split.append(
@@ -261,6 +275,29 @@ class AllocationBook:
 
     def claim_holds(self) -> tuple[Allocation, ...]:
         return tuple(self._claims.values())
+
+    def hold_unlisted(
+        self, group: int, resource: str, device_ids: Sequence[str], why: str, now: float
+    ) -> Allocation:
+        """Hold `group` for a pod the kubelet has not listed yet; the caller
+        has checked that nothing holds it. `device_ids` of `resource` are the
+        devices the pod may hold, which stay as they are; `why` describes it."""
+        if group in self._by_group:
+            raise UsageError(f"IOMMU group {group} cannot be held as unlisted: held already")
+        hold = Allocation(0, resource, tuple(device_ids), (group,), now, unlisted=why)
+        self._unlisted[group] = hold
+        self._by_group[group] = hold
+        return hold
+
+    def release_unlisted(self, group: int) -> Allocation | None:
+        hold = self._unlisted.pop(group, None)
+        if hold is not None and self._by_group.get(group) is hold:
+            del self._by_group[group]
+        return hold
+
+    def unlisted_holds(self) -> Mapping[int, Allocation]:
+        """Group -> its hold while the kubelet syncs; a read-only view."""
+        return MappingProxyType(self._unlisted)
 
     def next_release_check(self) -> float | None:
         for allocation in self._allocations.values():

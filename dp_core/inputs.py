@@ -15,6 +15,7 @@ from .cdi import CdiSpecsWritten
 from .config import Config
 from .dra_inputs import DraInput
 from .host import HostSnapshot
+from .kubelet_checkpoint import KubeletCheckpoint
 from .moves import Move
 from .pci import PciAddress, PciId
 
@@ -28,6 +29,7 @@ __all__ = [
     "ContainerPreference",
     "HostObserved",
     "Input",
+    "KubeletCheckpointObserved",
     "KubeletStarted",
     "KubeletStopped",
     "OptionsRequested",
@@ -73,8 +75,21 @@ class ConfigApplied:
 
 @attrs.frozen
 class KubeletStarted:
-    """kubelet.sock appeared or was created again: every resource must register."""
+    """kubelet.sock appeared or was created again: every resource must register.
 
+    `checkpoint` is the kubelet's device-manager checkpoint as read then
+    (kubelet_sync): what pods it may not list yet were given.
+    """
+
+    now: float
+    checkpoint: KubeletCheckpoint = KubeletCheckpoint()
+
+
+@attrs.frozen
+class KubeletCheckpointObserved:
+    """The kubelet wrote its checkpoint again (`Node.wants_kubelet_checkpoint`)."""
+
+    checkpoint: KubeletCheckpoint
     now: float
 
 
@@ -268,6 +283,7 @@ Input = (
     HostObserved
     | ConfigApplied
     | KubeletStarted
+    | KubeletCheckpointObserved
     | KubeletStopped
     | RegistrationSucceeded
     | RegistrationFailed

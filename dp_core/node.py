@@ -9,7 +9,7 @@ feeds it and executes what it returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,7 +19,6 @@ from .advertised import AdvertisedDevice
 from .allocation import (
     Allocation,
     AllocationBook,
-    allocation_log,
     as_advertised,
 )
 from .answers import (
@@ -65,6 +64,7 @@ from .inputs import (
     ConnectionOpened,
     HostObserved,
     Input,
+    KubeletCheckpointObserved,
     KubeletStarted,
     KubeletStopped,
     MovesRecalled,
@@ -85,6 +85,7 @@ from .inventory import (
     build_inventory,
     shared_groups,
 )
+from .kubelet_sync import KubeletSync
 from .names import NAME_MAX, check_endpoint_room, endpoint_name
 from .node_binding import Binder
 from .node_cdi import CdiKeeper
@@ -96,8 +97,8 @@ from .timing import Timing
 __all__ = ["Node"]
 
 _BINDS_WAIT = (
-    "moves to vfio-pci wait until the kubelet's PodResources API has said which IOMMU "
-    "groups pods hold"
+    "moves to vfio-pci wait until the kubelet's PodResources API can be trusted to say "
+    "which IOMMU groups pods hold"
 )
 
 
@@ -127,10 +128,7 @@ class Node:
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
-        # Binds wait for the first PodResources answer: until then a group a
-        # running VM uses (dp restarted under it) would look free.
-        self._holders_known = self._waiting_logged = self._scanned = False
-        self._splits: set[str] = set()  # IOMMU groups found split, as last logged
+        self._waiting_logged = self._scanned = False
         self.registrar = Registrar(
             socket_mode,
             dial_wait=self.timing.dial_wait,
@@ -139,6 +137,15 @@ class Node:
             backoff=self.timing.backoff,
         )
         self.allocations = AllocationBook(self.timing.release_grace)
+        # Whether PodResources can be trusted yet (a kubelet that has just
+        # started lists no pods); binds wait for it too: until then a group a
+        # running VM uses (dp restarted under it) would look free.
+        self.sync = KubeletSync(
+            self.allocations,
+            self.timing,
+            lambda resource, device_id: self._inventory_ids.get(resource, {}).get(device_id),
+            lambda: self._group_members.keys(),
+        )
         self.binder = Binder(self.allocations)
         self.tally = Tally()
         # With `cdi`, the node keeps a CDI spec per resource (node_cdi).
@@ -168,6 +175,7 @@ class Node:
             HostObserved: self._host_observed,
             ConfigApplied: self._config_applied,
             KubeletStarted: self._kubelet_started,
+            KubeletCheckpointObserved: self._kubelet_checkpoint_observed,
             KubeletStopped: self._kubelet_stopped,
             RegistrationSucceeded: self._registration_succeeded,
             RegistrationFailed: self._registration_failed,
@@ -208,14 +216,26 @@ class Node:
         effects = handler(event)
         if self.bind_book.moves_version != moves_version:
             effects.append(MovesChanged(self.bind_book.moves()))
+        effects.extend(self.sync.poll_due(self._now))
         effects.extend(self._start_due_registrations())
         self.tally.observe(event, effects, self.registrar.owner)
         return effects
 
     def next_deadline(self) -> float | None:
         """When the shell should send a Tick if nothing else happens first."""
-        deadlines = [self.registrar.next_deadline(), self.dra.health.next_deadline()]
+        deadlines = [
+            self.registrar.next_deadline(),
+            self.dra.health.next_deadline(),
+            self.sync.next_poll,
+        ]
         return min((d for d in deadlines if d is not None), default=None)
+
+    @property
+    def wants_kubelet_checkpoint(self) -> bool:
+        """Whether the shell should read the kubelet's checkpoint again when
+        it changes (`KubeletCheckpointObserved`): while the kubelet syncs and
+        something it wrote could matter (`KubeletSync.wants_checkpoint`)."""
+        return self.sync.wants_checkpoint
 
     def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
         """The device list (health included) last published for `resource`."""
@@ -251,7 +271,7 @@ class Node:
         self._scanned = True
         self.bind_book.observed(event.snapshot)
         effects = self._rebuild()
-        if not self._holders_known and any(d.binds for d in self.bindings.values()):
+        if not self.sync.rules.binds and any(d.binds for d in self.bindings.values()):
             effects.append(RefreshAllocations("binds wait to learn which IOMMU groups pods hold"))
             if not self._waiting_logged:  # once: the wait shows, should PodResources not answer
                 self._waiting_logged = True
@@ -265,7 +285,7 @@ class Node:
         return self._rebuild()
 
     def _rebuild(self) -> list[Effect]:
-        effects = self.binder.replan(self.snapshot, self.config, start=self._holders_known)
+        effects = self.binder.replan(self.snapshot, self.config, start=self.sync.rules.binds)
         effects += self.binder.give_back_stranded()
         effects += self._rebuild_inventory()
         return effects
@@ -291,7 +311,20 @@ class Node:
         effects.extend(self._rebuild_dra())
         dra_groups = {d.iommu_group for d in self.dra.devices() if d.iommu_group is not None}
         self._group_members = shared_groups(self.inventory.resources, also=dra_groups)
+        if self.sync.rules.holds_unlisted:  # which devices share a group may have changed
+            effects.extend(self._settle_sync())
         return effects
+
+    def _settle_sync(self) -> list[Effect]:
+        """Hold and free the groups the kubelet's sync leaves in doubt (`KubeletSync.settle`)."""
+        settled = self.sync.settle(self._now)
+        return list(settled.effects) + self._refresh_holders(settled.touched)
+
+    def _refresh_holders(self, touched: Collection[int]) -> list[Effect]:
+        """What the node and the DRA pool publish again when these groups' holders changed."""
+        if not touched:
+            return []
+        return self._refresh_groups(touched) + self.dra.refresh()
 
     def _rebuild_dra(self) -> list[Effect]:
         view = dra_config(self.config)
@@ -402,12 +435,22 @@ class Node:
 
     def _kubelet_started(self, event: KubeletStarted) -> list[Effect]:
         self.registrar.kubelet_started(event.now)
-        return [
-            Log.info("kubelet-started", resources=len(self._published)),
+        self.sync.started(event.checkpoint, event.now)
+        effects: list[Effect] = [
+            Log.info(
+                "kubelet-started",
+                resources=len(self._published),
+                checkpoint_entries=len(event.checkpoint.entries),
+            ),
             # Pods may hold devices this node has no allocation for (dp started
             # after them): their groups are reserved once PodResources says so.
             RefreshAllocations("the kubelet started: which pods hold devices"),
         ]
+        return effects + self._settle_sync()
+
+    def _kubelet_checkpoint_observed(self, event: KubeletCheckpointObserved) -> list[Effect]:
+        self.sync.read(event.checkpoint)
+        return self._settle_sync()
 
     def _kubelet_stopped(self, event: KubeletStopped) -> list[Effect]:
         self.registrar.kubelet_stopped()
@@ -545,8 +588,7 @@ class Node:
         effects = self._answer("Allocate", event.call, event.connection, work)
         effects.extend(logs)
         if any(isinstance(e, Reply) for e in effects):
-            effects.extend(self._refresh_groups(touched))
-            effects.extend(self.dra.refresh())
+            effects.extend(self._refresh_holders(touched))
         return effects
 
     def _prestart_requested(self, event: PreStartRequested) -> list[Effect]:
@@ -557,28 +599,28 @@ class Node:
         return self._answer("PreStartContainer", event.call, event.connection, work)
 
     def _allocations_observed(self, event: AllocationsObserved) -> list[Effect]:
-        released = self.allocations.release_unheld(event.held, event.now)
-        effects: list[Effect] = [allocation_log("released", a) for a in released]
-        touched = {group for allocation in released for group in allocation.groups}
-        splits: set[str] = set()
-        for resource, ids in sorted(event.held.items()):
-            known = self._inventory_ids.get(resource, {})
-            held = [known[device_id] for device_id in sorted(ids) if device_id in known]
-            adopted, split = self.allocations.adopt(resource, held, event.now)
-            effects.extend(allocation_log("adopted", a) for a in adopted)
-            touched.update(group for allocation in adopted for group in allocation.groups)
-            splits.update(split)
-        effects.extend(Log.error("group-split", detail=s) for s in sorted(splits - self._splits))
-        self._splits = splits  # logged once each, while it lasts
-        if touched:
-            effects.extend(self._refresh_groups(touched))
-            effects.extend(self.dra.refresh())
-        first, self._holders_known = not self._holders_known, True
-        if (released or first) and self.config.binding is not None:
-            # Binds waiting for this first answer, and binds and give-backs put
+        binds_before = self.sync.rules.binds
+        answered = self.sync.answered(event.held, event.now)
+        effects = list(answered.effects) + self._refresh_holders(answered.touched)
+        first = self.sync.rules.binds and not binds_before
+        if (answered.released or first) and self.config.binding is not None:
+            # Binds waiting for a trusted answer, and binds and give-backs put
             # off while an allocation held the group, can go now.
             effects += self._rebuild()
+        effects.extend(self._nudge())
         return effects
+
+    def _nudge(self) -> list[Effect]:
+        """While a device the kubelet's checkpoint names is neither listed nor
+        dropped, send a device list again (the one last sent): the kubelet
+        writes its checkpoint at every list it gets (kubelet_sync)."""
+        resource = self.sync.nudge_resource
+        if resource is None:
+            return []
+        streams = sorted(self._streams.items(), key=lambda item: item[1][1] != resource)
+        for stream, (_, name) in streams:
+            return [Publish(stream, name, self._published.get(name, ()))]
+        return []
 
     def _binding_finished(self, event: BindingFinished) -> list[Effect]:
         effects, rebuild = self.binder.finished(event, self.snapshot, self.config)

@@ -21,6 +21,13 @@ class Timing:
     late_dial_wait: float = 10.0
     backoff: Backoff = Backoff()
     release_grace: float = 30.0
+    # While a kubelet that has just started syncs its pods, PodResources is
+    # asked this often (kubelet_sync), and `sync_poll_slow` once the kubelet
+    # has been syncing for `sync_poll_fast_for` (an API server out of reach
+    # keeps it syncing; its own rate limit is 100 a second).
+    sync_poll: float = 0.2
+    sync_poll_slow: float = 2.0
+    sync_poll_fast_for: float = 30.0
     # How often an open DRA health stream is sent its list when nothing changed
     # (dra_health_watch): the kubelet reads a device not heard of for
     # longer than its timeout (three times this, and a second) as Unknown.

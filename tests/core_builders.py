@@ -186,8 +186,13 @@ def started_node(
     mode: SocketMode = SocketMode.SINGLE,
     timing: Timing | None = None,
     now: float = 0.0,
+    synced: bool = True,
 ) -> tuple[Node, list[Effect]]:
-    """A Node that has seen the host and a running kubelet; returns its first effects."""
+    """A Node that has seen the host and a running kubelet; returns its first effects.
+
+    `synced`: the kubelet had been up long enough that its first PodResources
+    answer (no pod holds anything) is trusted, as when dp starts under it.
+    """
     node = Node(
         config if config is not None else gpu_config(shared_devices=()),
         socket_mode=mode,
@@ -195,6 +200,8 @@ def started_node(
     )
     effects = node.handle(HostObserved(host if host is not None else two_gpus_and_vfs(), now))
     effects += node.handle(KubeletStarted(now))
+    if synced:
+        effects += node.handle(AllocationsObserved({}, now))
     return node, effects
 
 
@@ -255,9 +262,10 @@ def live_node(
     *,
     mode: SocketMode = SocketMode.SINGLE,
     timing: Timing | None = None,
+    synced: bool = True,
 ) -> tuple[Node, Kubelet]:
     """A Node whose resources are all registered, bound and watched."""
-    node, effects = started_node(config, host, mode=mode, timing=timing)
+    node, effects = started_node(config, host, mode=mode, timing=timing, synced=synced)
     kubelet = Kubelet(node)
     kubelet.register_all(effects)
     return node, kubelet

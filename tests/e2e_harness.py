@@ -84,6 +84,13 @@ class Harness:
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         return self.runtime
 
+    async def stop_server(self) -> None:
+        """Stop the server as SIGTERM does, and wait until it has."""
+        assert self.runtime is not None and self._serving is not None
+        self.runtime.stop()
+        await asyncio.wait_for(self._serving, 10)
+        self.runtime = self._serving = None
+
     async def serve_config_file(
         self, path: Path, reload: Callable[[], tuple[Config, dict[PciId, str]]] | None = None
     ) -> tuple[Runtime, Config]:

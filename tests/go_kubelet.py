@@ -78,6 +78,12 @@ def start(
     break_connection: bool = False,
     linger: float = 0.0,
     timeout: float = 30.0,
+    pod_resources: Path | None = None,
+    sync: tuple[float, float] = (0.0, 0.0),
+    pods: dict[str, str] | None = None,
+    admit: str | None = None,
+    admit_after: str | None = None,
+    admit_delay: float = 0.0,
 ) -> subprocess.Popen[str]:
     """Serve kubelet.sock in `plugin_dir`; the report comes on stdout at the end.
 
@@ -85,8 +91,26 @@ def start(
     `awaiting-change` on stderr and waits that long for device lists to be
     sent again (see `awaiting_change`). With `break_connection`, it then closes
     the first resource's connection and times its return (`break_s`); a
-    client whose stream ended is held `linger` seconds before it is dropped."""
+    client whose stream ended is held `linger` seconds before it is dropped.
+
+    With `pod_resources` it serves PodResources List there, from its pods
+    (tests/gokubelet/pods.go): nothing listens for `sync[0]` seconds after a
+    start, then no pods are listed for `sync[1]`, then the active pods:
+    `pods` (namespace/name -> UID, the ones the API server has bound here) and
+    those it admits. `admit` admits default/vm-a (UID uid-vm-a) with one
+    device of that resource once listed; `admit_after` admits default/vm-b
+    once synced, `admit_delay` later; then it reports and stops."""
     plugin_dir.mkdir(parents=True, exist_ok=True)
+    pod_flags: list[str] = []
+    if pod_resources is not None:
+        pod_flags += ["-pod-resources", str(pod_resources)]
+        pod_flags += ["-sync-refuse", f"{sync[0]}s", "-sync-empty", f"{sync[1]}s"]
+    if pods:
+        pod_flags += ["-pods", ",".join(f"{key}={uid}" for key, uid in pods.items())]
+    if admit is not None:
+        pod_flags += ["-admit", admit]
+    if admit_after is not None:
+        pod_flags += ["-admit-after", admit_after, "-admit-delay", f"{admit_delay}s"]
     return subprocess.Popen(
         [
             str(binary),
@@ -94,6 +118,7 @@ def start(
             *("-allocs", str(allocs), "-restarts", str(restarts), "-timeout", f"{timeout}s"),
             *("-await-change", f"{await_change}s", "-linger", f"{linger}s"),
             *(("-break",) if break_connection else ()),
+            *pod_flags,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

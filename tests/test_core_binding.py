@@ -24,6 +24,7 @@ from dp_core import (
     ConfigError,
     HostObserved,
     HostSnapshot,
+    KubeletStarted,
     Log,
     Move,
     MovesChanged,
@@ -283,7 +284,8 @@ def gpu_beside_driverless_audio() -> tuple[Node, Kubelet, PciDevice]:
 def binding_node(config_: Config) -> Node:
     """A Node that has heard from PodResources, so binds may start."""
     node = Node(config_)
-    node.handle(AllocationsObserved({}, 0.0))
+    node.handle(KubeletStarted(0.0))
+    node.handle(AllocationsObserved({}, 0.0))  # its checkpoint names nothing: trusted
     return node
 
 
@@ -606,7 +608,9 @@ def test_nothing_is_moved_before_podresources_says_which_groups_pods_hold() -> N
     audio = a("0000:d8:00.1")
     unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
     on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
-    node, effects = started_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
+    node, effects = started_node(
+        config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio, synced=False
+    )
     assert effects_of(effects, BindDevice) == [] and not node.bind_book.in_flight
     asks = [r.reason for r in effects_of(effects, RefreshAllocations)]
     assert "binds wait to learn which IOMMU groups pods hold" in asks  # even with no kubelet
@@ -923,6 +927,7 @@ def test_recalled_moves_wait_for_the_first_scan_whatever_comes_before_it(first: 
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node = Node(GPU_AND_AUDIO)
     node.handle(MovesRecalled((Move(gpu, "nouveau", 216),)))
+    node.handle(KubeletStarted(0.4))
     if first == "allocations":
         before = node.handle(AllocationsObserved({}, 0.5))
     else:

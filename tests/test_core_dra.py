@@ -89,6 +89,7 @@ def started(cfg: Config | None = None, **kwargs: object) -> tuple[Node, list[obj
     node = Node(cfg or config(), node_name=NODE, **kwargs)  # type: ignore[arg-type]
     effects: list[object] = list(node.handle(HostObserved(host(), 0.0)))
     effects += node.handle(KubeletStarted(0.0))
+    effects += node.handle(AllocationsObserved({}, 0.0))  # a kubelet that had synced
     return node, effects
 
 

@@ -149,6 +149,7 @@ def test_binds_in_flight_failed_and_done_are_reported() -> None:
         binding=Binding(("i40e",)),
     )
     node = Node(config)
+    node.handle(KubeletStarted(0.0))
     node.handle(AllocationsObserved({}, 0.0))  # PodResources answered: binds may start
     node.handle(HostObserved(nics("i40e", "i40e"), 1.0))
     got = values(node)
@@ -173,6 +174,7 @@ def test_functions_being_given_back_are_reported() -> None:
     )
     devices = [pci(f"0000:18:00.{n}", NIC, 18, driver="i40e", class_code=0x020000) for n in (0, 1)]
     node = Node(config)
+    node.handle(KubeletStarted(0.0))
     node.handle(AllocationsObserved({}, 0.0))
     node.handle(
         HostObserved(

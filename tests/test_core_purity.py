@@ -197,6 +197,7 @@ def _value_for(field_name: str) -> object:
         "address": dp_core.PciAddress.parse("0000:18:00.0"),
         "driver": "i40e",
         "error": None,
+        "checkpoint": dp_core.KubeletCheckpoint(),
     }
     return samples[field_name]
 

@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from dp_core import (
+    AllocationsObserved,
     AttributeConnection,
     Backoff,
     Config,
@@ -632,6 +633,7 @@ def test_kubelet_restart_resets_everything() -> None:
     node.handle(RegistrationFailed(B, 3, "no", 1.0))  # B now backs off 2 s
     effects = node.handle(KubeletStarted(1.5))
     assert registers(effects) == [(A, 4)]
+    node.handle(AllocationsObserved({}, 1.5))  # its checkpoint names nothing: synced
     # Old connections are forgotten, and are not the dial of a Register that
     # started after them; a new connection's RPC binds to what is in flight.
     effects = node.handle(OptionsRequested(1, 8, 1.6))

@@ -9,6 +9,8 @@ ListAndWatch lists or end the streams.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import socket
 import struct
 import threading
@@ -36,6 +38,7 @@ from dp_testing.emulator import (
     KubeletEmulator,
     KubeletError,
     PluginOptions,
+    Startup,
 )
 from dp_testing.emulator._rpc import is_extended_resource_name
 from dp_testing.emulator.pb.deviceplugin.v1beta1 import api_pb2 as dp_pb2
@@ -571,13 +574,15 @@ async def test_restart_deletes_sockets_but_keeps_the_checkpoint(
     kubelet = make_kubelet()
     plugin = await make_plugin()
     checkpoint = sock_dir / CHECKPOINT_FILE
-    checkpoint.write_text('{"Data": {}}')
     (sock_dir / "DEPRECATION").write_text("")  # a plain file: the kubelet leaves it
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(sock_dir / "stale.sock"))
     stale.close()
     await plugin.register(kubelet)
     await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    await written(kubelet, 1)
+    kept = checkpoint.read_bytes()
+    assert json.loads(kept)["Data"]["RegisteredDevices"] == {RESOURCE: ["w0", "w1", "w2"]}
 
     before = time.monotonic()
     await asyncio.to_thread(kubelet.restart)
@@ -585,7 +590,7 @@ async def test_restart_deletes_sockets_but_keeps_the_checkpoint(
     assert sorted(p.name for p in sock_dir.iterdir()) == sorted(
         ["DEPRECATION", CHECKPOINT_FILE, "kubelet.sock"]
     )
-    assert checkpoint.read_text() == '{"Data": {}}'
+    assert checkpoint.read_bytes() == kept
     assert kubelet.last_restart is not None and kubelet.last_restart >= before
     state = kubelet.resources()[RESOURCE]
     assert not state.registered and state.capacity == 3 and state.allocatable == 0
@@ -724,7 +729,7 @@ async def test_admit_remove_pod_and_pod_resources(
 
 async def test_pod_resources_rate_limit(make_kubelet: Any, sock_dir: Path) -> None:
     pr_socket = sock_dir / "pr.sock"
-    make_kubelet(pod_resources_socket=pr_socket, pod_resources_qps=1.0)
+    make_kubelet(pod_resources_socket=pr_socket, pod_resources_qps=1.0, startup=Startup.none())
 
     def burst() -> list[grpc.StatusCode]:
         codes = []
@@ -805,3 +810,145 @@ def test_a_waiter_with_an_interval_looks_at_that_pace_not_at_every_change(
     # It sees a change all the same, within its interval.
     threading.Timer(0.1, lambda: state.event("late", RESOURCE, "")).start()
     assert kubelet.wait_for(lambda k: bool(k.events_of("late")), 5.0, interval=0.01)
+
+
+# -- a kubelet that has just started, and its checkpoint ------------------------------
+
+
+def _list_pods(pr_socket: Path) -> tuple[str, int]:
+    """("refused" | "listed", pods) from one PodResources List."""
+    with grpc.insecure_channel(f"unix:{pr_socket}") as channel:
+        try:
+            answer = channel.unary_unary(
+                "/v1.PodResourcesLister/List",
+                request_serializer=pr_pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=pr_pb2.ListPodResourcesResponse.FromString,
+            )(pr_pb2.ListPodResourcesRequest(), timeout=1.0)
+        except grpc.RpcError as error:
+            assert error.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+            return "refused", 0
+    return "listed", len(answer.pod_resources)
+
+
+async def written(kubelet: KubeletEmulator, writes: int) -> None:
+    """Wait for the checkpoint write that follows a device list (just after it is stored)."""
+    for _ in range(200):
+        if kubelet.checkpoint.writes >= writes:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{kubelet.checkpoint.writes} checkpoint writes, not {writes}")
+
+
+async def test_a_kubelet_that_has_just_started_refuses_then_lists_no_pods_then_lists_them(
+    make_kubelet: Any, make_plugin: Any, sock_dir: Path
+) -> None:
+    pr_socket = sock_dir / "pr.sock"
+    kubelet = make_kubelet(pod_resources_socket=pr_socket, startup=Startup(refuse=0.3, empty=0.5))
+    plugin = await make_plugin()
+    await plugin.register(kubelet)
+    await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    await asyncio.to_thread(kubelet.admit, "vm-a", "compute", {RESOURCE: 1})
+    await asyncio.to_thread(kubelet.restart)
+    assert kubelet.last_restart is not None
+    assert kubelet.synced_at == pytest.approx(kubelet.last_restart + 0.8, abs=0.05)
+
+    def poll() -> list[tuple[float, str, int]]:
+        seen = []
+        while time.monotonic() < kubelet.synced_at + 0.3:
+            seen.append((time.monotonic() - kubelet.last_restart, *_list_pods(pr_socket)))
+            time.sleep(0.05)
+        return seen
+
+    seen = await asyncio.to_thread(poll)
+    phases = [(state, pods) for _, state, pods in seen]
+    # Refused, then no pods, then the pod: in that order, each for a while.
+    changes = [phase for i, phase in enumerate(phases) if i == 0 or phases[i - 1] != phase]
+    assert changes == [("refused", 0), ("listed", 0), ("listed", 1)]
+    first_empty = next(t for t, state, _ in seen if state == "listed")
+    first_pod = next(t for t, _, pods in seen if pods)
+    assert 0.25 <= first_empty <= 0.5 and 0.75 <= first_pod <= 1.0
+
+
+async def test_a_new_pod_is_admitted_once_the_kubelet_has_synced(
+    make_kubelet: Any, make_plugin: Any
+) -> None:
+    kubelet = make_kubelet(startup=Startup(refuse=0.1, empty=0.4))
+    plugin = await make_plugin()
+    await plugin.register(kubelet)
+    await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    await asyncio.to_thread(kubelet.admit, "vm-a", "compute", {RESOURCE: 1})
+    assert time.monotonic() >= kubelet.synced_at
+    (admitted,) = kubelet.events_of("admit")
+    assert admitted.time >= kubelet.synced_at
+
+
+async def test_the_checkpoint_is_written_as_the_kubelet_writes_it(
+    make_kubelet: Any, make_plugin: Any, sock_dir: Path
+) -> None:
+    kubelet = make_kubelet()
+    plugin = await make_plugin(devices=[device("w0", numa=0), device("w1", numa=1), device("w2")])
+    await plugin.register(kubelet)
+    await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    await written(kubelet, 1)  # at the device list
+    writes = kubelet.checkpoint.writes
+    await asyncio.to_thread(kubelet.admit, "vm-a", "compute", {RESOURCE: 3})
+    assert kubelet.checkpoint.writes == writes + 1  # at the admission
+    pod = kubelet.pods()["default/vm-a"]
+    document = json.loads((sock_dir / CHECKPOINT_FILE).read_bytes())
+    assert set(document) == {"Data", "Checksum"} and isinstance(document["Checksum"], int)
+    (entry,) = document["Data"]["PodDeviceEntries"]
+    assert {k: v for k, v in entry.items() if k != "AllocResp"} == {
+        "PodUID": pod.uid,
+        "ContainerName": "compute",
+        "ResourceName": RESOURCE,
+        "DeviceIDs": {"0": ["w0"], "1": ["w1"], "-1": ["w2"]},
+    }
+    answer = dp_pb2.ContainerAllocateResponse.FromString(base64.b64decode(entry["AllocResp"]))
+    assert sorted(answer.envs["WIDGETS"].split(",")) == ["w0", "w1", "w2"]
+    assert document["Data"]["RegisteredDevices"] == {RESOURCE: ["w0", "w1", "w2"]}
+    # And at every device list the plugin sends.
+    plugin.push([device("w0", numa=0), device("w1", healthy=False, numa=1), device("w2")])
+    await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 2})
+    await written(kubelet, writes + 2)
+    document = json.loads((sock_dir / CHECKPOINT_FILE).read_bytes())
+    assert document["Data"]["RegisteredDevices"] == {RESOURCE: ["w0", "w2"]}
+
+
+async def test_a_pod_deleted_while_the_kubelet_was_down_holds_its_devices_until_it_has_synced(
+    make_kubelet: Any, make_plugin: Any, sock_dir: Path
+) -> None:
+    """Its devices stay allocated, and named in the checkpoint, until the
+    kubelet has synced; then the next List or admission drops them, and the
+    next write of the checkpoint shows it."""
+    pr_socket = sock_dir / "pr.sock"
+    kubelet = make_kubelet(pod_resources_socket=pr_socket, startup=Startup(refuse=0.0, empty=0.6))
+    plugin = await make_plugin()
+    await plugin.register(kubelet)
+    await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    await asyncio.to_thread(kubelet.admit, "vm-a", "compute", {RESOURCE: 2})
+    uid = kubelet.pods()["default/vm-a"].uid
+    await asyncio.to_thread(kubelet.restart, removed=["vm-a"])
+    assert kubelet.pods() == {}
+
+    def named() -> list[str]:
+        entries = json.loads((sock_dir / CHECKPOINT_FILE).read_bytes())["Data"]["PodDeviceEntries"]
+        return [e["PodUID"] for e in entries or ()]
+
+    assert named() == [uid]
+    again = await make_plugin("widget2.sock")
+    await again.register(kubelet)
+    await wait(kubelet, lambda k: k.allocatable() == {RESOURCE: 3})
+    assert time.monotonic() < kubelet.synced_at
+    assert named() == [uid]  # the list was written, vm-a's devices with it
+    # Synced: List drops them (in memory), the next list writes that down.
+    await asyncio.sleep(max(0.0, kubelet.synced_at - time.monotonic()))
+    assert await asyncio.to_thread(_list_pods, pr_socket) == ("listed", 0)
+    assert [e.detail for e in kubelet.events_of("dropped")] == [uid]
+    assert named() == [uid]
+    again.push([device("w0"), device("w1"), device("w2")])
+    for _ in range(100):
+        if not named():
+            break
+        await asyncio.sleep(0.01)
+    assert named() == []
+    await asyncio.to_thread(kubelet.admit, "vm-b", "compute", {RESOURCE: 3})

@@ -46,6 +46,8 @@ RESTARTS = 2
 GPU = "nvidia.com/TU104GL_Tesla_T4"
 # A T4 that the samples leave alone; its VFIO node goes away mid-test.
 VANISHING = "0000:af:00.0"
+NVME = "devices.kubevirt.io/nvme"
+GROUP_93 = ("0000:5e:00.0", "0000:5e:01.0")  # the fixture host's NVMe drives share IOMMU group 93
 
 
 @pytest.fixture
@@ -221,7 +223,85 @@ def test_a_grpc_go_kubelet_registers_lists_allocates_and_restarts(
     _, log = server.communicate(timeout=10)
     assert server.returncode == 0, log
     assert "Traceback" not in log
-    assert sorted(p.name for p in plugin_dir.iterdir()) == []  # gokubelet and dp both cleaned up
+    # gokubelet and dp both cleaned up their sockets; the kubelet keeps its checkpoint.
+    assert sorted(p.name for p in plugin_dir.iterdir()) == ["kubelet_internal_checkpoint"]
+
+
+def run_vm_a(
+    gokubelet: Path, node: dict[str, Any], workdir: Path, processes: list[subprocess.Popen[str]]
+) -> tuple[str, str]:
+    """dp and a grpc-go kubelet, which admits vm-a with one NVMe drive and then
+    goes down (its checkpoint stays); returns the drive and its group sibling."""
+    server = serve(node, workdir, "single")
+    processes.append(server)
+    kubelet = go_kubelet.start(
+        gokubelet,
+        workdir / "dp",
+        expect=len(node["scan"]["resources"]),
+        pod_resources=workdir / "pod-resources.sock",
+        admit=NVME,
+    )
+    processes.append(kubelet)
+    report = go_kubelet.report(kubelet, timeout=60)
+    assert report["exit_code"] == 0 and not report.get("admit_errors"), report
+    (held,) = report["pods"]["default/vm-a"]["devices"][NVME]
+    (sibling,) = [d for d in GROUP_93 if d != held]
+    server.send_signal(signal.SIGTERM)  # dp goes down with the kubelet
+    _, log = server.communicate(timeout=10)
+    assert server.returncode == 0, log
+    return held, sibling
+
+
+def young_kubelet(gokubelet: Path, node: dict[str, Any], workdir: Path) -> subprocess.Popen[str]:
+    """The kubelet again, as a real one starts: its PodResources socket refuses
+    for 0.3 s, lists no pods for 3 s, then lists vm-a; once synced it admits
+    vm-b, which asks for one NVMe drive. (The v1.36 kubelet of issue 23 listed
+    its pods 1.34 s after its start; `dp-server serve` takes about a second to
+    start here, so this kubelet syncs later, as one whose API server answers
+    slowly does, for dp's first answers to be young ones whatever the load.)"""
+    return go_kubelet.start(
+        gokubelet,
+        workdir / "dp",
+        expect=len(node["scan"]["resources"]),
+        pod_resources=workdir / "pod-resources.sock",
+        sync=(0.3, 3.0),
+        pods={"default/vm-a": "uid-vm-a"},
+        admit_after=NVME,
+        admit_delay=0.3,
+    )
+
+
+def assert_no_split(report: dict[str, Any], held: str) -> None:
+    """vm-b was refused the running VM's sibling: no NVMe drive was free."""
+    assert report["exit_code"] == 0 and report["errors"] == [], report
+    assert report.get("admit_errors") == [
+        f"default/vm-b: UnexpectedAdmissionError: requested number of devices unavailable "
+        f"for {NVME}. Requested: 1, Available: 0"
+    ], report["pods"]
+    assert report["pods"] == {"default/vm-a": {"uid": "uid-vm-a", "devices": {NVME: [held]}}}
+
+
+def test_a_grpc_go_kubelet_and_dp_restarted_together_split_no_group(
+    gokubelet: Path, node: dict[str, Any], tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    held, _ = run_vm_a(gokubelet, node, tmp_path, processes)
+    kubelet = young_kubelet(gokubelet, node, tmp_path)
+    processes.append(kubelet)
+    server = serve(node, tmp_path, "single")
+    processes.append(server)
+    assert_no_split(go_kubelet.report(kubelet, timeout=60), held)
+
+
+def test_dp_started_just_after_a_grpc_go_kubelet_splits_no_group(
+    gokubelet: Path, node: dict[str, Any], tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    held, _ = run_vm_a(gokubelet, node, tmp_path, processes)
+    kubelet = young_kubelet(gokubelet, node, tmp_path)
+    processes.append(kubelet)
+    time.sleep(0.6)  # the kubelet answers "no pods" by now, and for a while
+    server = serve(node, tmp_path, "single")
+    processes.append(server)
+    assert_no_split(go_kubelet.report(kubelet, timeout=60), held)
 
 
 def test_a_grpc_go_kubelet_still_holding_a_lost_client_gets_it_back_at_once(

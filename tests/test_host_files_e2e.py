@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dp_core import KubeletStarted
+from dp_core import KubeletCheckpoint, KubeletStarted
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.runtime.kubelet import KubeletFollower
 from dp_server.runtime.memory import CollectionPolicy
@@ -121,9 +121,14 @@ async def test_while_the_device_plugin_directory_is_gone_open_connections_are_se
     harness: Harness,
 ) -> None:
     runtime = await harness.serve()
-    for path in harness.plugin_dir.iterdir():
-        path.unlink()
-    harness.plugin_dir.rmdir()
+    for _ in range(50):
+        for path in harness.plugin_dir.iterdir():
+            path.unlink(missing_ok=True)
+        try:
+            harness.plugin_dir.rmdir()
+            break
+        except OSError:  # the kubelet wrote its checkpoint meanwhile, as it does at each list
+            await asyncio.sleep(0.02)
     await asyncio.sleep(0.5)
     assert harness.runtime is not None and harness.runtime.failure is None
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
@@ -227,6 +232,7 @@ class _Follower:
         self.follower = KubeletFollower(
             self.path,
             retire=lambda: None,
+            checkpoint=KubeletCheckpoint,
             ids=itertools.count(1),
             feed=self.inputs.append,
             now=time.monotonic,

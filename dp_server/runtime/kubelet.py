@@ -16,7 +16,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from dp_core import ConnectionClosed, ConnectionOpened, Input, KubeletStarted, KubeletStopped
+from dp_core import (
+    ConnectionClosed,
+    ConnectionOpened,
+    Input,
+    KubeletCheckpoint,
+    KubeletStarted,
+    KubeletStopped,
+)
 from dp_server.files.sockets import socket_identity
 from dp_server.runtime.memory import CollectionPolicy
 
@@ -40,7 +47,9 @@ class KubeletFollower:
 
     It is the `ConnectionEvents` of every plugin socket. `retire` is called
     when kubelet.sock is another one than before (or gone): the channel to
-    the old one must not carry the next Register.
+    the old one must not carry the next Register. `checkpoint` reads the
+    kubelet's device-manager checkpoint, which a new kubelet has just read
+    back (kubelet_sync).
     """
 
     def __init__(
@@ -48,6 +57,7 @@ class KubeletFollower:
         kubelet_socket: Path,
         *,
         retire: Callable[[], None],
+        checkpoint: Callable[[], KubeletCheckpoint],
         ids: itertools.count[int],
         feed: Callable[[Input], object],
         now: Callable[[], float],
@@ -57,6 +67,7 @@ class KubeletFollower:
     ) -> None:
         self.kubelet_socket = kubelet_socket
         self._retire = retire
+        self._checkpoint = checkpoint
         self._ids = ids
         self._feed = feed
         self._now = now
@@ -117,7 +128,7 @@ class KubeletFollower:
             self.follow(fast=False)
         else:
             self._said_waiting = None
-            self._feed(KubeletStarted(self._now()))
+            self._feed(KubeletStarted(self._now(), self._checkpoint()))
 
     def say_waiting(self) -> None:
         """Log what dp waits for while there is no kubelet.sock (at start, then each minute)."""

@@ -36,6 +36,7 @@ from dp_core import (
     Effect,
     HostObserved,
     Input,
+    KubeletCheckpointObserved,
     MovesRecalled,
     Node,
     PciId,
@@ -52,6 +53,7 @@ from dp_server.binding.binder import Binder
 from dp_server.binding.moves_file import MovesStore
 from dp_server.binding.queue import BindQueue
 from dp_server.cdi import SpecDirectory
+from dp_server.deviceplugin.kubelet_checkpoint import CheckpointFile
 from dp_server.deviceplugin.pod_resources import PodResourcesPoller
 from dp_server.deviceplugin.register_client import RegisterClient
 from dp_server.deviceplugin.service import DevicePluginService
@@ -115,6 +117,7 @@ class Runtime:
         )
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self._checkpoint = CheckpointFile(self.plugin_dir)
         self.ready = asyncio.Event()
         self.failure: str | None = None  # why the server stopped itself, if it did
         self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
@@ -151,6 +154,7 @@ class Runtime:
             self.kubelet_socket,
             # Another channel to kubelet.sock for the Registers that follow.
             retire=lambda: self._registers.retire(),
+            checkpoint=self._checkpoint.read,
             ids=self._ids,
             feed=self.feed,
             now=self.now,
@@ -255,6 +259,10 @@ class Runtime:
         if self.dra is not None:
             await self.dra.restore()
         self.kubelet.probe()
+        # While the kubelet syncs, each write of its checkpoint may drop what
+        # the pods it has not listed were given (kubelet_sync).
+        if self.node.wants_kubelet_checkpoint and self._checkpoint.changed():
+            self.feed(KubeletCheckpointObserved(self._checkpoint.read(), self.now()))
 
     # -- the host ----------------------------------------------------------------------
 

@@ -29,8 +29,11 @@ class Settings:
     rescan_interval: float = 30.0
     pod_resources_interval: float = 10.0
     register_timeout: float = 15.0
-    # The kubelet's own limit is 100 QPS; one poll a second is far below it.
-    pod_resources_min_gap: float = 1.0
+    # The kubelet's own limit is 100 QPS (burst 10). dp asks every 10 s while
+    # it holds reservations, and every 0.2 s while a kubelet that has just
+    # started syncs its pods (Timing.sync_poll): the gap only spaces out
+    # asks made for several reasons at once.
+    pod_resources_min_gap: float = 0.1
     endpoint_prefix: str | None = None
     timing: Timing = Timing()
     config_path: str | None = None  # reloaded when it changes (see FileVersion)

@@ -6,6 +6,7 @@ See `kubelet.KubeletEmulator`. Generated protobuf messages live in `pb/`
 `scripts/gen_protos.py`.
 """
 
+from dp_testing.emulator._pod_resources import Startup
 from dp_testing.emulator._rpc import CHECKPOINT_FILE, HEALTHY, KUBELET_SOCKET, UNHEALTHY
 from dp_testing.emulator._state import (
     AdmissionError,
@@ -33,4 +34,5 @@ __all__ = [
     "PluginOptions",
     "Pod",
     "ResourceState",
+    "Startup",
 ]

@@ -6,6 +6,13 @@ podresources server: List reports the devices of every container of every
 active pod, grouped per resource and NUMA node; GetAllocatableResources reports
 one entry per allocatable device and NUMA node; calls beyond ~100 QPS are
 refused with RESOURCE_EXHAUSTED as the kubelet's rate limiter does.
+
+A kubelet that has just started answers before it has synced its pods
+(`Startup`): nothing listens at first, then List answers with no pods (the
+pod manager is empty until the API server's first update is handled), then
+with the pods. Each List also does what the kubelet's does first
+(`UpdateAllocatedDevices`): once synced, the device manager drops the
+entries of pods that are not active.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,9 +37,35 @@ DEFAULT_BURST = 10
 _NO_TOPOLOGY = -1
 
 
+@dataclass(frozen=True)
+class Startup:
+    """How the PodResources API of a kubelet that has just (re)started answers.
+
+    For `refuse` seconds nothing listens on its socket; for `empty` seconds
+    more List answers with no pods; then it lists them. A v1.36 kubelet
+    polled every 0.1 s from its start did not answer at 0.01 s, answered
+    "no pods" at 0.32 s and listed them at 1.34 s (`measured()`); the default
+    keeps that shape, shorter, so that every test meets a young kubelet.
+    """
+
+    refuse: float = 0.05
+    empty: float = 0.25
+
+    @classmethod
+    def measured(cls) -> Startup:
+        return cls(refuse=0.3, empty=1.0)
+
+    @classmethod
+    def none(cls) -> Startup:
+        """A kubelet that lists its pods from its first answer (no real one does)."""
+        return cls(refuse=0.0, empty=0.0)
+
+
 class _Source(Protocol):
     def _pods_snapshot(self) -> list[Pod]: ...
     def _healthy_devices(self) -> Iterator[tuple[str, DeviceState]]: ...
+    def _synced(self) -> bool: ...
+    def _drop_inactive(self) -> None: ...
 
 
 class _TokenBucket:
@@ -84,8 +118,25 @@ class PodResourcesServer:
         self._limiter = _TokenBucket(qps, DEFAULT_BURST) if qps is not None else None
         self._server: grpc.Server | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._generation = 0  # each start and stop; a late timer of an old one does nothing
 
-    def start(self) -> None:
+    def start(self, after: float = 0.0) -> None:
+        """Serve, `after` seconds from now (nothing listens meanwhile)."""
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+        if after <= 0:
+            self._start(generation)
+            return
+        timer = threading.Timer(after, self._start, args=(generation,))
+        timer.daemon = True
+        with self._lock:
+            self._timer = timer
+        timer.start()
+
+    def _start(self, generation: int) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         executor = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet-podres")
         server = grpc.server(executor)
@@ -113,13 +164,22 @@ class PodResourcesServer:
                 ),
             )
         )
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        server.start()
-        self._server, self._executor = server, executor
+        with self._lock:
+            if generation != self._generation:  # stopped (or started again) meanwhile
+                executor.shutdown(wait=False)
+                return
+            server.add_insecure_port(f"unix:{self.socket_path}")
+            server.start()
+            self._server, self._executor = server, executor
 
     def stop(self) -> None:
-        server, executor = self._server, self._executor
-        self._server = self._executor = None
+        with self._lock:
+            self._generation += 1
+            timer, self._timer = self._timer, None
+            server, executor = self._server, self._executor
+            self._server = self._executor = None
+        if timer is not None:
+            timer.cancel()
         if server is not None:
             server.stop(grace=None).wait(5.0)
         if executor is not None:
@@ -151,6 +211,9 @@ class PodResourcesServer:
         self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> pr.ListPodResourcesResponse:
         self._limit(context)
+        if not self._source._synced():
+            return pr.ListPodResourcesResponse()
+        self._source._drop_inactive()
         return pr.ListPodResourcesResponse(
             pod_resources=[self._pod_message(p) for p in self._source._pods_snapshot()]
         )
@@ -159,7 +222,7 @@ class PodResourcesServer:
         self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext
     ) -> pr.GetPodResourcesResponse:
         self._limit(context)
-        for pod in self._source._pods_snapshot():
+        for pod in self._source._pods_snapshot() if self._source._synced() else ():
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
                 return pr.GetPodResourcesResponse(pod_resources=self._pod_message(pod))
         context.abort(

@@ -9,12 +9,15 @@ on them: `admit` picks devices the way the kubelet's device manager does,
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import grpc
 
+from dp_testing.emulator._checkpoint import Checkpoint, PodDevicesEntry
 from dp_testing.emulator._rpc import DEVICE_PLUGIN_METHODS, PRE_START_TIMEOUT, dp
 from dp_testing.emulator._state import (
     AdmissionError,
@@ -32,6 +35,7 @@ class PodsMixin:
 
     _state: KubeletState
     _admit_lock: threading.Lock
+    checkpoint: Checkpoint
 
     # ------------------------------------------------------------------ plugin calls
 
@@ -131,17 +135,26 @@ class PodsMixin:
         holds; if the plugin asked for it, GetPreferredAllocation chooses among
         them (the kubelet keeps what it can use and fills up the rest itself);
         then Allocate, then PreStartContainer if required. Nothing is recorded
-        unless every resource succeeds. Raises AdmissionError when the kubelet
-        would refuse the pod, grpc.RpcError when a plugin call fails.
+        unless every resource succeeds; then the checkpoint is written. Raises
+        AdmissionError when the kubelet would refuse the pod, grpc.RpcError
+        when a plugin call fails.
+
+        A kubelet that has just started admits new pods once it has synced
+        (they come from the API server with the pods it already has): until
+        then this waits. Devices of pods no longer active stay allocated until
+        the kubelet has synced (`UpdateAllocatedDevices`).
         """
         key = f"{namespace}/{pod}"
+        self._wait_synced()
         with self._admit_lock:  # the kubelet admits pods one at a time
+            self._drop_inactive()
             with self._state.cond:
                 existing = self._state.pods.get(key)
                 if existing is not None and container in existing.containers:
                     raise ValueError(f"container {container!r} of {key} was already admitted")
             responses: dict[str, dp.ContainerAllocateResponse] = {}
             held: dict[str, tuple[DeviceState, ...]] = {}
+            # The kubelet's podDevices holds each container's Allocate answer.
             for resource, count in requests.items():
                 if count <= 0:
                     continue
@@ -150,12 +163,35 @@ class PodsMixin:
                 if options.pre_start_required:
                     self.pre_start(resource, [d.id for d in chosen])
                 held[resource] = chosen
+            answers = {r: response.SerializeToString() for r, response in responses.items()}
             with self._state.cond:
-                entry = self._state.pods.setdefault(key, Pod(pod, namespace))
-                entry.containers[container] = ContainerAllocation(MappingProxyType(held))
+                entry = self._state.pods.setdefault(key, Pod(pod, namespace, uid=str(uuid.uuid4())))
+                entry.containers[container] = ContainerAllocation(
+                    MappingProxyType(held), MappingProxyType(answers)
+                )
                 detail = "; ".join(f"{r}={','.join(d.id for d in ds)}" for r, ds in held.items())
                 self._state.event_locked("admit", key, f"{container}: {detail}")
+            if held:
+                self.checkpoint.write()
             return responses
+
+    def _wait_synced(self) -> None:
+        while (left := self._state.synced_at - time.monotonic()) > 0:
+            time.sleep(left)
+
+    def _synced(self) -> bool:
+        return time.monotonic() >= self._state.synced_at
+
+    def _drop_inactive(self) -> None:
+        """The device manager's UpdateAllocatedDevices: once synced, the
+        entries of pods that are not active go (in memory; the checkpoint
+        shows it at its next write)."""
+        with self._state.cond:
+            if self._synced() and self._state.lingering:
+                dropped = self._state.lingering
+                self._state.lingering = []
+                pods = sorted({entry.pod_uid for entry in dropped})
+                self._state.event_locked("dropped", "", ",".join(pods))
 
     def _choose(self, resource: str, count: int) -> tuple[tuple[DeviceState, ...], PluginOptions]:
         with self._state.cond:
@@ -187,19 +223,29 @@ class PodsMixin:
         return tuple(chosen), options
 
     def _in_use_locked(self, resource: str) -> set[str]:
-        return {
+        in_use = {
             d.id
             for p in self._state.pods.values()
             for c in p.containers.values()
             for d in c.devices.get(resource, ())
         }
+        lingering = self._state.lingering
+        return in_use | {d.id for e in lingering if e.resource == resource for d in e.devices}
 
     def remove_pod(self, pod: str, *, namespace: str = "default") -> bool:
-        """Forget a pod and free its devices. The plugin is not told (nor by the kubelet)."""
+        """The API server deleted a pod: it is no longer active, and the device
+        manager drops its devices at its next PodResources List or admission
+        (at once for a kubelet that has synced). The plugin is not told (nor
+        by the kubelet)."""
         key = f"{namespace}/{pod}"
         with self._state.cond:
             removed = self._state.pods.pop(key, None)
             if removed is not None:
+                self._state.lingering.extend(
+                    PodDevicesEntry(removed.uid, container, resource, devices)
+                    for container, allocation in removed.containers.items()
+                    for resource, devices in allocation.devices.items()
+                )
                 self._state.event_locked("remove-pod", key, ",".join(removed.containers))
             return removed is not None
 
@@ -207,7 +253,10 @@ class PodsMixin:
 
     def _pods_snapshot(self) -> list[Pod]:
         with self._state.cond:
-            return [Pod(p.name, p.namespace, dict(p.containers)) for p in self._state.pods.values()]
+            return [
+                Pod(p.name, p.namespace, dict(p.containers), p.uid)
+                for p in self._state.pods.values()
+            ]
 
     def _healthy_devices(self) -> Iterator[tuple[str, DeviceState]]:
         with self._state.cond:

@@ -99,6 +99,7 @@ class Registration:
         dial_timeout: float,
         refuse: RefuseHook | None,
         keeps_clients: bool = True,
+        on_list: Callable[[], None] = lambda: None,
     ) -> None:
         self.state = state
         self.plugin_dir = plugin_dir
@@ -107,6 +108,8 @@ class Registration:
         self.keeps_clients = keeps_clients
         self.dial_timeout = dial_timeout
         self._refuse = refuse
+        # Called after each device list is stored: the kubelet writes its checkpoint.
+        self._on_list = on_list
         # Dials in flight, so stop()/restart() can abort them instead of waiting 10 s.
         self._pending: set[grpc.Channel] = set()
         self._workers = Workers()
@@ -427,6 +430,7 @@ class Registration:
                     res.replace_devices(devices)
                     healthy = sum(1 for d in devices.values() if d.healthy)
                     state.event_locked("list", name, f"{len(devices)} devices, {healthy} healthy")
+                self._on_list()
         except grpc.RpcError as exc:
             detail = f"{exc.code().name}: {exc.details()}"
         except ValueError as exc:  # grpcio raises this for calls on a closed channel

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from dp_testing.emulator._rpc import HEALTHY, UNHEALTHY
 
@@ -102,9 +102,12 @@ class ResourceState:
 
 @dataclass(frozen=True)
 class ContainerAllocation:
-    """Devices one container holds, per resource, with their NUMA nodes then."""
+    """Devices one container holds, per resource, with their NUMA nodes then,
+    and the plugin's Allocate answer for each resource (serialized), which the
+    kubelet keeps in its checkpoint."""
 
     devices: Mapping[str, tuple[DeviceState, ...]]
+    responses: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +117,7 @@ class Pod:
     name: str
     namespace: str
     containers: dict[str, ContainerAllocation] = field(default_factory=dict)
+    uid: str = ""
 
 
 class _Resource:
@@ -192,8 +196,17 @@ class KubeletState:
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.RLock())
         self.resources: dict[str, _Resource] = {}
+        # The pods the API server has bound to this node (they outlive a
+        # restart), with the devices the device manager gave them.
         self.pods: dict[str, Pod] = {}
         self.events: list[Event] = []
+        # The device manager's entries of pods that are not active (removed,
+        # or read back from the checkpoint for a pod the API server no longer
+        # has): their devices stay allocated until it drops them, which it
+        # does only once it has synced (`KubeletEmulator.synced_at`).
+        self.lingering: list[Any] = []  # _checkpoint.PodDevicesEntry
+        # time.monotonic() from which PodResources lists the pods (see Startup).
+        self.synced_at = 0.0
 
     def event_locked(self, kind: str, resource: str, detail: str) -> None:
         self.events.append(Event(time.monotonic(), kind, resource, detail))

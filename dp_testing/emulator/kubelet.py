@@ -19,6 +19,13 @@ device-manager behaviour that the server depends on (docs/design.md §3):
   devices turn unhealthy and the kubelet never redials.
 * A restart deletes every socket in the device-plugins directory except the
   checkpoint, then serves `kubelet.sock` again.
+* The device manager's checkpoint (`kubelet_internal_checkpoint`) is written
+  as the kubelet writes it: at every device list and every admission; it is
+  read back at every start, and the devices of pods the API server no longer
+  has stay allocated until the kubelet has synced (`_checkpoint`).
+* A kubelet that has just started does not list its pods at once (`Startup`):
+  its PodResources API refuses, then lists no pods, then lists them; new pods
+  are admitted once it has synced, as they come with the pods it already has.
 
 Everything is thread based (synchronous grpcio), so it works from plain code
 and from asyncio tests through `asyncio.to_thread` for the blocking calls. The
@@ -34,10 +41,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
-from dp_testing.emulator._pod_resources import PodResourcesServer
+from dp_testing.emulator._checkpoint import Checkpoint, PodDevicesEntry
+from dp_testing.emulator._pod_resources import PodResourcesServer, Startup
 from dp_testing.emulator._pods import PodsMixin
 from dp_testing.emulator._registration import DialMode, RefuseHook, Registration
-from dp_testing.emulator._rpc import DIAL_TIMEOUT, KUBELET_SOCKET, MAX_UNIX_PATH
+from dp_testing.emulator._rpc import CHECKPOINT_FILE, DIAL_TIMEOUT, KUBELET_SOCKET, MAX_UNIX_PATH
 from dp_testing.emulator._state import (
     Event,
     KubeletError,
@@ -74,6 +82,7 @@ class KubeletEmulator(PodsMixin):
         dial_timeout: float = DIAL_TIMEOUT,
         pod_resources_qps: float | None = 100.0,
         keeps_clients: bool = True,
+        startup: Startup | None = None,
     ) -> None:
         if dial_mode not in ("sync", "after-reply"):
             raise ValueError(f"dial_mode must be 'sync' or 'after-reply', not {dial_mode!r}")
@@ -85,6 +94,8 @@ class KubeletEmulator(PodsMixin):
             _check_socket_path(pod_resources_socket)
         self._state = KubeletState()
         self._admit_lock = threading.Lock()
+        self.startup = startup if startup is not None else Startup()
+        self.checkpoint = Checkpoint(self.plugin_dir / CHECKPOINT_FILE, self._checkpoint_data)
         self._registration = Registration(
             self._state,
             self.plugin_dir,
@@ -93,6 +104,7 @@ class KubeletEmulator(PodsMixin):
             dial_timeout=dial_timeout,
             refuse=refuse,
             keeps_clients=keeps_clients,
+            on_list=self.checkpoint.soon,
         )
         self._running = False
         self._stopped = False
@@ -122,10 +134,49 @@ class KubeletEmulator(PodsMixin):
                 return self
             self._running = True
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._begin()
         self._registration.serve()
-        if self._pod_resources is not None:
-            self._pod_resources.start()
         return self
+
+    def _begin(self) -> None:
+        """What a kubelet does as it starts: read its checkpoint back, and
+        start syncing its pods (PodResources answers as `startup` says)."""
+        recalled = self.checkpoint.read()
+        now = time.monotonic()
+        with self._state.cond:
+            active = {pod.uid for pod in self._state.pods.values()}
+            # Entries of pods the API server still has are those pods' devices.
+            self._state.lingering = [e for e in recalled if e.pod_uid not in active]
+            self._state.synced_at = now + self.startup.refuse + self.startup.empty
+        if self._pod_resources is not None:
+            self._pod_resources.start(after=self.startup.refuse)
+
+    @property
+    def synced_at(self) -> float:
+        """time.monotonic() from which PodResources lists pods and new pods are admitted."""
+        with self._state.cond:
+            return self._state.synced_at
+
+    def _checkpoint_data(self) -> tuple[list[PodDevicesEntry], dict[str, list[str]]]:
+        with self._state.cond:
+            entries = [
+                PodDevicesEntry(
+                    pod.uid,
+                    container,
+                    resource,
+                    devices,
+                    allocation.responses.get(resource, b""),
+                )
+                for pod in self._state.pods.values()
+                for container, allocation in pod.containers.items()
+                for resource, devices in allocation.devices.items()
+            ]
+            entries += self._state.lingering
+            registered = {
+                name: sorted(d.id for d in r.devices.values() if d.healthy)
+                for name, r in self._state.resources.items()
+            }
+        return entries, registered
 
     def stop(self) -> None:
         """Stop serving, close every plugin connection, join threads. Idempotent."""
@@ -141,18 +192,23 @@ class KubeletEmulator(PodsMixin):
         self._registration.disconnect_all(reason="kubelet stopped")
         self._registration.join_threads()
         self._registration.close()
+        self.checkpoint.close()
         self._state.event("stop", "", "")
 
-    def restart(self) -> None:
+    def restart(self, *, removed: Iterable[str] = ()) -> None:
         """Restart as the kubelet does; plugins must notice and register again.
 
         Stops the Registration server, drops every plugin connection (devices
         turn unhealthy, capacity stays known), deletes every socket in the
         device-plugins directory except the checkpoint, then serves a fresh
         `kubelet.sock`. Pods and their allocations survive, as the kubelet
-        restores them from its checkpoint. `last_restart` is the moment just
-        before the new socket is created: a plugin may register through it
-        before serve() (let alone PodResources' start) has returned.
+        restores them from its checkpoint; the pods named in `removed`
+        (`namespace/name`, or a name in `default`) were deleted from the API
+        server while it was down, and their devices stay allocated until it
+        has synced. PodResources answers as `startup` says. `last_restart` is
+        the moment just before the new socket is created: a plugin may
+        register through it before serve() (let alone PodResources' start)
+        has returned.
         """
         registration = self._registration
         with self._state.cond:
@@ -166,10 +222,11 @@ class KubeletEmulator(PodsMixin):
         registration.join_threads()
         registration.cleanup_plugin_dir()
         with self._state.cond:
+            for key in removed:
+                self._state.pods.pop(key if "/" in key else f"default/{key}", None)
             self.last_restart = time.monotonic()
+        self._begin()
         registration.serve()
-        if self._pod_resources is not None:
-            self._pod_resources.start()
         self._state.event("restart", "", str(self.socket_path))
 
     def break_connection(self, resource: str, *, linger: float = 0.0) -> None:
@@ -240,7 +297,7 @@ class KubeletEmulator(PodsMixin):
         """The admitted pods (copies), keyed by `namespace/name`."""
         with self._state.cond:
             return {
-                key: Pod(p.name, p.namespace, dict(p.containers))
+                key: Pod(p.name, p.namespace, dict(p.containers), p.uid)
                 for key, p in self._state.pods.items()
             }
 

@@ -11,8 +11,9 @@
 // flags ask for and prints one JSON report on stdout.
 //
 // With -pod-resources it also serves the kubelet's PodResources List API on
-// that socket, answering that no pod holds anything; with -pod-resources-only
-// it serves only that, until it is killed. With -stream it prints each
+// that socket, from its pods (pods.go: the device manager's checkpoint, a
+// kubelet's start-up, admissions); with -pod-resources-only it serves only
+// that, with no pods, until it is killed. With -stream it prints each
 // registration and device list as it comes and takes commands (stream.go).
 //
 // Messages are encoded by hand (a few fields each) so that the program builds
@@ -378,10 +379,11 @@ type kubelet struct {
 	errors  []string
 	// With -stream: told of each registration and device list (stream.go).
 	onEvent func(map[string]interface{})
+	pods    *pods // pods.go; its own lock
 }
 
 func newKubelet(dir string, dialAfterReply bool) *kubelet {
-	k := &kubelet{dir: dir, dialAfterReply: dialAfterReply, res: map[string]*resource{}}
+	k := &kubelet{dir: dir, dialAfterReply: dialAfterReply, res: map[string]*resource{}, pods: newPods(dir)}
 	k.changed = sync.NewCond(&k.mu)
 	return k
 }
@@ -393,6 +395,7 @@ func (k *kubelet) failf(format string, args ...interface{}) {
 }
 
 func (k *kubelet) start() error {
+	k.pods.begin(time.Now()) // its checkpoint read back before kubelet.sock is served
 	sock := filepath.Join(k.dir, "kubelet.sock")
 	_ = os.Remove(sock)
 	lis, err := net.Listen("unix", sock)
@@ -422,37 +425,10 @@ func (k *kubelet) start() error {
 	return nil
 }
 
-// servePodResources answers /v1.PodResourcesLister/List with an empty
-// ListPodResourcesResponse (no bytes): no pod holds any device.
-func servePodResources(path string) error {
-	_ = os.Remove(path)
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return err
-	}
-	server := grpc.NewServer(grpc.CustomCodec(rawCodec{}))
-	server.RegisterService(&grpc.ServiceDesc{
-		ServiceName: "v1.PodResourcesLister",
-		HandlerType: (*interface{})(nil),
-		Methods: []grpc.MethodDesc{{
-			MethodName: "List",
-			Handler: func(_ interface{}, ctx context.Context, dec func(interface{}) error, _ grpc.UnaryServerInterceptor) (interface{}, error) {
-				var in []byte
-				if err := dec(&in); err != nil {
-					return nil, err
-				}
-				return &[]byte{}, nil
-			},
-		}},
-		Streams: []grpc.StreamDesc{},
-	}, struct{}{})
-	go func() { _ = server.Serve(lis) }()
-	return nil
-}
-
 // stop is the kubelet going away: its server and every plugin connection close.
 func (k *kubelet) stop() {
 	k.server.Stop()
+	k.pods.stop()
 	k.mu.Lock()
 	var eps []*endpoint
 	for _, r := range k.res {
@@ -590,7 +566,8 @@ func (k *kubelet) watch(ctx context.Context, r *resource, ep *endpoint) {
 			return
 		}
 		k.mu.Lock()
-		if r.ep == ep {
+		current := r.ep == ep
+		if current {
 			r.Devices = devices
 			r.Lists++
 			if r.listedAt.IsZero() {
@@ -602,6 +579,12 @@ func (k *kubelet) watch(ctx context.Context, r *resource, ep *endpoint) {
 			}
 		}
 		k.mu.Unlock()
+		if current {
+			// The device manager writes its checkpoint at every list.
+			if werr := k.writeCheckpoint(); werr != nil {
+				k.failf("%s: checkpoint: %v", r.Resource, werr)
+			}
+		}
 	}
 	if ctx.Err() != nil {
 		return // stopped, or replaced by a newer registration
@@ -699,6 +682,11 @@ type report struct {
 	Changed       map[string][]device            `json:"changed"`
 	BreakS        float64                        `json:"break_s"`
 	Errors        []string                       `json:"errors"`
+	// The -admit / -admit-after scenario (pods.go).
+	Pods             map[string]podReport `json:"pods,omitempty"`
+	AdmitErrors      []string             `json:"admit_errors,omitempty"`
+	SyncedS          float64              `json:"synced_s,omitempty"`
+	CheckpointWrites int                  `json:"checkpoint_writes,omitempty"`
 }
 
 func main() {
@@ -709,7 +697,7 @@ func main() {
 	restarts := flag.Int("restarts", 0, "kubelet restarts to make after the calls")
 	awaitChange := flag.Duration("await-change", 0, "after the samples, print awaiting-change on stderr and wait this long for a device list to change")
 	dial := flag.String("dial", "sync", "sync: dial and ask the options inside Register (kubelet >= 1.25); after-reply: reply, then dial (older kubelets)")
-	podResources := flag.String("pod-resources", "", "also serve the PodResources List API (no pods) on this socket")
+	podResources := flag.String("pod-resources", "", "also serve the PodResources List API on this socket")
 	podResourcesOnly := flag.Bool("pod-resources-only", false, "serve only the PodResources API, until killed")
 	breakConn := flag.Bool("break", false, "after the calls, close the first resource's connection as a transport failure would, and time its return")
 	linger := flag.Duration("linger", 0, "how long a client whose stream ended is still held (a Register meanwhile is answered without a dial)")
@@ -717,13 +705,10 @@ func main() {
 	if *draRegistry != "" {
 		os.Exit(runDRA(*timeout)) // dra.go
 	}
-	if *podResources != "" {
-		if err := servePodResources(*podResources); err != nil {
-			fmt.Fprintln(os.Stderr, "gokubelet:", err)
-			os.Exit(1)
-		}
-	}
 	if *podResourcesOnly {
+		only := newPods("")
+		only.prPath = *podResources
+		only.begin(time.Now())
 		select {}
 	}
 	if *dir == "" {
@@ -736,6 +721,7 @@ func main() {
 	}
 	k := newKubelet(*dir, *dial == "after-reply")
 	k.linger = *linger
+	k.pods.prPath = *podResources
 	if *stream {
 		os.Exit(runStream(k)) // stream.go
 	}
@@ -765,6 +751,21 @@ func main() {
 	}
 	rep.RegisteredS = last.Sub(start).Seconds()
 	rep.RegisteredAt = float64(last.UnixNano()) / 1e9
+	if *admitFirst != "" || *admitAfter != "" {
+		runPods(k, &rep, start)
+		k.mu.Lock()
+		for _, r := range k.res {
+			rep.Resources = append(rep.Resources, r)
+		}
+		rep.Errors = append(rep.Errors, k.errors...)
+		k.mu.Unlock()
+		if rep.Errors == nil {
+			rep.Errors = []string{}
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(rep)
+		k.stop()
+		return
+	}
 
 	// What the scenario calls: each resource's endpoint and device list now.
 	type target struct {
@@ -906,11 +907,14 @@ func main() {
 	}
 	for i := 0; i < *restarts; i++ {
 		// A kubelet restart: everything closes and every socket in the
-		// directory is deleted; the new kubelet serves kubelet.sock again.
+		// directory is deleted (CleanupPluginDirectory: sockets only, and never
+		// the checkpoint); the new kubelet serves kubelet.sock again.
 		k.stop()
 		entries, _ := os.ReadDir(*dir)
 		for _, e := range entries {
-			_ = os.Remove(filepath.Join(*dir, e.Name()))
+			if e.Type()&os.ModeSocket != 0 && e.Name() != checkpointFile {
+				_ = os.Remove(filepath.Join(*dir, e.Name()))
+			}
 		}
 		restarted := time.Now()
 		if err := k.start(); err != nil {
