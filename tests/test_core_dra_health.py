@@ -86,6 +86,7 @@ def started() -> Node:
     node = Node(config(), node_name=NODE, timing=Timing(health_resend=RESEND))
     node.handle(HostObserved(host(), 0.0))
     node.handle(KubeletStarted(0.0))
+    node.handle(AllocationsObserved({}, 0.0))  # the kubelet has synced: no PodResources polls due
     return node
 
 
