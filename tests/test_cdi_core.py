@@ -245,8 +245,8 @@ def test_a_spec_reported_in_place_only_for_the_content_asked_for() -> None:
     stale = attrs.evolve(specs["nvidia.com/dp-T4"], devices=specs["nvidia.com/dp-T4"].devices[:1])
     others = [spec for kind, spec in specs.items() if kind != "nvidia.com/dp-T4"]
     logs = node.handle(CdiSpecsWritten([stale, *others]))
-    assert node.cdi is not None and not node.cdi.in_place
-    assert "nvidia.com/T4" in node.cdi.problem
+    assert node.device_plugin.cdi is not None and not node.device_plugin.cdi.in_place
+    assert "nvidia.com/T4" in node.device_plugin.cdi.problem
     assert [log.event for log in effects_of(logs, Log)] == ["cdi-specs-not-written"]
     kubelet = Kubelet(node)
     kubelet.register_all(effects)

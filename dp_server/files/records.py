@@ -4,19 +4,24 @@
 A file that is missing holds nothing; one that cannot be read, is not JSON,
 is of another version or holds a record the converter refuses raises
 `RecordsFileError`, whose message names the file and what is wrong.
+`RecordStore` is such a file kept across restarts, for whatever records.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import cattrs
 
 from dp_server.files.atomic import sync_directory, write_atomically
 
-__all__ = ["RecordsFileError", "read_records", "write_records"]
+__all__ = ["RecordStore", "RecordsFileError", "in_directory", "read_records", "write_records"]
+
+_log = logging.getLogger("dp.runtime")
 
 _T = TypeVar("_T")
 
@@ -69,3 +74,91 @@ def write_records(
     data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
     write_atomically(path, data, mode=0o600)
     sync_directory(path.parent)
+
+
+def in_directory(directory: str | None, name: str) -> Path | None:
+    """`name` in `directory`; None without a directory (the records are kept nowhere)."""
+    return None if directory is None else Path(directory) / name
+
+
+class RecordStore(Generic[_T]):
+    """One state file of records, kept across restarts: `recall` at start, `keep`
+    at each change (the moves dp made, the DRA claims it prepared).
+
+    A file that cannot be read is logged (`<key>-unreadable`) and recalled as
+    none: nothing is made up. One that cannot be written is logged
+    (`<key>-unwritable`, with `consequence`) and counted in `failures`; dp goes
+    on. `check` validates what was read as the core will be handed it, and
+    raises ValueError naming what is wrong. With no `path`, nothing is kept.
+    """
+
+    def __init__(
+        self,
+        path: Path | None,
+        record: type[_T],
+        *,
+        key: str,
+        version: int,
+        converter: cattrs.Converter,
+        check: Callable[[tuple[_T, ...]], object],
+        error: type[RecordsFileError] = RecordsFileError,
+        consequence: str | None = None,
+    ) -> None:
+        self.path = path
+        self._record = record
+        self._key = key
+        self._version = version
+        self._converter = converter
+        self._check = check
+        self._error = error
+        self._consequence = consequence
+        self.failures = 0  # writes that failed, since start
+
+    def read(self) -> tuple[_T, ...]:
+        """The records in the file; none when there is none. Raises `error`."""
+        if self.path is None:
+            return ()
+        try:
+            records = read_records(
+                self.path,
+                self._record,
+                key=self._key,
+                version=self._version,
+                converter=self._converter,
+            )
+        except RecordsFileError as problem:
+            raise self._error(str(problem)) from None
+        try:
+            self._check(records)  # what the core will be handed must be valid input
+        except ValueError as problem:
+            raise self._error(f"{self.path}: {problem}") from None
+        return records
+
+    def write(self, records: tuple[_T, ...]) -> None:
+        """Replace the file with `records`, atomically; raises OSError."""
+        if self.path is not None:
+            write_records(
+                self.path,
+                records,
+                key=self._key,
+                version=self._version,
+                converter=self._converter,
+            )
+
+    def recall(self) -> tuple[_T, ...]:
+        """The records kept last; none if the file is missing or unreadable (logged)."""
+        try:
+            return self.read()
+        except RecordsFileError as problem:
+            _log.error(f"{self._key}-unreadable", extra={"dp_fields": {"reason": str(problem)}})
+            return ()
+
+    def keep(self, records: tuple[_T, ...]) -> None:
+        try:
+            self.write(records)
+        except OSError as problem:
+            self.failures += 1
+            fields: dict[str, object] = {"reason": f"{self.path}: {problem.strerror or problem}"}
+            if self._consequence is not None:
+                fields["consequence"] = self._consequence
+            _log.error(f"{self._key}-unwritable", extra={"dp_fields": fields})
