@@ -7,8 +7,8 @@ class is importable from here.
 
 from __future__ import annotations
 
-from .binding import BindDevice, MovesChanged, UnbindDevice
-from .cdi import CdiSpecsChanged
+from .binding.events import BindDevice, MovesChanged, UnbindDevice
+from .cdi.spec import CdiSpecsChanged
 from .deviceplugin.effects import (
     AttributeConnection,
     DevicePluginEffect,

@@ -19,9 +19,10 @@ from typing import Any, Protocol
 import attrs
 
 from .binding.plan import BindDecision
-from .config import Config, FrontendName
-from .host import HostSnapshot, PciAddress
-from .inventory import Inventory
+from .config.config import Config, FrontendName
+from .host.pci import PciAddress
+from .host.snapshot import HostSnapshot
+from .inventory.resources import Inventory
 
 __all__ = ["Coordinator", "Effects", "Frontend", "Handler", "World"]
 

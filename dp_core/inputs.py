@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from .binding import BindingFinished, MovesRecalled, UnbindingFinished
-from .cdi import CdiSpecsWritten
-from .config import Config
+from .binding.events import BindingFinished, MovesRecalled, UnbindingFinished
+from .cdi.spec import CdiSpecsWritten
+from .config.config import Config
 from .deviceplugin.inputs import (
     AllocateRequested,
     AllocationsObserved,
@@ -47,7 +47,8 @@ from .dra.inputs import (
     HealthWatchEnded,
     HealthWatchStarted,
 )
-from .host import HostSnapshot, PciId
+from .host.pci import PciId
+from .host.snapshot import HostSnapshot
 
 __all__ = [
     "AllocateRequested",

@@ -15,8 +15,8 @@ from typing import Literal
 
 import attrs
 
-from .config import DEVICE_PLUGIN
-from .deviceplugin import Phase
+from .config.config import DEVICE_PLUGIN
+from .deviceplugin.registration import Phase
 from .node import Node
 from .tally import OK, RPC_METHODS
 

@@ -16,25 +16,22 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from .binding import (
-    BindDecision,
-    Binder,
-    BindingBook,
-    BindingFinished,
-    MovesChanged,
-    MovesRecalled,
-    UnbindingFinished,
-)
-from .config import Config
-from .deviceplugin import DevicePluginFrontend, SocketMode
+from .binding.binder import Binder
+from .binding.book import BindingBook
+from .binding.events import BindingFinished, MovesChanged, MovesRecalled, UnbindingFinished
+from .binding.plan import BindDecision
+from .config.config import Config
 from .deviceplugin.endpoints import NAME_MAX
-from .dra import DraFrontend
+from .deviceplugin.frontend import DevicePluginFrontend
+from .deviceplugin.registration import SocketMode
+from .dra.frontend import DraFrontend
 from .effects import Effect
 from .errors import UsageError
 from .frontend import Effects, Frontend, World
-from .host import HostSnapshot, PciAddress, PciId
+from .host.pci import PciAddress, PciId
+from .host.snapshot import HostSnapshot
 from .inputs import ConfigApplied, HostObserved, Input, Tick
-from .inventory import build_inventory
+from .inventory.build import build_inventory
 from .ledger import Ledger
 from .tally import Tally
 from .timing import Timing

@@ -10,9 +10,10 @@ says when it must be rebuilt.
 
 from __future__ import annotations
 
-from ..config import Config
+from ..config.config import Config
 from ..errors import UsageError
-from ..host import HostSnapshot, PciAddress
+from ..host.pci import PciAddress
+from ..host.snapshot import HostSnapshot
 from ..ledger import Ledger
 from ..log import Log
 from .book import BindingBook

@@ -19,9 +19,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Container, Iterable, Mapping
 
-from ..config import Config
+from ..config.config import Config
 from ..errors import UsageError
-from ..host import VFIO_DRIVER, HostSnapshot, PciAddress
+from ..host.pci import PciAddress
+from ..host.snapshot import VFIO_DRIVER, HostSnapshot
 from ..log import Log
 from .events import BindDevice, BindingFinished, UnbindDevice, UnbindingFinished
 from .moves import Move

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from ..host import PciAddress
+from ..host.pci import PciAddress
 from .moves import Move
 
 __all__ = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from ..config import driver_name_error
-from ..host import PciAddress
+from ..config.config import driver_name_error
+from ..host.pci import PciAddress
 
 __all__ = ["Move"]
 

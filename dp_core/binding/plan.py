@@ -27,8 +27,9 @@ from collections.abc import Callable, Container, Mapping
 
 import attrs
 
-from ..config import Binding, Config, PciHostDevice
-from ..host import VFIO_DRIVER, HostSnapshot, PciAddress, PciDevice, blocks_vfio
+from ..config.config import Binding, Config, PciHostDevice
+from ..host.pci import PciAddress, PciDevice
+from ..host.snapshot import VFIO_DRIVER, HostSnapshot, blocks_vfio
 
 __all__ = ["BindDecision", "plan_bindings", "selected_for_binding"]
 

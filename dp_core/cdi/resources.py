@@ -30,8 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..host import HostSnapshot
-from ..inventory import AdvertisedDevice, Inventory, Resource, container_allocation
+from ..host.snapshot import HostSnapshot
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.edits import container_allocation
+from ..inventory.resources import Inventory, Resource
 from ..log import Log
 from .names import cdi_kind, device_name_error, qualified_name, spec_name
 from .spec import CdiDevice, CdiSpec, CdiSpecsChanged, CdiSpecsWritten

@@ -13,7 +13,8 @@ from typing import Literal
 
 import attrs
 
-from ..host import VFIO_DRIVER, PciId
+from ..host.pci import PciId
+from ..host.snapshot import VFIO_DRIVER
 from .names import DEFAULT_DOMAIN, env_var_name, resource_name_error
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..host import PciId
+from ..host.pci import PciId
 
 __all__ = [
     "DEFAULT_DOMAIN",

@@ -18,7 +18,7 @@ from typing import overload
 import attrs
 
 from ..errors import UsageError
-from ..inventory import AdvertisedDevice
+from ..inventory.advertised import AdvertisedDevice
 from ..ledger import Holder, Ledger, holds
 from ..log import Log
 

@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ..cdi import CdiKeeper
+from ..cdi.resources import CdiKeeper
 from ..errors import StatusCode
-from ..inventory import AdvertisedDevice, ContainerAllocation, Resource, container_allocation
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.edits import ContainerAllocation, container_allocation
+from ..inventory.resources import Resource
 from ..log import Log
 from .allocations import AllocationBook, allocation_log
 from .answers import AllocateAnswer, PreferredAnswer

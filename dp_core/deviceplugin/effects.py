@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from ..errors import StatusCode
-from ..inventory import AdvertisedDevice
+from ..inventory.advertised import AdvertisedDevice
 from .answers import Answer, PluginOptions
 
 __all__ = [

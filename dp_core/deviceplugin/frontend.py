@@ -16,11 +16,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
 
-from ..cdi import CdiKeeper, CdiSpecsWritten
-from ..config import DEVICE_PLUGIN, FrontendName
+from ..cdi.resources import CdiKeeper
+from ..cdi.spec import CdiSpecsWritten
+from ..config.config import DEVICE_PLUGIN, FrontendName
 from ..errors import StatusCode, UsageError
 from ..frontend import Coordinator, Effects, Handler, World
-from ..inventory import AdvertisedDevice, Inventory, Resource, shared_groups
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.build import shared_groups
+from ..inventory.resources import Inventory, Resource
 from ..ledger import Holder, Ledger
 from ..log import Log
 from ..timing import Timing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..inventory import AdvertisedDevice
+from ..inventory.advertised import AdvertisedDevice
 from ..log import Log
 from .effects import HealthChanged
 

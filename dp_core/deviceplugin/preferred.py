@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from ..inventory import AdvertisedDevice
+from ..inventory.advertised import AdvertisedDevice
 
 __all__ = ["preferred_devices"]
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Mapping
 import attrs
 
 from ..errors import UsageError
-from ..inventory import AdvertisedDevice
+from ..inventory.advertised import AdvertisedDevice
 from ..ledger import Ledger
 from ..log import Log
 from ..timing import Timing

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..config import DRA
+from ..config.config import DRA
 
 __all__ = ["ClaimHold", "ClaimRef", "PreparedDevice"]
 

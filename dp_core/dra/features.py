@@ -11,7 +11,7 @@ that cannot be asked counts as lacking what was not seen yet.
 
 from __future__ import annotations
 
-from ..config import Dra, DraFeatureSetting
+from ..config.config import Dra, DraFeatureSetting
 from ..log import Log
 from .inputs import DraFeaturesObserved
 

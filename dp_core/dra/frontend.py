@@ -34,18 +34,13 @@ from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
-from ..config import DRA, Dra, FrontendName
+from ..config.config import DRA, Dra, FrontendName
 from ..errors import UsageError
 from ..frontend import Coordinator, Effects, Handler, World
-from ..host import HostSnapshot
-from ..inventory import (
-    AdvertisedDevice,
-    ContainerAllocation,
-    DeviceSpec,
-    Inventory,
-    Resource,
-    container_allocation,
-)
+from ..host.snapshot import HostSnapshot
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.edits import ContainerAllocation, DeviceSpec, container_allocation
+from ..inventory.resources import Inventory, Resource
 from ..ledger import Ledger
 from ..log import Log
 from .claims import ClaimHold, ClaimRef

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-from ..host import HostSnapshot, MdevDevice, PciAddress, PciDevice
+from ..host.pci import PciAddress, PciDevice
+from ..host.snapshot import HostSnapshot, MdevDevice
 from .slices import MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
 
 __all__ = [

@@ -40,9 +40,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from ..config import DRA
-from ..host import HostSnapshot, MdevDevice, PciAddress
-from ..inventory import AdvertisedDevice, DeviceKind, Inventory
+from ..config.config import DRA
+from ..host.pci import PciAddress
+from ..host.snapshot import HostSnapshot, MdevDevice
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.classes import DeviceKind
+from ..inventory.resources import Inventory
 from ..ledger import Holder, holds
 from .names import (
     Attributes,

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from ..inventory import ContainerAllocation
+from ..inventory.edits import ContainerAllocation
 from .claims import ClaimRef
 from .names import Attributes
 

@@ -37,7 +37,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 from ..errors import UsageError
-from ..host import HostSnapshot, PciAddress
+from ..host.pci import PciAddress
+from ..host.snapshot import HostSnapshot
 from ..log import Log
 from .effects import PublishHealth
 from .health import DeviceHealth, Health

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 
 from ..binding.plan import BindDecision
-from ..config import DEVICE_PLUGIN, Config, FrontendName
-from ..host import HostSnapshot, PciAddress, PciId
+from ..config.config import DEVICE_PLUGIN, Config, FrontendName
+from ..host.pci import PciAddress, PciId
+from ..host.snapshot import HostSnapshot
 from .advertised import AdvertisedDevice, SkippedDevice
 from .classes import CLASSES, DeviceKind
 from .readers import Reading

@@ -17,7 +17,8 @@ from types import MappingProxyType
 
 import attrs
 
-from ..host import HostSnapshot, MdevDevice, PciAddress, PciDevice
+from ..host.pci import PciAddress, PciDevice
+from ..host.snapshot import HostSnapshot, MdevDevice
 from .readers import Reader, read_mdevs, read_pci, read_shared
 
 __all__ = ["CLASSES", "DeviceClass", "DeviceKind"]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import attrs
 
 from ..binding.plan import BindDecision
-from ..config import (
+from ..config.config import (
     DEVICE_PLUGIN,
     VIRT_HANDLER_SERVES,
     Config,
@@ -29,7 +29,8 @@ from ..config import (
     VfioInterface,
 )
 from ..config.names import MAX_DEVICE_ID_LENGTH, default_pci_resource_name, pci_ids_resource_name
-from ..host import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice, PciAddress, PciDevice, PciId
+from ..host.pci import PciAddress, PciDevice, PciId
+from ..host.snapshot import VFIO_DRIVER, HostSnapshot, IommuGroup, MdevDevice
 from .advertised import AdvertisedDevice, SkippedDevice
 from .vfio import VFIO_PERMISSIONS, vfio_paths
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..config import DEVICE_PLUGIN, FrontendName
+from ..config.config import DEVICE_PLUGIN, FrontendName
 from .advertised import AdvertisedDevice, SkippedDevice
 from .classes import CLASSES, DeviceClass, DeviceKind
 

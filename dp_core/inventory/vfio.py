@@ -7,8 +7,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from ..config import VfioInterface
-from ..host import IOMMUFD_NODE, HostSnapshot, MdevDevice, PciDevice
+from ..config.config import VfioInterface
+from ..host.pci import PciDevice
+from ..host.snapshot import IOMMUFD_NODE, HostSnapshot, MdevDevice
 
 __all__ = ["VFIO_CONTAINER", "VFIO_PERMISSIONS", "CdevState", "cdev_state", "vfio_paths"]
 

@@ -33,6 +33,7 @@ from dp_core import (
     ConfigApplied,
     HostObserved,
     Input,
+    Log,
     Node,
     PciId,
     Tick,
@@ -46,6 +47,7 @@ from dp_server.host.scanner import scan_host
 from dp_server.host.uevents import UeventMonitor
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
 from dp_server.loop import CallbackTimer, CollectionPolicy, Loop, Tasks, TimerLoop
+from dp_server.monitoring.logs import emit
 
 if TYPE_CHECKING:
     from dp_server.deviceplugin.kubelet import KubeletFollower
@@ -91,6 +93,7 @@ class Runtime:
             node_name=settings.node_name,
         )
         self.loop = Loop(self.node, clock)
+        self.loop.on(Log, emit)  # every part of the core logs
         self.ready = asyncio.Event()
         self.failure: str | None = None  # why the server stopped itself, if it did
         self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)

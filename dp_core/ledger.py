@@ -3,19 +3,49 @@
 VFIO hands a whole IOMMU group to one user, whichever front end it came
 through. Every hold therefore goes into this one book, keyed by group: a
 device-plugin allocation, a group held while the kubelet syncs, a DRA claim.
-The ledger only refuses a hold on a group held already; who may hold what,
-and when a hold ends, is each front end's business.
+The ledger sees a holder only as a `Holder`: whose device names it holds,
+which groups, and how to name it. Each front end has its own kind of holder,
+and the ledger knows none of them. It only refuses a hold on a group held
+already; who may hold what, and when a hold ends, is each front end's
+business.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Protocol
 
-from ..errors import UsageError
-from .holder import Holder
+from .errors import UsageError
 
-__all__ = ["Ledger"]
+__all__ = ["Holder", "Ledger", "holds"]
+
+
+class Holder(Protocol):
+    @property
+    def owner(self) -> str:
+        """Whose names `device_ids` are: a device-plugin resource, a DRA driver's pool."""
+        ...
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        """The devices it holds, by `owner`'s names."""
+        ...
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The IOMMU groups it holds: sorted, each once."""
+        ...
+
+    def describe(self) -> str:
+        """It, for a person: `allocation #3 of nvidia.com/T4 (0000:3b:00.0)`."""
+        ...
+
+
+def holds(holder: Holder, owner: str, device_id: str) -> bool:
+    """Whether `holder` holds `owner`'s device `device_id` itself (as opposed to
+    holding the device's IOMMU group through another member)."""
+    return holder.owner == owner and device_id in holder.device_ids
 
 
 class Ledger:
