@@ -65,13 +65,15 @@ class Ledger:
     def hold(self, holder: Holder) -> None:
         """Give `holder` its groups; the caller has released what held them."""
         by_group = self._by_group
-        taken = [g for g in holder.groups if g in by_group]
-        if taken:
-            held_by = by_group[taken[0]].describe()
-            raise UsageError(
-                f"{holder.describe()} cannot hold IOMMU groups {taken}: {held_by} holds them"
-            )
-        for group in holder.groups:
+        groups = holder.groups
+        for group in groups:
+            if group in by_group:
+                taken = [g for g in groups if g in by_group]
+                held_by = by_group[group].describe()
+                raise UsageError(
+                    f"{holder.describe()} cannot hold IOMMU groups {taken}: {held_by} holds them"
+                )
+        for group in groups:
             by_group[group] = holder
 
     def release(self, holder: Holder) -> None:

@@ -188,9 +188,10 @@ class AllocationBook:
         groups = tuple(sorted({d.iommu_group for d in devices if d.iommu_group is not None}))
         allocation = Allocation(self._serial, resource, ids, groups, now)
         if groups:
-            for group in groups:
-                # The kubelet gave a device the hold names: it holds it no more.
-                self.release_unlisted(group)
+            if self._unlisted:
+                for group in groups:
+                    # The kubelet gave a device the hold names: it holds it no more.
+                    self.release_unlisted(group)
             self._ledger.hold(allocation)
             self._allocations[allocation.serial] = allocation
             for device_id in ids:

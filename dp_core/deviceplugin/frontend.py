@@ -181,7 +181,7 @@ class DevicePluginFrontend:
         return effects
 
     def due(self, now: float) -> Effects:
-        effects: Effects = list(self.sync.poll_due(now))
+        effects: Effects = self.sync.poll_due(now)
         effects.extend(self._start_due_registrations(now))
         return effects
 

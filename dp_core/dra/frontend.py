@@ -168,7 +168,7 @@ class DraFrontend:
         return []
 
     def due(self, now: float) -> Effects:
-        return list(self.health.tick(now))
+        return self.health.tick(now)
 
     def next_deadline(self) -> float | None:
         return self.health.next_deadline()

@@ -22,10 +22,13 @@ class Resource:
     devices: tuple[AdvertisedDevice, ...]
     permissions: str = "rw"
     frontend: FrontendName = attrs.field(default=DEVICE_PLUGIN, kw_only=True)
-
-    @property
-    def device_class(self) -> DeviceClass:
-        return CLASSES[self.kind]
+    # Its class's row, looked up once: an Allocate reads it.
+    device_class: DeviceClass = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: CLASSES[self.kind], takes_self=True),
+    )
 
     def device(self, device_id: str) -> AdvertisedDevice | None:
         for device in self.devices:

@@ -50,7 +50,6 @@ from dp_core import (
     MetricFamily,
     PoolChanged,
     PublishHealth,
-    Sample,
 )
 from dp_core.cdi import SPEC_PREFIX
 from dp_server.cdi.claim_files import ClaimFiles
@@ -61,6 +60,7 @@ from dp_server.dra.claim_events import ClaimEvents
 from dp_server.dra.claims import BadClaim, read_allocation, show
 from dp_server.dra.endpoints import DraEndpoints
 from dp_server.dra.health import health_message
+from dp_server.dra.metrics import wiring_families
 from dp_server.dra.preparer import Prepared, PrepareFailed, PrepareOutcome
 from dp_server.dra.slices import SlicePublisher
 from dp_server.loop import Loop
@@ -299,27 +299,10 @@ class DraRuntime:
     def families(self) -> Iterable[MetricFamily]:
         yield from self.publisher.families()
         yield from self.events.families()
-        yield MetricFamily(
-            "gauge",
-            "dp_dra_registered",
-            "1 while the kubelet says it registered the DRA driver on our socket, else 0.",
-            (Sample((("driver", self.driver),), 1 if self.ready else 0),),
-        )
-        yield MetricFamily(
-            "gauge",
-            "dp_dra_health_streams",
-            "Health streams (NodeWatchResources) the kubelet holds open on the DRA socket.",
-            (Sample((), len(self._health)),),
-        )
-        yield MetricFamily(
-            "counter",
-            "dp_dra_claim_file_failures_total",
-            "Claims whose CDI spec or metadata files could not be written or removed.",
-            (Sample((), self.file_failures),),
-        )
-        yield MetricFamily(
-            "counter",
-            "dp_dra_checkpoint_failures_total",
-            "Writes of the prepared claims' checkpoint (claims.json) that failed.",
-            (Sample((), self.checkpoint.failures),),
+        yield from wiring_families(
+            self.driver,
+            registered=self.ready,
+            health_streams=len(self._health),
+            file_failures=self.file_failures,
+            checkpoint_failures=self.checkpoint.failures,
         )
