@@ -188,7 +188,7 @@ def test_a_spec_per_resource_with_each_device_and_its_own_nodes() -> None:
     gpu = specs["nvidia.com/dp-T4"]
     assert gpu.name == "dp-nvidia.com_T4"
     assert [d.name for d in gpu.devices] == ["0000:3b:00.0", "0000:af:00.0"]
-    # Exactly what Allocate gives for the device alone, less the env var (see node_cdi).
+    # Exactly what Allocate gives for the device alone, less the env var (cdi.resources).
     assert gpu.devices[0] == CdiDevice(
         "0000:3b:00.0",
         (

@@ -2,7 +2,7 @@
 
 Tables of inputs and the effects they give, and a property over random orders
 of kubelet starts, dp starts, young and synced answers and checkpoint writes
-against a model of the kubelet's device manager (kubelet_sync's docstring
+against a model of the kubelet's device manager (`deviceplugin.sync`'s docstring
 names the kubelet sources it follows). No event loop.
 """
 

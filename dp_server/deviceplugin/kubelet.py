@@ -49,7 +49,7 @@ class KubeletFollower:
     when kubelet.sock is another one than before (or gone): the channel to
     the old one must not carry the next Register. `checkpoint` reads the
     kubelet's device-manager checkpoint, which a new kubelet has just read
-    back (kubelet_sync).
+    back (`dp_core.deviceplugin.sync`).
     """
 
     def __init__(
