@@ -19,7 +19,7 @@ from typing import Any
 import cattrs
 
 from dp_core import Move, MovesRecalled, PciAddress
-from dp_server.files import RecordsFileError, RecordStore, in_directory, register_strict_scalars
+from dp_server.files import RecordKind, RecordsFileError, RecordStore, register_strict_scalars
 
 __all__ = ["MOVES_FILE", "MovesFileError", "MovesStore", "read_moves", "write_moves"]
 
@@ -44,21 +44,18 @@ class MovesFileError(RecordsFileError):
     """A moves file that cannot be read; the message names the file and what is wrong."""
 
 
+MOVES = RecordKind(
+    MOVES_FILE, Move, "moves", _VERSION, _converter, check=MovesRecalled, error=MovesFileError
+)
+
+
 class MovesStore(RecordStore[Move]):
     """The moves file of a state directory (or at `path`); with neither, moves
     are kept nowhere. One that cannot be read recalls nothing: nothing is
     given back that only this file says dp moved."""
 
     def __init__(self, state_dir: str | None = None, *, path: Path | None = None) -> None:
-        super().__init__(
-            path or in_directory(state_dir, MOVES_FILE),
-            Move,
-            key="moves",
-            version=_VERSION,
-            converter=_converter,
-            check=MovesRecalled,
-            error=MovesFileError,
-        )
+        super().__init__(MOVES, state_dir, path=path)
 
 
 def read_moves(path: Path) -> tuple[Move, ...]:

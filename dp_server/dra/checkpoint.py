@@ -22,7 +22,7 @@ from dp_core import ClaimsRecalled, PreparedClaim
 from dp_core.dra.metadata import attribute_json
 from dp_core.dra.names import Attributes
 from dp_core.dra.slices import AttributeValue, Version
-from dp_server.files import RecordsFileError, RecordStore, in_directory, register_strict_scalars
+from dp_server.files import RecordKind, RecordsFileError, RecordStore, register_strict_scalars
 
 __all__ = ["CLAIMS_FILE", "ClaimsFileError", "ClaimsStore"]
 
@@ -67,19 +67,22 @@ class ClaimsFileError(RecordsFileError):
     """A checkpoint that cannot be read; the message names the file and what is wrong."""
 
 
+CLAIMS = RecordKind(
+    CLAIMS_FILE,
+    PreparedClaim,
+    "claims",
+    _VERSION,
+    _converter,
+    check=ClaimsRecalled,
+    error=ClaimsFileError,
+    consequence="a restarted dp would not know these claims",
+)
+
+
 class ClaimsStore(RecordStore[PreparedClaim]):
     """The checkpoint of a state directory (or at `path`). One that cannot be
     read recalls nothing: nothing held is made up, and the kubelet prepares
     its claims again."""
 
     def __init__(self, state_dir: str | None = None, *, path: Path | None = None) -> None:
-        super().__init__(
-            path or in_directory(state_dir, CLAIMS_FILE),
-            PreparedClaim,
-            key="claims",
-            version=_VERSION,
-            converter=_converter,
-            check=ClaimsRecalled,
-            error=ClaimsFileError,
-            consequence="a restarted dp would not know these claims",
-        )
+        super().__init__(CLAIMS, state_dir, path=path)

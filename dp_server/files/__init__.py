@@ -4,9 +4,9 @@ store for every state file); and the Unix socket files it listens on."""
 from dp_server.files.atomic import sync_directory, write_atomically
 from dp_server.files.codec import FieldError, register_strict_scalars, show
 from dp_server.files.records import (
+    RecordKind,
     RecordsFileError,
     RecordStore,
-    in_directory,
     read_records,
     write_records,
 )
@@ -15,9 +15,9 @@ from dp_server.files.sockets import SOCKET_PATH_MAX, listened_on, socket_identit
 __all__ = [
     "SOCKET_PATH_MAX",
     "FieldError",
+    "RecordKind",
     "RecordStore",
     "RecordsFileError",
-    "in_directory",
     "listened_on",
     "read_records",
     "register_strict_scalars",

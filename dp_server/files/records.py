@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import attrs
 import cattrs
 
 from dp_server.files.atomic import sync_directory, write_atomically
 
-__all__ = ["RecordStore", "RecordsFileError", "in_directory", "read_records", "write_records"]
+__all__ = ["RecordKind", "RecordStore", "RecordsFileError", "read_records", "write_records"]
 
 _log = logging.getLogger("dp.runtime")
 
@@ -76,9 +77,21 @@ def write_records(
     sync_directory(path.parent)
 
 
-def in_directory(directory: str | None, name: str) -> Path | None:
-    """`name` in `directory`; None without a directory (the records are kept nowhere)."""
-    return None if directory is None else Path(directory) / name
+@attrs.frozen
+class RecordKind(Generic[_T]):
+    """What one kind of state file holds: its file name in the state directory,
+    its records and how they are read (`converter`, then `check`, which raises
+    ValueError naming what is wrong), and what a failure to read (`error`) or
+    to write (`consequence`) says."""
+
+    file: str
+    record: type[_T]
+    key: str
+    version: int
+    converter: cattrs.Converter
+    check: Callable[[tuple[_T, ...]], object]
+    error: type[RecordsFileError] = RecordsFileError
+    consequence: str | None = None
 
 
 class RecordStore(Generic[_T]):
@@ -87,62 +100,41 @@ class RecordStore(Generic[_T]):
 
     A file that cannot be read is logged (`<key>-unreadable`) and recalled as
     none: nothing is made up. One that cannot be written is logged
-    (`<key>-unwritable`, with `consequence`) and counted in `failures`; dp goes
-    on. `check` validates what was read as the core will be handed it, and
-    raises ValueError naming what is wrong. With no `path`, nothing is kept.
+    (`<key>-unwritable`, with the kind's `consequence`) and counted in
+    `failures`; dp goes on. The file is `kind.file` in `state_dir`, or `path`;
+    with neither, nothing is kept.
     """
 
     def __init__(
-        self,
-        path: Path | None,
-        record: type[_T],
-        *,
-        key: str,
-        version: int,
-        converter: cattrs.Converter,
-        check: Callable[[tuple[_T, ...]], object],
-        error: type[RecordsFileError] = RecordsFileError,
-        consequence: str | None = None,
+        self, kind: RecordKind[_T], state_dir: str | None = None, *, path: Path | None = None
     ) -> None:
-        self.path = path
-        self._record = record
-        self._key = key
-        self._version = version
-        self._converter = converter
-        self._check = check
-        self._error = error
-        self._consequence = consequence
+        self.kind = kind
+        self.path = path or (None if state_dir is None else Path(state_dir) / kind.file)
         self.failures = 0  # writes that failed, since start
 
     def read(self) -> tuple[_T, ...]:
         """The records in the file; none when there is none. Raises `error`."""
+        kind = self.kind
         if self.path is None:
             return ()
         try:
             records = read_records(
-                self.path,
-                self._record,
-                key=self._key,
-                version=self._version,
-                converter=self._converter,
+                self.path, kind.record, key=kind.key, version=kind.version, converter=kind.converter
             )
         except RecordsFileError as problem:
-            raise self._error(str(problem)) from None
+            raise kind.error(str(problem)) from None
         try:
-            self._check(records)  # what the core will be handed must be valid input
+            kind.check(records)  # what the core will be handed must be valid input
         except ValueError as problem:
-            raise self._error(f"{self.path}: {problem}") from None
+            raise kind.error(f"{self.path}: {problem}") from None
         return records
 
     def write(self, records: tuple[_T, ...]) -> None:
         """Replace the file with `records`, atomically; raises OSError."""
+        kind = self.kind
         if self.path is not None:
             write_records(
-                self.path,
-                records,
-                key=self._key,
-                version=self._version,
-                converter=self._converter,
+                self.path, records, key=kind.key, version=kind.version, converter=kind.converter
             )
 
     def recall(self) -> tuple[_T, ...]:
@@ -150,7 +142,7 @@ class RecordStore(Generic[_T]):
         try:
             return self.read()
         except RecordsFileError as problem:
-            _log.error(f"{self._key}-unreadable", extra={"dp_fields": {"reason": str(problem)}})
+            _log.error(f"{self.kind.key}-unreadable", extra={"dp_fields": {"reason": str(problem)}})
             return ()
 
     def keep(self, records: tuple[_T, ...]) -> None:
@@ -159,6 +151,6 @@ class RecordStore(Generic[_T]):
         except OSError as problem:
             self.failures += 1
             fields: dict[str, object] = {"reason": f"{self.path}: {problem.strerror or problem}"}
-            if self._consequence is not None:
-                fields["consequence"] = self._consequence
-            _log.error(f"{self._key}-unwritable", extra={"dp_fields": fields})
+            if self.kind.consequence is not None:
+                fields["consequence"] = self.kind.consequence
+            _log.error(f"{self.kind.key}-unwritable", extra={"dp_fields": fields})
