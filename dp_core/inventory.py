@@ -16,7 +16,6 @@ import attrs
 from .advertised import AdvertisedDevice
 from .bind_plan import BindDecision
 from .config import (
-    VIRT_HANDLER_SERVES,
     Config,
     MediatedDevice,
     PciHostDevice,
@@ -227,8 +226,8 @@ def _select_pci(
     if entry is None:
         return None
     name = entry.resource_name or _derived_pci_name(pci, config, pci_names)
-    if entry.virt_handler_serves:
-        return name, VIRT_HANDLER_SERVES
+    if entry.not_served_because:
+        return name, entry.not_served_because
     if entry.frontend == "dra":
         return name, DRA_FRONTEND
     if pci.driver not in (VFIO_DRIVER, None):
@@ -379,8 +378,8 @@ def _select_mdev(
     if entry is None:
         return None
     name = entry.resource_name or f"{config.naming.domain}/{mdev_resource_suffix(type_name)}"
-    if entry.virt_handler_serves:
-        return name, VIRT_HANDLER_SERVES
+    if entry.not_served_because:
+        return name, entry.not_served_because
     if entry.frontend == "dra":
         return name, DRA_FRONTEND
     return name, ""
