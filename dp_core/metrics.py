@@ -17,6 +17,7 @@ import attrs
 
 from .config.config import DEVICE_PLUGIN
 from .deviceplugin.registration import Phase
+from .deviceplugin.sync import SyncPhase
 from .node import Node
 from .tally import OK, RPC_METHODS
 
@@ -215,6 +216,23 @@ def _node_wide(node: Node) -> list[MetricFamily]:
                 ((("result", "ok" if ok else "failed"),), n)
                 for ok, n in sorted(tally.bindings.items())
             ),
+        ),
+        _family(
+            "gauge",
+            "dp_kubelet_sync_phase",
+            "1 for the phase of the kubelet's pod sync dp is in, else 0: syncing while a "
+            "kubelet that has just started may not list every pod that holds a device.",
+            [
+                ((("phase", phase.value),), int(node.device_plugin.sync.phase is phase))
+                for phase in SyncPhase
+            ],
+        ),
+        _family(
+            "gauge",
+            "dp_iommu_groups_held_for_unlisted_pods",
+            "IOMMU groups held because the kubelet's checkpoint gives a member to a pod "
+            "PodResources does not list yet (while the kubelet syncs).",
+            [((), len(node.device_plugin.allocations.unlisted_holds()))],
         ),
         _family(
             "counter",

@@ -600,6 +600,57 @@ def test_scan_on_a_kubevirt_cr_says_which_entries_it_serves_and_why(
     assert "  info: sharedDevices: devices.kubevirt.io/kvm, tun and vhost-net" in table
 
 
+def test_scan_on_a_kubevirt_cr_with_kubevirt_resources_serves_only_those_named(
+    host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cr = REPO / "examples" / "kubevirt-cr.yaml"
+    named = "intel.com/qat_vf,nvidia.com/GRID_RTX6000-4Q"
+    table, document = _scan(capsys, *host, "--config", str(cr), "--kubevirt-resources", named)
+    assert [r["name"] for r in document["resources"]] == [
+        "intel.com/qat_vf",
+        "nvidia.com/GRID_RTX6000-4Q",
+    ]
+    entries = document["config"]["entries"]
+    assert [e["served_by"] for e in entries] == ["another plugin", "dp", "virt-handler", "dp"]
+    assert entries[0]["why"] == (
+        "externalResourceProvider is true, but --kubevirt-resources does not name it: "
+        "another outside plugin serves it"
+    )
+    assert (
+        "  pciHostDevices[0]  10DE:1EB8 -> nvidia.com/TU104GL_Tesla_T4: left to another plugin, "
+        "3 functions: externalResourceProvider is true, but --kubevirt-resources does not name "
+        "it: another outside plugin serves it" in table
+    )
+    assert (
+        "  info: --kubevirt-resources: dp serves 2 entries of the 3 the CR leaves to outside "
+        "plugins (intel.com/qat_vf, nvidia.com/GRID_RTX6000-4Q); 1 entry left to another "
+        "outside plugin" in table
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (
+            ["--kubevirt-resources", "a,,b"],
+            "argument --kubevirt-resources: 'a,,b' is not a comma-separated list of names",
+        ),
+        (["--kubevirt-resources", "a"], "--kubevirt-resources needs a KubeVirt CR as --config"),
+    ],
+)
+def test_kubevirt_resources_without_a_cr_or_names_is_a_one_line_error(
+    host: tuple[Path, Path], capsys: pytest.CaptureFixture[str], extra: list[str], error: str
+) -> None:
+    sysfs, dev = host
+    try:
+        code = main(["scan", "--sysfs", str(sysfs), "--dev", str(dev), *extra])
+    except SystemExit as exited:  # argparse's own exit, for a malformed value
+        code = exited.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and error in err
+
+
 def test_scan_names_the_nearest_id_and_mdev_type_of_a_selector_that_matches_nothing(
     host: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -789,6 +789,78 @@ def test_a_kubevirt_cr_that_leaves_nothing_to_outside_plugins_says_so() -> None:
     ]
 
 
+# Two entries left to outside plugins, and virt-handler's vGPU.
+TWO_OUTSIDE = CR.replace(
+    """      mediatedDevices:""",
+    """        - pciVendorSelector: "8086:4941"
+          resourceName: "intel.com/qat_vf"
+          externalResourceProvider: true
+      mediatedDevices:""",
+)
+
+
+def test_kubevirt_resources_names_the_outside_entries_dp_serves() -> None:
+    """Another outside plugin (NVIDIA's GPU operator, say) may serve some of the
+    entries a CR leaves to outside plugins: dp serves only the ones named, and
+    leaves the rest, and virt-handler's, alone."""
+    from dp_core import build_inventory
+    from dp_testing.topology import fixture_topology, to_snapshot
+
+    loaded = parse_config_file(TWO_OUTSIDE, "cr", kubevirt_resources=["intel.com/qat_vf"])
+    inventory = build_inventory(to_snapshot(fixture_topology()), loaded.config)
+    assert inventory.names == ("intel.com/qat_vf",)
+    left = {s.resource_name: s.reason for s in inventory.skipped}
+    assert left["nvidia.com/TU104GL_Tesla_T4"] == (
+        "externalResourceProvider is true, but --kubevirt-resources does not name it: "
+        "another outside plugin serves it"
+    )
+    (note,) = [n for n in loaded.notes if n.path == "--kubevirt-resources"]
+    assert note.message == (
+        "dp serves 1 entry of the 2 the CR leaves to outside plugins (intel.com/qat_vf); "
+        "1 entry left to another outside plugin"
+    )
+    # Without the flag, both; the flag is never part of the YAML shape.
+    assert build_inventory(to_snapshot(fixture_topology()), parse_config(TWO_OUTSIDE)).names == (
+        "intel.com/qat_vf",
+        "nvidia.com/TU104GL_Tesla_T4",
+    )
+    assert "another_plugin" not in yaml.safe_dump(dump_config(loaded.config))
+
+
+@pytest.mark.parametrize(
+    ("text", "names", "message"),
+    [
+        (
+            TWO_OUTSIDE,
+            ["nvidia.com/GRID_T4-1Q"],
+            "cr: --kubevirt-resources names nvidia.com/GRID_T4-1Q: not an entry the CR leaves "
+            "to an outside plugin; the CR leaves these to outside plugins: intel.com/qat_vf, "
+            "nvidia.com/TU104GL_Tesla_T4",
+        ),
+        (
+            "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nspec: {}\n",
+            ["intel.com/qat_vf"],
+            "cr: --kubevirt-resources names intel.com/qat_vf: not an entry the CR leaves to an "
+            "outside plugin; the CR leaves no entry to an outside plugin "
+            "(externalResourceProvider: true)",
+        ),
+        (
+            "permittedHostDevices: {}\n",
+            ["intel.com/qat_vf"],
+            "cr: --kubevirt-resources chooses among the entries of a KubeVirt CR, and this is "
+            "dp's own config, which lists what dp serves: leave the flag out, or drop the "
+            "entries dp is not to serve",
+        ),
+    ],
+)
+def test_kubevirt_resources_that_name_no_outside_entry_are_refused(
+    text: str, names: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigFileError) as caught:
+        parse_config_file(text, "cr", kubevirt_resources=names)
+    assert caught.value.problems == (message,)
+
+
 def test_kubevirt_cr_spec_not_a_mapping() -> None:
     text = "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nspec: {configuration: [1]}\n"
     assert only_problem(text) == (

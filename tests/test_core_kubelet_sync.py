@@ -442,3 +442,20 @@ def test_no_group_is_ever_split_whatever_the_order_of_starts_and_answers(
         GROUP_OF[d.id] for d in world.node.device_plugin.advertised(QAT_RESOURCE) if not d.healthy
     }
     assert unhealthy <= held
+
+
+def test_metrics_show_the_sync_phase_and_the_groups_held_for_unlisted_pods() -> None:
+    from dp_core import collect
+
+    def gauges(node: Node) -> dict[str, object]:
+        families = {family.name: family for family in collect(node)}
+        phase = families["dp_kubelet_sync_phase"]
+        (held,) = families["dp_iommu_groups_held_for_unlisted_pods"].samples
+        current = [dict(s.labels)["phase"] for s in phase.samples if s.value == 1]
+        return {"phase": current, "held": held.value, "phases": len(phase.samples)}
+
+    node, _, _ = young_node(checkpoint(QAT_0))
+    node.handle(AllocationsObserved({}, 0.1))  # young: lists no pods
+    assert gauges(node) == {"phase": ["syncing"], "held": 1, "phases": len(SyncPhase)}
+    node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 0.2))
+    assert gauges(node) == {"phase": ["synced"], "held": 0, "phases": len(SyncPhase)}

@@ -110,7 +110,7 @@ def selected_for_binding(
     if pci.is_bridge:
         return False
     entry = selectors.get((pci.vendor, pci.device))
-    return entry is not None and not entry.virt_handler_serves
+    return entry is not None and entry.not_served_because is None
 
 
 def _candidate(

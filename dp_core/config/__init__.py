@@ -2,6 +2,7 @@
 which front end (`config`), and the naming rules of resources (`names`)."""
 
 from .config import (
+    ANOTHER_PLUGIN_SERVES,
     DEFAULT_SHARED_DEVICES,
     DEVICE_PLUGIN,
     DRA,
@@ -26,6 +27,7 @@ from .config import (
 )
 
 __all__ = [
+    "ANOTHER_PLUGIN_SERVES",
     "DEFAULT_SHARED_DEVICES",
     "DEVICE_PLUGIN",
     "DRA",

@@ -35,6 +35,7 @@ __all__ = [
     "PermittedHostDevices",
     "SharedDevice",
     "VFIO_INTERFACES",
+    "ANOTHER_PLUGIN_SERVES",
     "VIRT_HANDLER_SERVES",
     "Vfio",
     "VfioInterface",
@@ -93,6 +94,7 @@ class _ServedBy:
 
     __slots__ = ()
     external_resource_provider: bool | None
+    another_plugin: bool
 
     @property
     def virt_handler_serves(self) -> bool:
@@ -100,18 +102,34 @@ class _ServedBy:
         return self.external_resource_provider is False
 
     @property
+    def not_served_because(self) -> str | None:
+        """Why dp leaves the entry to another plugin; None when dp serves it."""
+        if self.virt_handler_serves:
+            return VIRT_HANDLER_SERVES
+        if self.another_plugin:
+            return ANOTHER_PLUGIN_SERVES
+        return None
+
+    @property
     def served_because(self) -> str:
-        """Why dp serves the entry, or why it leaves it to virt-handler."""
+        """Why dp serves the entry, or why it leaves it to another plugin."""
         if self.external_resource_provider is None:
             return "dp's config lists it"
-        if self.external_resource_provider:
-            return "externalResourceProvider is true: KubeVirt leaves it to an outside plugin"
-        return VIRT_HANDLER_SERVES
+        return self.not_served_because or (
+            "externalResourceProvider is true: KubeVirt leaves it to an outside plugin"
+        )
 
 
 # Why dp leaves an entry alone: two plugins must not register one resource name.
 VIRT_HANDLER_SERVES = (
     "externalResourceProvider is false (KubeVirt's default): virt-handler serves it"
+)
+# An entry a KubeVirt CR leaves to outside plugins that dp was not told to serve
+# (`dp-server --kubevirt-resources`): another outside plugin, such as NVIDIA's
+# GPU operator, serves it.
+ANOTHER_PLUGIN_SERVES = (
+    "externalResourceProvider is true, but --kubevirt-resources does not name it: "
+    "another outside plugin serves it"
 )
 
 
@@ -123,6 +141,8 @@ class PciHostDevice(_ServedBy):
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
     external_resource_provider: bool | None = None
     frontend: FrontendName = attrs.field(default=DEVICE_PLUGIN, validator=_check_frontend)
+    # Set by the KubeVirt CR reader alone, never written in a config.
+    another_plugin: bool = attrs.field(default=False, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         _check_entry_frontend(self)
@@ -136,6 +156,8 @@ class MediatedDevice(_ServedBy):
     resource_name: str | None = attrs.field(default=None, validator=_optional_resource_name)
     external_resource_provider: bool | None = None
     frontend: FrontendName = attrs.field(default=DEVICE_PLUGIN, validator=_check_frontend)
+    # Set by the KubeVirt CR reader alone, never written in a config.
+    another_plugin: bool = attrs.field(default=False, kw_only=True)
 
     @mdev_name_selector.validator
     def _check_selector(self, attribute: attrs.Attribute[str], value: str) -> None:

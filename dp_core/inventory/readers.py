@@ -20,7 +20,6 @@ import attrs
 from ..binding.plan import BindDecision
 from ..config.config import (
     DEVICE_PLUGIN,
-    VIRT_HANDLER_SERVES,
     Config,
     FrontendName,
     MediatedDevice,
@@ -140,8 +139,9 @@ def _select_pci(
     if entry is None:
         return None
     name = entry.resource_name or _derived_pci_name(pci, config, reading.pci_names)
-    if entry.virt_handler_serves:
-        return name, entry.frontend, VIRT_HANDLER_SERVES
+    if entry.not_served_because:
+        # Left to another plugin, whichever front end it names: the entry is not dp's.
+        return name, DEVICE_PLUGIN, entry.not_served_because
     if pci.driver not in (VFIO_DRIVER, None):
         if bind is None:
             return name, entry.frontend, f"{_held_by(pci)}; no binding policy moves it to vfio-pci"
@@ -221,8 +221,8 @@ def _select_mdev(
     if entry is None:
         return None
     name = entry.resource_name or f"{config.naming.domain}/{mdev_resource_suffix(type_name)}"
-    if entry.virt_handler_serves:
-        return name, entry.frontend, VIRT_HANDLER_SERVES
+    if entry.not_served_because:
+        return name, DEVICE_PLUGIN, entry.not_served_because
     return name, entry.frontend, ""
 
 

@@ -43,7 +43,12 @@ from dp_server.cli.demo_node import DemoError, Served, check_room, serving
 from dp_server.cli.explain import explain
 from dp_server.cli.report import explained_lines
 from dp_server.cli.settings import pci_names
-from dp_server.config.loader import ConfigFile, parse_config_file, read_config_file
+from dp_server.config.loader import (
+    ConfigFile,
+    ConfigFileError,
+    parse_config_file,
+    read_config_file,
+)
 from dp_server.host.scanner import scan_host
 from dp_testing.topology import fixture_topology, write_sysfs
 
@@ -335,7 +340,9 @@ def _binding_lines(config: Config, snapshot: Any) -> list[str]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    loaded = read_config_file(args.config) if args.config else None
+    if args.config is None and args.kubevirt_resources is not None:
+        raise ConfigFileError(["--kubevirt-resources needs a KubeVirt CR as --config"])
+    loaded = read_config_file(args.config, args.kubevirt_resources) if args.config else None
     names: dict[PciId, str] = {}
     if loaded is not None:
         names, missing = pci_names(loaded.config)

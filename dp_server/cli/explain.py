@@ -34,7 +34,7 @@ class EntryReport:
     where: str  # pciHostDevices[0]
     selector: str
     resource: str | None
-    served_by: str  # "dp" or "virt-handler"
+    served_by: str  # "dp", "virt-handler" or "another plugin"
     why: str
     devices: int  # functions or mdevs it selects here
     note: str = ""  # what else to know: nothing matches (and the nearest), the front end
@@ -95,7 +95,13 @@ def _mdev_report(
 def _report(
     where: str, selector: str, entry: PciHostDevice | MediatedDevice, devices: int
 ) -> EntryReport:
-    served_by = "virt-handler" if entry.virt_handler_serves else "dp"
+    served_by = (
+        "virt-handler"
+        if entry.virt_handler_serves
+        else "another plugin"
+        if entry.another_plugin
+        else "dp"
+    )
     through_dra = served_by == "dp" and entry.frontend == "dra" and devices > 0
     note = "offered through DRA (frontend: dra)" if through_dra else ""
     return EntryReport(

@@ -9,7 +9,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
@@ -31,9 +31,11 @@ RESCAN_INTERVAL_RANGE = (1.0, 86400.0)
 _log = logging.getLogger("dp.cli")
 
 
-def load_settings(path: str | None) -> tuple[Config, dict[PciId, str]]:
+def load_settings(
+    path: str | None, kubevirt_resources: Collection[str] | None = None
+) -> tuple[Config, dict[PciId, str]]:
     """The config and, in pci-ids naming mode, the PCI ID database names; notes logged."""
-    loaded = read_config_file(path)
+    loaded = read_config_file(path, kubevirt_resources)
     loaded.log_notes()
     names, missing = pci_names(loaded.config)
     if missing is not None:
@@ -78,6 +80,27 @@ def _host_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML config file: dp's own or a KubeVirt CR (default: none, which serves "
         "every function bound to vfio-pci and kvm, tun and vhost-net)",
     )
+    _kubevirt_resources_argument(parser)
+
+
+def _kubevirt_resources_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubevirt-resources",
+        type=resource_names,
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="with a KubeVirt CR as --config: serve only these of the entries it leaves to "
+        "outside plugins (externalResourceProvider: true); the others are left to another "
+        "outside plugin (default: serve all of them)",
+    )
+
+
+def resource_names(text: str) -> tuple[str, ...]:
+    """An argparse type: a comma-separated list of resource names, at least one."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of names")
+    return names
 
 
 def _log_arguments(parser: argparse.ArgumentParser, default_level: str) -> None:
@@ -206,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="YAML config to serve the fixture node with (default: the demo's own)",
     )
+    _kubevirt_resources_argument(demo)
     demo.add_argument(
         "--socket-mode",
         choices=[mode.value for mode in SocketMode],
@@ -235,7 +259,7 @@ def _scan(args: argparse.Namespace) -> int:
     from dp_server.cli.explain import explain
     from dp_server.cli.report import inventory_document, inventory_table
 
-    loaded = read_config_file(args.config)
+    loaded = read_config_file(args.config, args.kubevirt_resources)
     config = loaded.config
     names, missing = pci_names(config)
     shared_paths = [device.path for device in config.enabled_shared_devices]
@@ -256,7 +280,7 @@ def _scan(args: argparse.Namespace) -> int:
 async def _serve_until_signalled(args: argparse.Namespace) -> int:
     from dp_server.runtime.runtime import Runtime, Settings, SettingsError
 
-    config, names = load_settings(args.config)
+    config, names = load_settings(args.config, args.kubevirt_resources)
     metrics_address = None
     if args.metrics_address is not None:
         try:
@@ -282,7 +306,10 @@ async def _serve_until_signalled(args: argparse.Namespace) -> int:
     )
     try:
         runtime = Runtime(
-            settings, config, pci_names=names, reload=lambda: load_settings(args.config)
+            settings,
+            config,
+            pci_names=names,
+            reload=lambda: load_settings(args.config, args.kubevirt_resources),
         )
     except SettingsError as error:
         say_error(error)

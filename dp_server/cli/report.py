@@ -197,7 +197,7 @@ def explained_lines(explained: Explained) -> list[str]:
     elif explained.entries or explained.notes:
         lines.append("config:")
     for report in explained.entries:
-        served = "served by dp" if report.served_by == "dp" else "left to virt-handler"
+        served = "served by dp" if report.served_by == "dp" else f"left to {report.served_by}"
         name = report.resource or "(a derived name)"
         line = f"  {report.where}  {report.selector} -> {name}: {served}, {_count(report)}"
         lines.append(f"{line}: {report.why}")

@@ -58,7 +58,8 @@ Hook = Callable[[Any, Any], Any]
 # --- YAML keys --------------------------------------------------------------------
 
 # YAML key of each attribute, per class. The same table drives structuring,
-# unstructuring and the field paths in error messages.
+# unstructuring and the field paths in error messages; an attribute it does
+# not list is no part of the YAML shape.
 KEYS: dict[type, dict[str, str]] = {
     PciHostDevice: {
         "pci_vendor_selector": "pciVendorSelector",
@@ -369,7 +370,11 @@ def _register_class(
     struct_overrides: dict[str, Any] = {}
     unstruct_overrides: dict[str, Any] = {}
     for field in attrs.fields(cls):
-        key = KEYS[cls][field.name]
+        key = KEYS[cls].get(field.name)
+        if key is None:
+            # Not part of the YAML shape: set by the reader (e.g. `another_plugin`).
+            struct_overrides[field.name] = unstruct_overrides[field.name] = override(omit=True)
+            continue
         hook = struct_hooks.get(field.name)
         if hook is None and (field.validator is not None or get_origin(field.type) is Literal):
             base = (

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -384,8 +384,14 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     return loaded.config
 
 
-def parse_config_file(text: str, source: str = "<config>") -> ConfigFile:
-    """A YAML document's Config with its notes, or ConfigFileError listing every problem."""
+def parse_config_file(
+    text: str, source: str = "<config>", kubevirt_resources: Collection[str] | None = None
+) -> ConfigFile:
+    """A YAML document's Config with its notes, or ConfigFileError listing every problem.
+
+    `kubevirt_resources` (`--kubevirt-resources`), for a KubeVirt CR: serve only
+    these of the entries the CR leaves to outside plugins (default: all of them).
+    """
     try:
         document = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -404,7 +410,15 @@ def parse_config_file(text: str, source: str = "<config>") -> ConfigFile:
         )
 
     if "apiVersion" in document or "kind" in document:
-        return _parse_kubevirt_cr(document, source)
+        return _parse_kubevirt_cr(document, source, kubevirt_resources)
+    if kubevirt_resources is not None:
+        raise ConfigFileError(
+            [
+                f"{source}: --kubevirt-resources chooses among the entries of a KubeVirt CR, "
+                "and this is dp's own config, which lists what dp serves: leave the flag out, "
+                "or drop the entries dp is not to serve"
+            ]
+        )
 
     permitted = document.get("permittedHostDevices")
     config, errors = _structure_at(document, Config, ())
@@ -432,7 +446,9 @@ def _kubevirt_entry(entry: Any) -> Any:
     return entry
 
 
-def _parse_kubevirt_cr(document: Mapping[Any, Any], source: str) -> ConfigFile:
+def _parse_kubevirt_cr(
+    document: Mapping[Any, Any], source: str, named: Collection[str] | None = None
+) -> ConfigFile:
     if not _is_kubevirt_cr(document):
         found = f"apiVersion {show(document.get('apiVersion'))}, kind {show(document.get('kind'))}"
         raise ConfigFileError(
@@ -461,6 +477,8 @@ def _parse_kubevirt_cr(document: Mapping[Any, Any], source: str) -> ConfigFile:
                 "is absent: the CR names no host device, so dp serves none from it; "
                 "list them there with externalResourceProvider: true, or give dp its own config",
             )
+            if named:
+                raise ConfigFileError([_not_outside(source, named, [])])
             config = Config(PermittedHostDevices(), shared_devices=_NOT_SHARED)
             return ConfigFile(config, source, True, (absent, _VIRT_HANDLER_ALWAYS))
         if not isinstance(node, Mapping):
@@ -498,7 +516,60 @@ def _parse_kubevirt_cr(document: Mapping[Any, Any], source: str) -> ConfigFile:
                 "and dp none",
             )
         )
+    if named is not None:
+        config, note = _only_named(config, outside, set(named), source)
+        notes.append(note)
     return ConfigFile(config, source, True, tuple(notes))
+
+
+def _only_named(
+    config: Config,
+    outside: Sequence[PciHostDevice | MediatedDevice],
+    named: set[str],
+    source: str,
+) -> tuple[Config, ConfigNote]:
+    """`config` with the outside entries `named` does not name left to another plugin."""
+    unknown = named - {entry.resource_name for entry in outside if entry.resource_name}
+    if unknown:
+        raise ConfigFileError([_not_outside(source, sorted(unknown), outside)])
+
+    def choose(entry: Any) -> Any:
+        if entry.virt_handler_serves or entry.resource_name in named:
+            return entry
+        return attrs.evolve(entry, another_plugin=True)
+
+    permitted = config.permitted_host_devices
+    assert permitted is not None
+    chosen = PermittedHostDevices(
+        tuple(choose(entry) for entry in permitted.pci_host_devices),
+        tuple(choose(entry) for entry in permitted.mediated_devices),
+    )
+    served = [entry for entry in outside if entry.resource_name in named]
+    others = len(outside) - len(served)
+    note = ConfigNote(
+        "info",
+        "--kubevirt-resources",
+        f"dp serves {_entries(len(served))} of the {len(outside)} the CR leaves to outside "
+        f"plugins ({', '.join(sorted(named))}); "
+        + (f"{_entries(others)} left to another outside plugin" if others else "none left"),
+    )
+    return attrs.evolve(config, permitted_host_devices=chosen), note
+
+
+def _not_outside(
+    source: str, names: Iterable[str], outside: Sequence[PciHostDevice | MediatedDevice]
+) -> str:
+    listed = sorted({entry.resource_name for entry in outside if entry.resource_name})
+    offered = (
+        f"the CR leaves these to outside plugins: {', '.join(listed)}"
+        if listed
+        else "the CR leaves no entry to an outside plugin (externalResourceProvider: true)"
+    )
+    wrong = ", ".join(names)
+    return (
+        f"{source}: --kubevirt-resources names {wrong}: not an entry the CR leaves to an "
+        f"outside plugin; {offered}"
+    )
 
 
 def _result(
@@ -528,9 +599,16 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     return loaded.config
 
 
-def read_config_file(path: str | os.PathLike[str] | None) -> ConfigFile:
-    """The config file at `path` with its notes; None means the defaults."""
+def read_config_file(
+    path: str | os.PathLike[str] | None, kubevirt_resources: Collection[str] | None = None
+) -> ConfigFile:
+    """The config file at `path` with its notes; None means the defaults.
+
+    `kubevirt_resources`: as for `parse_config_file`.
+    """
     if path is None:
+        if kubevirt_resources is not None:
+            raise ConfigFileError(["--kubevirt-resources needs a KubeVirt CR as --config"])
         return ConfigFile(Config())
     source = os.fspath(path)
     try:
@@ -543,7 +621,7 @@ def read_config_file(path: str | os.PathLike[str] | None) -> ConfigFile:
         raise ConfigFileError(
             [f"{source}: cannot read config file: {exc.strerror or exc}"]
         ) from None
-    return parse_config_file(text, source)
+    return parse_config_file(text, source, kubevirt_resources)
 
 
 def dump_config(config: Config) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Debian and Ubuntu ship it as `/usr/share/misc/pci.ids` (package `pci.ids`),
 Fedora and RHEL as `/usr/share/hwdata/pci.ids` (package `hwdata`); some
 distributions ship only the gzip-compressed `pci.ids.gz`. Parsing is the
-core's (`dp_core.names.parse_pci_ids`); this module only finds and reads.
+core's (`dp_core.config.names.parse_pci_ids`); this module only finds and reads.
 """
 
 from __future__ import annotations
