@@ -20,10 +20,12 @@ from dp_core import (
     PciId,
     PermittedHostDevices,
     Reply,
+    UsageError,
 )
 from dp_core.config import Dra
 from dp_core.dra.claims import ClaimRef
 from dp_core.dra.effects import (
+    ClaimAnswered,
     ClaimPrepared,
     ClaimRefused,
     ClaimsChanged,
@@ -32,6 +34,8 @@ from dp_core.dra.effects import (
 )
 from dp_core.dra.inputs import (
     AllocatedDevice,
+    ClaimFilesRemoved,
+    ClaimFilesWritten,
     ClaimPrepareRequested,
     ClaimsRecalled,
     ClaimUnprepareRequested,
@@ -516,6 +520,78 @@ def test_prepare_holds_the_group_and_unprepare_frees_it_at_once() -> None:
     assert one(effects, ClaimsChanged).prepared == ()
     assert one(effects, HealthChanged).healthy is True
     assert node.ledger.held() == {}
+
+
+def test_a_claim_is_answered_once_its_files_are_written() -> None:
+    node, _ = started()
+    effects = prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7)
+    prepared = one(effects, ClaimPrepared).prepared
+    assert effects_of(effects, ClaimAnswered) == []  # not before its files are in place
+    answered = node.handle(ClaimFilesWritten(7))
+    assert answered == [ClaimAnswered(7, CLAIM_A, prepared_devices(DRIVER, prepared))]
+    assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+    effects = unprepare(node, CLAIM_A, call=8)
+    assert effects_of(effects, ClaimAnswered) == []
+    assert node.ledger.held() == {}  # free at once, files or not
+    assert node.handle(ClaimFilesRemoved(8)) == [ClaimAnswered(8, CLAIM_A)]
+
+
+def test_a_claim_whose_files_cannot_be_written_is_let_go_before_it_is_answered() -> None:
+    node, _ = started()
+    prepared = one(prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7), ClaimPrepared).prepared
+    effects = node.handle(ClaimFilesWritten(7, "cannot write /var/run/cdi/x.json: No space"))
+    # Nothing stays held for a claim the kubelet is told failed: its files go first.
+    assert one(effects, ClaimUnprepared) == ClaimUnprepared(7, CLAIM_A, prepared)
+    assert one(effects, ClaimsChanged).prepared == ()
+    assert one(effects, HealthChanged).healthy is True  # the audio sibling is free again
+    assert effects_of(effects, ClaimAnswered) == []
+    assert node.ledger.held() == {} and node.dra.prepared() == ()
+    (answer,) = node.handle(ClaimFilesRemoved(7, "no such directory"))
+    assert answer == ClaimAnswered(
+        7,
+        CLAIM_A,
+        error="claim vms/vm-a (UID uid-a): its CDI files could not be written: "
+        "cannot write /var/run/cdi/x.json: No space",
+    )
+
+
+def test_a_claim_prepared_before_stays_held_when_its_files_fail_again() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7)
+    node.handle(ClaimFilesWritten(7))
+    again = prepare(node, CLAIM_A, "pci-0000-af-00-0", call=9, now=2.0)
+    assert [type(e) for e in again] == [ClaimPrepared]
+    (answer,) = node.handle(ClaimFilesWritten(9, "read-only file system"))
+    assert answer.error.endswith("its CDI files could not be written: read-only file system")
+    assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+
+
+def test_an_unprepare_whose_files_cannot_be_removed_says_so_and_frees_the_group() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7)
+    node.handle(ClaimFilesWritten(7))
+    unprepare(node, CLAIM_A, call=8)
+    (answer,) = node.handle(ClaimFilesRemoved(8, "permission denied"))
+    assert answer == ClaimAnswered(
+        8,
+        CLAIM_A,
+        error="claim vms/vm-a (UID uid-a): its CDI files could not be removed: permission denied",
+    )
+    assert node.ledger.held() == {}
+
+
+@pytest.mark.parametrize(
+    "report", [ClaimFilesWritten(3), ClaimFilesRemoved(3)], ids=["written", "removed"]
+)
+def test_a_files_report_for_a_call_that_asked_for_none_is_the_shells_mistake(
+    report: object,
+) -> None:
+    node, _ = started()
+    with pytest.raises(UsageError, match="call 3, which waits for no such report"):
+        node.handle(report)  # type: ignore[arg-type]
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=3)
+    with pytest.raises(UsageError):
+        node.handle(ClaimFilesRemoved(3))  # it waits for its files to be written
 
 
 def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None:
