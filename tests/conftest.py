@@ -33,31 +33,36 @@ def short_dir() -> Iterator[Path]:
 
 # --- nothing left behind -------------------------------------------------------------
 
-# What the temp dir held when the run began; pytest's own base directory
-# (pytest-of-<user>, which keeps the last three runs' tmp_path trees) aside.
-_TEMP_BEFORE: set[str] = set()
+# The run's own temp dir: every test, and every process a test starts (they
+# inherit TMPDIR), makes its temporary files under it, so what is left there
+# at the end was left by a test, whatever else the machine runs meanwhile. It
+# is short, as unix socket paths are (108 bytes), and removed at the end.
+_RUN_TEMP: list[Path] = []
 
 
-def _temp_entries() -> set[str]:
-    try:
-        names = os.listdir(tempfile.gettempdir())
-    except OSError:
-        return set()
-    return {name for name in names if not name.startswith("pytest-of-")}
+def _left_in(root: Path) -> list[str]:
+    # pytest's own base directory (pytest-of-<user>) holds tmp_path trees.
+    return sorted(name for name in os.listdir(root) if not name.startswith("pytest-of-"))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _TEMP_BEFORE.update(_temp_entries())
+    root = Path(tempfile.mkdtemp(prefix="dpt"))
+    _RUN_TEMP.append(root)
+    os.environ["TMPDIR"] = str(root)
+    tempfile.tempdir = str(root)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a test left something in the temp dir (tests clean what they make)."""
-    left = sorted(_temp_entries() - _TEMP_BEFORE)
+    if not _RUN_TEMP:
+        return
+    root = _RUN_TEMP.pop()
+    left = _left_in(root)
     if left:
-        where = tempfile.gettempdir()
-        print(f"\nFAILED: the tests left behind in {where}: {', '.join(left[:10])}")
+        print(f"\nFAILED: the tests left behind in {root}: {', '.join(left[:10])}")
         if session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
