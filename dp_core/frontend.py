@@ -18,9 +18,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from .binding.plan import BindDecision
 from .config.config import Config, FrontendName
-from .host.pci import PciAddress
 from .host.snapshot import HostSnapshot
 from .inventory.resources import Inventory
 
@@ -36,13 +34,12 @@ Handler = Callable[[Any], Effects]
 @attrs.frozen
 class World:
     """What every front end is told when it changes: the host, the config, the
-    one inventory (each resource labelled with its front end), the binding plan
-    and the node's clock."""
+    one inventory (each resource labelled with its front end, the binding
+    plan's moves in its devices' health) and the node's clock."""
 
     snapshot: HostSnapshot
     config: Config
     inventory: Inventory
-    bindings: Mapping[PciAddress, BindDecision]
     now: float
 
 

@@ -209,7 +209,7 @@ class Node:
             self.bind_book.leaving,
             self.bind_book.moving_groups,
         )
-        world = World(self.snapshot, self.config, self.inventory, self.bindings, self._now)
+        world = World(self.snapshot, self.config, self.inventory, self._now)
         effects: Effects = []
         outer = self._deferred
         deferred = self._deferred = outer if outer is not None else set()
