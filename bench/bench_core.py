@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if sorted(connection_of) != sorted(names):
         print(f"only {len(connection_of)} of {len(names)} resources registered", file=sys.stderr)
         return 1
-    devices = {name: [d.id for d in node.advertised(name)] for name in names}
+    devices = {name: [d.id for d in node.device_plugin.advertised(name)] for name in names}
     calls = itertools.count(1_000_000)
     micros = []
     for i in range(args.allocs):
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p99 = micros[min(len(micros) - 1, int(len(micros) * 0.99))]
     print(
         f"core Allocate + encoding, {args.resources} x {args.devices}, {args.allocs} calls, "
-        f"{len(node.allocations)} allocations held at the end: "
+        f"{len(node.device_plugin.allocations)} allocations held at the end: "
         f"p50 {statistics.median(micros):.0f} us, p99 {p99:.0f} us, max {micros[-1]:.0f} us"
     )
     return 0

@@ -256,7 +256,7 @@ def state_of(device: dict[str, Any] | None) -> str:
 
 
 def attribute(device: dict[str, Any], key: str) -> Any:
-    # Unqualified names are in the driver's domain (dp_core.dra_names).
+    # Unqualified names are in the driver's domain (dp_core.dra.names).
     attributes = device.get("attributes", {})
     value = attributes.get(key) or attributes.get(f"{DRIVER}/{key}") or {}
     return next(iter(value.values()), None)

@@ -36,9 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dp_core.slices import DeviceTaint, PoolContent, PoolDevice  # noqa: E402
+from dp_core.dra.slices import DeviceTaint, PoolContent, PoolDevice  # noqa: E402
 from dp_server.dra.api import KubeApi  # noqa: E402
-from dp_server.dra.slices import RepairPacer, SlicePublisher  # noqa: E402
+from dp_server.dra.pacing import RepairPacer  # noqa: E402
+from dp_server.dra.slices import SlicePublisher  # noqa: E402
 from dp_testing.apiserver import ApiServerEmulator  # noqa: E402
 from dp_testing.apiserver.store import Event  # noqa: E402
 

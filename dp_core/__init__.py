@@ -1,24 +1,27 @@
-"""dp_core: the pure state machine of a device-plugin server.
+"""dp_core: the pure state machine of a node that hands its devices to pods.
 
-It models devices, IOMMU groups, resources, allocations, registrations and
-connections, takes frozen inputs and returns frozen effects, and does no I/O:
-the same inputs always give the same effects. `dp_server` is one shell around
-it; a plugin author can write another.
+A `Node` coordinates two front ends as peers on one ledger: the kubelet's
+device-plugin API (`deviceplugin`) and DRA (`dra`). It models the host
+(`host`), what the operator asked for (`config`), the one inventory of every
+front end's devices (`inventory`), the IOMMU groups each holder has
+(`ledger`), moves to vfio-pci (`binding`) and CDI specs (`cdi`); it takes
+frozen inputs and returns frozen effects, and does no I/O: the same inputs
+always give the same effects. `dp_server` is one shell around it; a plugin
+author can write another.
 """
 
-from .advertised import AdvertisedDevice
-from .allocation import Allocation, AllocationBook, container_allocation, preferred_devices
-from .answers import (
-    AllocateAnswer,
-    Answer,
-    ContainerAllocation,
-    DeviceSpec,
-    PluginOptions,
-    PreferredAnswer,
-    PreStartAnswer,
+from .binding import (
+    BindDecision,
+    BindDevice,
+    BindingBook,
+    BindingFinished,
+    Move,
+    MovesChanged,
+    MovesRecalled,
+    UnbindDevice,
+    UnbindingFinished,
+    plan_bindings,
 )
-from .bind_plan import BindDecision, plan_bindings
-from .binding import BindingBook
 from .cdi import (
     MIN_CDI_VERSION,
     SPEC_PREFIX,
@@ -46,42 +49,74 @@ from .config import (
     Vfio,
     VfioInterface,
 )
-from .dra_effects import (
-    ClaimPrepared,
-    ClaimRefused,
-    ClaimsChanged,
-    ClaimUnprepared,
-    PoolChanged,
-    PublishHealth,
-)
-from .dra_frontend import DraFrontend
-from .dra_health import DeviceHealth, Health
-from .dra_inputs import (
-    AllocatedDevice,
-    ClaimPrepareRequested,
-    ClaimsRecalled,
-    ClaimUnprepareRequested,
-    DraFeaturesObserved,
-    HealthWatchEnded,
-    HealthWatchStarted,
-)
-from .dra_prepared import ClaimDevice, PreparedClaim
-from .effects import (
+from .deviceplugin import (
+    AllocateAnswer,
+    AllocateRequested,
+    Allocation,
+    AllocationBook,
+    AllocationsObserved,
+    Answer,
     AttributeConnection,
-    BindDevice,
-    Effect,
+    CheckpointEntry,
+    ConnectionClosed,
+    ConnectionOpened,
+    ContainerPreference,
+    DevicePluginFrontend,
     EndStream,
     HealthChanged,
-    Log,
-    MovesChanged,
+    KubeletCheckpoint,
+    KubeletCheckpointObserved,
+    KubeletStarted,
+    KubeletStopped,
+    OptionsRequested,
+    Phase,
+    PluginOptions,
+    PreferredAllocationRequested,
+    PreferredAnswer,
+    PreStartAnswer,
+    PreStartRequested,
     Publish,
     RefreshAllocations,
     Register,
+    RegistrationFailed,
+    RegistrationSucceeded,
     Reject,
     Reply,
-    UnbindDevice,
+    SocketMode,
+    SyncPhase,
+    WatchEnded,
+    WatchStarted,
+    endpoint_name,
+    min_endpoint_length,
+    preferred_devices,
 )
+from .dra import (
+    AllocatedDevice,
+    ClaimAnswered,
+    ClaimDevice,
+    ClaimFilesRemoved,
+    ClaimFilesWritten,
+    ClaimPrepared,
+    ClaimPrepareRequested,
+    ClaimRef,
+    ClaimRefused,
+    ClaimsChanged,
+    ClaimsRecalled,
+    ClaimUnprepared,
+    ClaimUnprepareRequested,
+    DeviceHealth,
+    DraFeaturesObserved,
+    DraFrontend,
+    Health,
+    HealthWatchEnded,
+    HealthWatchStarted,
+    PoolChanged,
+    PreparedClaim,
+    PublishHealth,
+)
+from .effects import Effect, Log
 from .errors import StatusCode, UsageError
+from .frontend import Frontend, World
 from .host import (
     IOMMUFD_NODE,
     VFIO_DRIVER,
@@ -89,53 +124,46 @@ from .host import (
     IommuGroup,
     MdevDevice,
     MdevType,
+    PciAddress,
+    PciDevice,
+    PciId,
     ScanProblem,
+    VfioDevEntry,
 )
-from .inputs import (
-    AllocateRequested,
-    AllocationsObserved,
-    BindingFinished,
-    ConfigApplied,
-    ConnectionClosed,
-    ConnectionOpened,
-    ContainerPreference,
-    HostObserved,
-    Input,
-    KubeletCheckpointObserved,
-    KubeletStarted,
-    KubeletStopped,
-    MovesRecalled,
-    OptionsRequested,
-    PreferredAllocationRequested,
-    PreStartRequested,
-    RegistrationFailed,
-    RegistrationSucceeded,
-    Tick,
-    UnbindingFinished,
-    WatchEnded,
-    WatchStarted,
-)
+from .inputs import ConfigApplied, HostObserved, Input, Tick
 from .inventory import (
+    CLASSES,
+    AdvertisedDevice,
     CdevState,
+    ContainerAllocation,
+    DeviceClass,
     DeviceKind,
+    DeviceSpec,
     Inventory,
     Resource,
     SkippedDevice,
     build_inventory,
     cdev_state,
+    container_allocation,
 )
-from .kubelet_checkpoint import CheckpointEntry, KubeletCheckpoint
-from .kubelet_sync import SyncPhase
+from .ledger import Holder, Ledger
 from .metrics import MetricFamily, Sample, collect
-from .moves import Move
-from .names import endpoint_name, min_endpoint_length
 from .node import Node
-from .pci import PciAddress, PciDevice, PciId, VfioDevEntry
-from .registration import Backoff, Phase, SocketMode
 from .tally import Tally
-from .timing import Timing
+from .timing import Backoff, Timing
 
 __all__ = [
+    "ClaimAnswered",
+    "ClaimFilesRemoved",
+    "ClaimFilesWritten",
+    "ClaimRef",
+    "DevicePluginFrontend",
+    "Frontend",
+    "World",
+    "Holder",
+    "Ledger",
+    "CLASSES",
+    "DeviceClass",
     "AllocatedDevice",
     "ClaimDevice",
     "ClaimPrepareRequested",

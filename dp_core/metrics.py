@@ -15,9 +15,10 @@ from typing import Literal
 
 import attrs
 
-from .kubelet_sync import SyncPhase
+from .config.config import DEVICE_PLUGIN
+from .deviceplugin.registration import Phase
+from .deviceplugin.sync import SyncPhase
 from .node import Node
-from .registration import Phase
 from .tally import OK, RPC_METHODS
 
 __all__ = ["MetricFamily", "Sample", "collect"]
@@ -69,21 +70,22 @@ def _family(
 
 
 def _per_resource(node: Node) -> list[MetricFamily]:
-    names = node.resource_names()
+    front = node.device_plugin
+    names = front.resource_names()
     held: Counter[str] = Counter()
-    for allocation in node.allocations.all():
+    for allocation in front.allocations.all():
         held[allocation.resource] += len(allocation.device_ids)
-    phases = node.registrar.phases()
-    # Healthy before reservations: a device whose group another allocation
-    # holds is Unhealthy to the kubelet, but it is reserved, not broken.
+    phases = front.registrar.phases()
+    # Healthy before reservations: a device whose group another holder has
+    # is Unhealthy to the kubelet, but it is reserved, not broken.
     usable = {
         resource.name: {device.id for device in resource.devices if device.healthy}
-        for resource in node.inventory.resources
+        for resource in node.inventory.offered_by(DEVICE_PLUGIN).resources
     }
     devices: list[tuple[Labels, float]] = []
     for name in names:
         health: Counter[str] = Counter({"healthy": 0, "unhealthy": 0, "reserved": 0})
-        for device in node.advertised(name):
+        for device in front.advertised(name):
             if device.healthy:
                 health["healthy"] += 1
             elif device.id in usable.get(name, ()):
@@ -119,7 +121,7 @@ def _per_resource(node: Node) -> list[MetricFamily]:
             "gauge",
             "dp_resource_streams",
             "ListAndWatch streams the kubelet has open for a resource.",
-            [((("resource", name),), len(node.streams(name))) for name in names],
+            [((("resource", name),), len(front.streams(name))) for name in names],
         ),
     ]
 
@@ -220,14 +222,17 @@ def _node_wide(node: Node) -> list[MetricFamily]:
             "dp_kubelet_sync_phase",
             "1 for the phase of the kubelet's pod sync dp is in, else 0: syncing while a "
             "kubelet that has just started may not list every pod that holds a device.",
-            [((("phase", phase.value),), int(node.sync.phase is phase)) for phase in SyncPhase],
+            [
+                ((("phase", phase.value),), int(node.device_plugin.sync.phase is phase))
+                for phase in SyncPhase
+            ],
         ),
         _family(
             "gauge",
             "dp_iommu_groups_held_for_unlisted_pods",
             "IOMMU groups held because the kubelet's checkpoint gives a member to a pod "
             "PodResources does not list yet (while the kubelet syncs).",
-            [((), len(node.allocations.unlisted_holds()))],
+            [((), len(node.device_plugin.allocations.unlisted_holds()))],
         ),
         _family(
             "counter",
@@ -245,7 +250,7 @@ def _node_wide(node: Node) -> list[MetricFamily]:
 
 
 def _cdi(node: Node) -> list[MetricFamily]:
-    keeper = node.cdi
+    keeper = node.device_plugin.cdi
     if keeper is None:
         return []
     return [

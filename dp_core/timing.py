@@ -1,12 +1,36 @@
-"""How long a node waits for the kubelet and for PodResources."""
+"""How long a node waits, and how it spaces attempts that fail.
+
+`Backoff` is the one exponential backoff of dp: the core's registrations use
+it as it is; the shell's API sessions and slice repairs pass in a random
+`jitter` of their own, since the core has no randomness.
+"""
 
 from __future__ import annotations
 
 import attrs
 
-from .registration import Backoff
+__all__ = ["Backoff", "Timing"]
 
-__all__ = ["Timing"]
+
+@attrs.frozen
+class Backoff:
+    """Exponential delay between attempts: 0, first, 2*first, ... up to `cap`."""
+
+    # Short, because the commonest failure is brief: the kubelet's net.Listen
+    # creates kubelet.sock (which the watcher reports) before it listens, and a
+    # Register in between is refused; a 100 ms first delay was seen to hold
+    # back part of a restart's re-registration by that much.
+    first: float = 0.02
+    cap: float = 5.0
+    # A connection that lived this long proves the last attempt worked.
+    healthy_after: float = 10.0
+
+    def delay(self, failures: int, jitter: float = 1.0) -> float:
+        """The wait after `failures` in a row, scaled by `jitter` (the shell's
+        random 0.5-1, so that many nodes do not retry in step)."""
+        if failures <= 0:
+            return 0.0
+        return float(min(self.cap, self.first * 2 ** (failures - 1))) * jitter
 
 
 @attrs.frozen

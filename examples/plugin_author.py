@@ -1,7 +1,9 @@
 """Driving dp_core from your own shell: one GPU, one kubelet, one Allocate.
 
 dp_core does no I/O. You tell it what happened (inputs, each with the time)
-and it tells you what to do (effects). This script plays both the host and
+and it tells you what to do (effects). The node coordinates its front ends
+(here the device-plugin one, `node.device_plugin`) over one ledger of IOMMU
+groups (`node.ledger`). This script plays both the host and
 the kubelet by hand, so every step is visible; `dp_server` does the same with
 sysfs, sockets and grpclib. Run it: `python examples/plugin_author.py`.
 See docs/core.md for what each input and effect means.
@@ -125,7 +127,15 @@ def main() -> None:
     (reject,) = [e for e in effects if isinstance(e, Reject)]
     print(f"Allocate 0000:00:00.0: {reject.status.name}: {reject.message}")
 
-    # 6. What monitoring would see.
+    # 6. The GPU's IOMMU group is held now, in the node's one ledger, by the
+    #    allocation the device-plugin front end made; either front end would
+    #    refuse a device of that group to anyone else.
+    holder = node.ledger.holder(10)
+    print("IOMMU group 10 is held by", holder.describe() if holder else "nobody")
+    (published,) = node.device_plugin.advertised(RESOURCE)
+    print(f"  {RESOURCE} publishes {published.id}: {published.health}")
+
+    # 7. What monitoring would see.
     for family in collect(node):
         if family.name in ("dp_resource_allocated_devices", "dp_rpcs_total"):
             for sample in family.samples:

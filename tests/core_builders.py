@@ -455,7 +455,7 @@ class RandomKubelet:
 
     def _events(self, action: str) -> list[Input]:
         now = self.now
-        names = list(self.node.resource_names())
+        names = list(self.node.device_plugin.resource_names())
         if action in ("succeed", "fail") and self.outstanding:
             register = self.outstanding.pop(self.draw(st.integers(0, len(self.outstanding) - 1)))
             self.answered.append(register)
@@ -469,7 +469,7 @@ class RandomKubelet:
             connection = self.fresh()
             self.connections.append(connection)
             listener = None
-            if self.node.socket_mode is SocketMode.PER_RESOURCE and names:
+            if self.node.device_plugin.socket_mode is SocketMode.PER_RESOURCE and names:
                 pending = [r.resource for r in self.outstanding] or names
                 listener = self.draw(st.sampled_from(pending))
             events: list[Input] = [ConnectionOpened(connection, now, listener)]
@@ -483,7 +483,7 @@ class RandomKubelet:
             return [WatchEnded(self.streams.pop())]
         if action == "observe":
             held = {}
-            for allocation in self.node.allocations.all():
+            for allocation in self.node.device_plugin.allocations.all():
                 kept = [i for i in allocation.device_ids if self.draw(st.booleans())]
                 held.setdefault(allocation.resource, set()).update(kept)
             return [AllocationsObserved({k: frozenset(v) for k, v in held.items()}, now)]
@@ -505,7 +505,9 @@ class RandomKubelet:
 
     def _rpc(self, action: str, now: float) -> Input:
         # Mostly a connection that serves a resource; now and then any other.
-        owned = [c for c in self.connections if self.node.registrar.owner(c) is not None]
+        owned = [
+            c for c in self.connections if self.node.device_plugin.registrar.owner(c) is not None
+        ]
         choice = self.draw(st.integers(0, 7))
         if owned and choice > 1:
             connection = self.draw(st.sampled_from(owned))
@@ -519,8 +521,8 @@ class RandomKubelet:
         if action == "watch":
             self.streams.append(call)
             return WatchStarted(connection, call, now)
-        owner = self.node.registrar.owner(connection)
-        pool = [d.id for d in self.node.advertised(owner)] if owner else []
+        owner = self.node.device_plugin.registrar.owner(connection)
+        pool = [d.id for d in self.node.device_plugin.advertised(owner)] if owner else []
         pool.append("no-such-device")
         if action == "prestart":
             return PreStartRequested(connection, call, self._ids(pool), now)

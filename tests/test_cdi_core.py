@@ -188,7 +188,7 @@ def test_a_spec_per_resource_with_each_device_and_its_own_nodes() -> None:
     gpu = specs["nvidia.com/dp-T4"]
     assert gpu.name == "dp-nvidia.com_T4"
     assert [d.name for d in gpu.devices] == ["0000:3b:00.0", "0000:af:00.0"]
-    # Exactly what Allocate gives for the device alone, less the env var (see node_cdi).
+    # Exactly what Allocate gives for the device alone, less the env var (cdi.resources).
     assert gpu.devices[0] == CdiDevice(
         "0000:3b:00.0",
         (
@@ -245,8 +245,8 @@ def test_a_spec_reported_in_place_only_for_the_content_asked_for() -> None:
     stale = attrs.evolve(specs["nvidia.com/dp-T4"], devices=specs["nvidia.com/dp-T4"].devices[:1])
     others = [spec for kind, spec in specs.items() if kind != "nvidia.com/dp-T4"]
     logs = node.handle(CdiSpecsWritten([stale, *others]))
-    assert node.cdi is not None and not node.cdi.in_place
-    assert "nvidia.com/T4" in node.cdi.problem
+    assert node.device_plugin.cdi is not None and not node.device_plugin.cdi.in_place
+    assert "nvidia.com/T4" in node.device_plugin.cdi.problem
     assert [log.event for log in effects_of(logs, Log)] == ["cdi-specs-not-written"]
     kubelet = Kubelet(node)
     kubelet.register_all(effects)

@@ -435,7 +435,7 @@ def test_empty_mdev_selector() -> None:
     ],
 )
 def test_bad_resource_name_uses_core_message(name: str) -> None:
-    from dp_core.names import resource_name_error
+    from dp_core.config.names import resource_name_error
 
     message = resource_name_error(name)
     assert message is not None

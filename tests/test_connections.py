@@ -25,7 +25,7 @@ from dp_core import (
     Reply,
     StatusCode,
 )
-from dp_core.claims import ClaimRef
+from dp_core.dra.claims import ClaimRef
 from dp_server.deviceplugin import wire
 from dp_server.deviceplugin.connections import ConnectionServer, NoConnection, current_connection
 from dp_server.deviceplugin.service import SERVICE_PREFIX, DevicePluginService

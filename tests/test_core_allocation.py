@@ -161,7 +161,7 @@ def test_allocate_shared_device_gives_its_node_once() -> None:
         ContainerAllocation(devices=(DeviceSpec("/dev/kvm", "/dev/kvm", "rw"),)),
     )
     # Shared devices reserve nothing and can be handed out again and again.
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
     assert answer_of(kubelet.allocate("devices.kubevirt.io/kvm", ("kvm-3",)))
 
 
@@ -174,7 +174,7 @@ def test_unknown_id_is_invalid_argument_naming_it() -> None:
     reject = rejection(kubelet.allocate(GPU_RESOURCE, (T4_A, "0000:99:00.0")))
     assert reject.status is StatusCode.INVALID_ARGUMENT
     assert "0000:99:00.0" in reject.message and GPU_RESOURCE in reject.message
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
 
 
 def test_id_of_another_resource_is_unknown() -> None:
@@ -198,7 +198,7 @@ def test_duplicate_id_is_invalid_argument() -> None:
     reject = rejection(kubelet.allocate(GPU_RESOURCE, (T4_A, T4_B, T4_A)))
     assert reject.status is StatusCode.INVALID_ARGUMENT
     assert T4_A in reject.message and "twice" in reject.message
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
 
 
 def test_unhealthy_device_is_refused() -> None:
@@ -212,8 +212,8 @@ def test_unhealthy_device_is_refused() -> None:
 def test_a_refused_container_allocates_nothing_for_the_others() -> None:
     node, kubelet = live_node()
     rejection(kubelet.allocate(GPU_RESOURCE, (T4_A,), ("0000:99:00.0",)))
-    assert len(node.allocations) == 0
-    assert all(d.healthy for d in node.advertised(GPU_RESOURCE))
+    assert len(node.device_plugin.allocations) == 0
+    assert all(d.healthy for d in node.device_plugin.advertised(GPU_RESOURCE))
 
 
 def test_prestart_validates_ids() -> None:
@@ -249,7 +249,7 @@ def test_allocation_reserves_the_whole_group() -> None:
     assert "allocation #1" in sibling.reason
     report = one(effects, HealthChanged)
     assert (report.resource, report.device_id, report.healthy) == (QAT_RESOURCE, QAT_1, False)
-    assert node.advertised(QAT_RESOURCE) == publish.devices
+    assert node.device_plugin.advertised(QAT_RESOURCE) == publish.devices
 
 
 def test_allocating_a_sibling_is_refused_naming_group_and_holder() -> None:
@@ -262,7 +262,7 @@ def test_allocating_a_sibling_is_refused_naming_group_and_holder() -> None:
     assert QAT_0 in reject.message and "allocation #1" in reject.message
     refresh = one(effects, RefreshAllocations)
     assert "IOMMU group 40" in refresh.reason
-    assert len(node.allocations) == 1
+    assert len(node.device_plugin.allocations) == 1
 
 
 def test_a_sibling_in_another_resource_is_reserved_too() -> None:
@@ -291,20 +291,20 @@ def test_a_sibling_in_another_resource_is_reserved_too() -> None:
 def test_a_request_for_the_whole_group_is_one_holder() -> None:
     node, kubelet = held_by_group_host()
     answer_of(kubelet.allocate(QAT_RESOURCE, (QAT_0, QAT_1)))
-    (allocation,) = node.allocations.all()
+    (allocation,) = node.device_plugin.allocations.all()
     assert allocation.groups == (40,)
-    assert all(d.healthy for d in node.advertised(QAT_RESOURCE))
+    assert all(d.healthy for d in node.device_plugin.advertised(QAT_RESOURCE))
 
 
 def test_reallocating_a_device_replaces_its_old_allocation() -> None:
     node, kubelet = held_by_group_host()
     answer_of(kubelet.allocate(QAT_RESOURCE, (QAT_0,)))
     answer_of(kubelet.allocate(QAT_RESOURCE, (QAT_0,)))
-    (allocation,) = node.allocations.all()
+    (allocation,) = node.device_plugin.allocations.all()
     assert allocation.serial == 2 and allocation.device_ids == (QAT_0,)
     # Taking the whole group next replaces it again, with no conflict.
     answer_of(kubelet.allocate(QAT_RESOURCE, (QAT_1, QAT_0)))
-    (allocation,) = node.allocations.all()
+    (allocation,) = node.device_plugin.allocations.all()
     assert allocation.device_ids == (QAT_1, QAT_0)
 
 
@@ -320,8 +320,8 @@ def test_release_waits_for_the_grace_period() -> None:
     _allocate_at(node, kubelet, (QAT_0,), 10.0)
     effects = node.handle(AllocationsObserved({}, 39.9))
     assert effects == []
-    assert len(node.allocations) == 1
-    assert not node.advertised(QAT_RESOURCE)[1].healthy
+    assert len(node.device_plugin.allocations) == 1
+    assert not node.device_plugin.advertised(QAT_RESOURCE)[1].healthy
 
 
 def test_release_after_grace_makes_siblings_healthy_again() -> None:
@@ -330,7 +330,7 @@ def test_release_after_grace_makes_siblings_healthy_again() -> None:
     )
     _allocate_at(node, kubelet, (QAT_0,), 10.0)
     effects = node.handle(AllocationsObserved({QAT_RESOURCE: frozenset()}, 40.0))
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
     publish = one(effects, Publish)
     assert publish.stream == kubelet.stream_of[QAT_RESOURCE]
     assert all(d.healthy for d in publish.devices)
@@ -347,10 +347,10 @@ def test_a_held_device_is_not_released() -> None:
     _allocate_at(node, kubelet, (QAT_0,), 10.0)
     held = {QAT_RESOURCE: frozenset({QAT_0}), "other.com/x": frozenset({QAT_1})}
     assert node.handle(AllocationsObserved(held, 100.0)) == []
-    assert len(node.allocations) == 1
+    assert len(node.device_plugin.allocations) == 1
     # Held under another resource's name does not count.
     effects = node.handle(AllocationsObserved({"other.com/x": frozenset({QAT_0})}, 101.0))
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
     assert one(effects, Publish).resource == QAT_RESOURCE
 
 
@@ -359,7 +359,7 @@ def test_group_of_an_unhealthy_host_change_stays_reserved() -> None:
     node, kubelet = held_by_group_host()
     answer_of(kubelet.allocate(QAT_RESOURCE, (QAT_0,)))
     node.handle(HostObserved(shared_group_host(), 1.0))
-    assert [d.healthy for d in node.advertised(QAT_RESOURCE)] == [True, False, True]
+    assert [d.healthy for d in node.device_plugin.advertised(QAT_RESOURCE)] == [True, False, True]
 
 
 # ---------------------------------------------------------------------------
@@ -533,7 +533,7 @@ def test_two_containers_of_one_allocate_cannot_split_a_group() -> None:
     (reject,) = effects_of(effects, Reject)
     assert reject.status is StatusCode.FAILED_PRECONDITION
     assert "IOMMU group 40" in reject.message
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
 
 
 def test_devices_pods_hold_that_no_allocation_records_reserve_their_groups() -> None:
@@ -558,7 +558,7 @@ def test_devices_pods_hold_that_no_allocation_records_reserve_their_groups() -> 
     # Seen again, it is the same reservation; the pod gone, it is released after the grace.
     assert node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 20.0)) == []
     effects = node.handle(AllocationsObserved({}, 40.0))
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
     assert one(effects, HealthChanged).healthy
 
 
@@ -576,11 +576,11 @@ def test_a_group_found_split_is_reported_once_while_it_lasts() -> None:
     assert [(e.level, e.event) for e in splits[0]] == [("error", "group-split")]
     assert QAT_1 in str(dict(splits[0][0].fields)["detail"])
     assert splits[1] == []  # once, not at every poll
-    assert len(node.allocations) == 1  # the split is not papered over
+    assert len(node.device_plugin.allocations) == 1  # the split is not papered over
 
 
 def test_an_allocation_log_renders_its_fields_when_read_and_compares_as_pairs() -> None:
-    from dp_core.allocation import Allocation, allocation_log
+    from dp_core.deviceplugin.allocations import Allocation, allocation_log
 
     allocation = Allocation(7, QAT_RESOURCE, (QAT_0, QAT_1), (40, 41), 1.0)
     log = allocation_log("released", allocation)

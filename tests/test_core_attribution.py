@@ -46,7 +46,7 @@ from dp_core import (
     Tick,
     WatchStarted,
 )
-from dp_core.registration import Phase
+from dp_core.deviceplugin.registration import Phase
 
 from core_builders import effects_of, gpu_config, two_gpus_and_vfs
 
@@ -245,7 +245,7 @@ class ModelKubelet:
 
     def allocate(self, endpoint: Endpoint) -> None:
         resource = endpoint.register.resource
-        devices = [d.id for d in self.node.advertised(resource) if d.healthy]
+        devices = [d.id for d in self.node.device_plugin.advertised(resource) if d.healthy]
         if not devices:
             return
         connection = self.connection_for(endpoint)
@@ -260,7 +260,7 @@ class ModelKubelet:
             if endpoint.broken:
                 self.kill(endpoint)
         for _ in range(200):
-            if self.node.registrar.settled() and not self.pending:
+            if self.node.device_plugin.registrar.settled() and not self.pending:
                 return
             if self.pending:
                 endpoint = self.pending[0]
@@ -271,7 +271,7 @@ class ModelKubelet:
                 self.pending.remove(endpoint)
             self.now += 1.0
             self.feed(Tick(self.now))
-        raise AssertionError(f"never settled: {self.node.registrar.phases()}")
+        raise AssertionError(f"never settled: {self.node.device_plugin.registrar.phases()}")
 
 
 @settings(max_examples=150, deadline=None)
@@ -283,10 +283,10 @@ def test_connections_are_only_ever_served_for_their_own_resource(
     for _ in range(data.draw(st.integers(0, 80))):
         kubelet.draw_step()
     kubelet.settle()
-    registrar = kubelet.node.registrar
-    for resource in kubelet.node.resource_names():
+    registrar = kubelet.node.device_plugin.registrar
+    for resource in kubelet.node.device_plugin.resource_names():
         assert registrar.phases()[resource] is Phase.LIVE
         endpoint = kubelet.current[resource]
         assert not endpoint.dead and endpoint.connection is not None
         assert registrar.owner(endpoint.connection) == resource
-        assert endpoint.stream in kubelet.node.streams(resource)
+        assert endpoint.stream in kubelet.node.device_plugin.streams(resource)

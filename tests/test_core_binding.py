@@ -402,7 +402,7 @@ def test_a_failed_give_back_is_an_error_and_the_device_stays_failed() -> None:
     )
     effects = node.handle(HostObserved(on_vfio, 3.0))
     assert effects_of(effects, BindDevice) == effects_of(effects, UnbindDevice) == []
-    (gpu_advertised,) = node.advertised("devices.kubevirt.io/10de_1eb8")
+    (gpu_advertised,) = node.device_plugin.advertised("devices.kubevirt.io/10de_1eb8")
     assert not gpu_advertised.healthy and "not viable" in gpu_advertised.reason
 
 
@@ -450,14 +450,14 @@ def test_a_given_back_device_stays_unhealthy_until_a_scan_shows_it_gone_from_vfi
                                    unbound_audio]), 2.05))  # fmt: skip
     node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
     node.handle(UnbindingFinished(gpu, None, 2.2))
-    (advertised,) = node.advertised(resource)
+    (advertised,) = node.device_plugin.advertised(resource)
     assert not advertised.healthy
     kubelet.now = 2.3
     assert effects_of(kubelet.allocate(resource, ("0000:d8:00.0",)), Reply) == []
     # The next scan shows it on nouveau: skipped, as given back.
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver="nouveau"),
                                    unbound_audio]), 2.4))  # fmt: skip
-    assert node.advertised(resource) == ()
+    assert node.device_plugin.advertised(resource) == ()
     assert node.bind_book.leaving == frozenset()
 
 
@@ -537,7 +537,7 @@ def test_a_device_being_given_back_is_not_allocatable() -> None:
     assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
                                    unbound_audio]), 2.2))  # fmt: skip
-    (advertised,) = node.advertised("devices.kubevirt.io/10de_1eb8")
+    (advertised,) = node.device_plugin.advertised("devices.kubevirt.io/10de_1eb8")
     assert not advertised.healthy and "giving it back" in advertised.reason
     kubelet.now = 2.3
     refused = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
@@ -590,7 +590,7 @@ def test_a_failed_give_back_is_not_published_healthy_from_the_scan_before_it() -
                                    unbound_audio]), 2.05))  # fmt: skip
     node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
     node.handle(UnbindingFinished(gpu, "writing to nouveau/bind failed: EBUSY", 2.2))
-    (advertised,) = node.advertised("devices.kubevirt.io/10de_1eb8")
+    (advertised,) = node.device_plugin.advertised("devices.kubevirt.io/10de_1eb8")
     assert not advertised.healthy
     kubelet.now = 2.3
     refused = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
@@ -636,7 +636,7 @@ def test_a_group_with_a_bind_under_way_is_not_allocatable() -> None:
     node, kubelet = live_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
     node.handle(AllocationsObserved({}, 1.0))
     assert node.bind_planned(a("0000:d8:00.1"), None)
-    (gpu,) = node.advertised(T4_RESOURCE)
+    (gpu,) = node.device_plugin.advertised(T4_RESOURCE)
     assert not gpu.healthy and "moving a member of IOMMU group 216" in gpu.reason
     kubelet.now = 2.0
     assert effects_of(kubelet.allocate(T4_RESOURCE, ("0000:d8:00.0",)), Reply) == []

@@ -20,27 +20,31 @@ from dp_core import (
     PciId,
     PermittedHostDevices,
     Reply,
+    UsageError,
 )
-from dp_core.claims import ClaimRef
 from dp_core.config import Dra
-from dp_core.dra_effects import (
+from dp_core.dra.claims import ClaimRef
+from dp_core.dra.effects import (
+    ClaimAnswered,
     ClaimPrepared,
     ClaimRefused,
     ClaimsChanged,
     ClaimUnprepared,
     PoolChanged,
 )
-from dp_core.dra_inputs import (
+from dp_core.dra.inputs import (
     AllocatedDevice,
+    ClaimFilesRemoved,
+    ClaimFilesWritten,
     ClaimPrepareRequested,
     ClaimsRecalled,
     ClaimUnprepareRequested,
     DraFeaturesObserved,
 )
-from dp_core.dra_metadata import prepared_devices, request_metadata
-from dp_core.dra_names import attribute_name_error, mdev_device_name, pci_device_name
+from dp_core.dra.metadata import prepared_devices, request_metadata
+from dp_core.dra.names import attribute_name_error, mdev_device_name, pci_device_name
+from dp_core.dra.slices import PoolContent, Version
 from dp_core.effects import HealthChanged, Log
-from dp_core.slices import PoolContent, Version
 
 from core_builders import AUDIO, GPU, GPU_RESOURCE, Kubelet, effects_of, one, pci, snapshot
 
@@ -206,8 +210,11 @@ def test_a_long_resource_name_is_left_out_of_the_attributes_and_logged() -> None
 
 def test_devices_go_to_exactly_one_front_end() -> None:
     node, _ = started()
-    assert node.resource_names() == ("nvidia.com/audio",)
-    assert [d.id for d in node.advertised("nvidia.com/audio")] == ["0000:3b:00.1", "0000:af:00.1"]
+    assert node.device_plugin.resource_names() == ("nvidia.com/audio",)
+    assert [d.id for d in node.device_plugin.advertised("nvidia.com/audio")] == [
+        "0000:3b:00.1",
+        "0000:af:00.1",
+    ]
     assert sorted(d.name for d in node.dra.devices()) == [
         f"mdev-{VGPU_UUID}",
         "pci-0000-3b-00-0",
@@ -512,7 +519,79 @@ def test_prepare_holds_the_group_and_unprepare_frees_it_at_once() -> None:
     assert one(effects, ClaimUnprepared).prepared == prepared
     assert one(effects, ClaimsChanged).prepared == ()
     assert one(effects, HealthChanged).healthy is True
-    assert node.allocations.reserved_groups() == {}
+    assert node.ledger.held() == {}
+
+
+def test_a_claim_is_answered_once_its_files_are_written() -> None:
+    node, _ = started()
+    effects = prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7)
+    prepared = one(effects, ClaimPrepared).prepared
+    assert effects_of(effects, ClaimAnswered) == []  # not before its files are in place
+    answered = node.handle(ClaimFilesWritten(7))
+    assert answered == [ClaimAnswered(7, CLAIM_A, prepared_devices(DRIVER, prepared))]
+    assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+    effects = unprepare(node, CLAIM_A, call=8)
+    assert effects_of(effects, ClaimAnswered) == []
+    assert node.ledger.held() == {}  # free at once, files or not
+    assert node.handle(ClaimFilesRemoved(8)) == [ClaimAnswered(8, CLAIM_A)]
+
+
+def test_a_claim_whose_files_cannot_be_written_is_let_go_before_it_is_answered() -> None:
+    node, _ = started()
+    prepared = one(prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7), ClaimPrepared).prepared
+    effects = node.handle(ClaimFilesWritten(7, "cannot write /var/run/cdi/x.json: No space"))
+    # Nothing stays held for a claim the kubelet is told failed: its files go first.
+    assert one(effects, ClaimUnprepared) == ClaimUnprepared(7, CLAIM_A, prepared)
+    assert one(effects, ClaimsChanged).prepared == ()
+    assert one(effects, HealthChanged).healthy is True  # the audio sibling is free again
+    assert effects_of(effects, ClaimAnswered) == []
+    assert node.ledger.held() == {} and node.dra.prepared() == ()
+    (answer,) = node.handle(ClaimFilesRemoved(7, "no such directory"))
+    assert answer == ClaimAnswered(
+        7,
+        CLAIM_A,
+        error="claim vms/vm-a (UID uid-a): its CDI files could not be written: "
+        "cannot write /var/run/cdi/x.json: No space",
+    )
+
+
+def test_a_claim_prepared_before_stays_held_when_its_files_fail_again() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7)
+    node.handle(ClaimFilesWritten(7))
+    again = prepare(node, CLAIM_A, "pci-0000-af-00-0", call=9, now=2.0)
+    assert [type(e) for e in again] == [ClaimPrepared]
+    (answer,) = node.handle(ClaimFilesWritten(9, "read-only file system"))
+    assert answer.error.endswith("its CDI files could not be written: read-only file system")
+    assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+
+
+def test_an_unprepare_whose_files_cannot_be_removed_says_so_and_frees_the_group() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7)
+    node.handle(ClaimFilesWritten(7))
+    unprepare(node, CLAIM_A, call=8)
+    (answer,) = node.handle(ClaimFilesRemoved(8, "permission denied"))
+    assert answer == ClaimAnswered(
+        8,
+        CLAIM_A,
+        error="claim vms/vm-a (UID uid-a): its CDI files could not be removed: permission denied",
+    )
+    assert node.ledger.held() == {}
+
+
+@pytest.mark.parametrize(
+    "report", [ClaimFilesWritten(3), ClaimFilesRemoved(3)], ids=["written", "removed"]
+)
+def test_a_files_report_for_a_call_that_asked_for_none_is_the_shells_mistake(
+    report: object,
+) -> None:
+    node, _ = started()
+    with pytest.raises(UsageError, match="call 3, which waits for no such report"):
+        node.handle(report)  # type: ignore[arg-type]
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=3)
+    with pytest.raises(UsageError):
+        node.handle(ClaimFilesRemoved(3))  # it waits for its files to be written
 
 
 def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None:
@@ -528,7 +607,7 @@ def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None
     )
     assert refused.reason == "IOMMUGroupHeld"
     assert effects_of(effects, ClaimsChanged) == []
-    assert node.allocations.group_holder(10).claim == CLAIM_A  # type: ignore[union-attr]
+    assert node.ledger.holder(10).claim == CLAIM_A  # type: ignore[union-attr]
 
 
 def test_a_claim_against_a_device_plugin_allocation_is_refused() -> None:
@@ -548,7 +627,7 @@ def test_a_claim_against_a_device_plugin_allocation_is_refused() -> None:
 def test_device_plugin_allocate_is_refused_while_a_claim_holds_the_group() -> None:
     node, _ = started()
     prepare(node, CLAIM_A, "pci-0000-af-00-0")
-    conflict = node.allocations.conflict(
+    conflict = node.device_plugin.allocations.conflict(
         "nvidia.com/audio",
         [node.inventory.resource("nvidia.com/audio").devices[1]],  # type: ignore[union-attr]
     )
@@ -620,7 +699,7 @@ def test_unknown_device_or_other_pool_is_refused_and_nothing_is_released(
     prepare(node, CLAIM_A, "pci-0000-af-00-0")
     effects = node.handle(ClaimPrepareRequested(3, CLAIM_B, results, 2.0))
     assert one(effects, ClaimRefused).error == error
-    assert node.allocations.group_holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+    assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
 
 
 def test_other_drivers_results_are_not_ours() -> None:
@@ -646,7 +725,7 @@ def test_unprepare_of_an_unknown_claim_is_fine() -> None:
     node, _ = started()
     prepare(node, CLAIM_A, "pci-0000-3b-00-0")
     assert unprepare(node, CLAIM_B) == [ClaimUnprepared(2, CLAIM_B, None)]
-    assert node.allocations.group_holder(10) is not None
+    assert node.ledger.holder(10) is not None
 
 
 def test_a_restart_recalls_the_claims_and_an_unprepare_still_frees_the_group() -> None:
@@ -656,14 +735,14 @@ def test_a_restart_recalls_the_claims_and_an_unprepare_still_frees_the_group() -
     restarted = Node(config(), node_name=NODE)
     restarted.handle(ClaimsRecalled(checkpoint))
     effects = restarted.handle(HostObserved(host(), 0.0))
-    held = {g: h.claim for g, h in restarted.allocations.reserved_groups().items()}
+    held = {g: h.claim for g, h in restarted.ledger.held().items()}
     assert held == {10: CLAIM_A, 40: CLAIM_A}
     assert restarted.dra.prepared() == checkpoint
     assert one(effects, PoolChanged).content == node.dra.pool
     # The claim was deleted from the API meanwhile: the kubelet still unprepares it by UID.
     effects = restarted.handle(ClaimUnprepareRequested(1, CLAIM_A, 1.0))
     assert one(effects, ClaimUnprepared).prepared == checkpoint[0]
-    assert restarted.allocations.reserved_groups() == {}
+    assert restarted.ledger.held() == {}
 
 
 def test_a_device_gone_after_prepare_stays_held() -> None:
@@ -671,7 +750,7 @@ def test_a_device_gone_after_prepare_stays_held() -> None:
     prepare(node, CLAIM_A, "pci-0000-5e-00-0")
     gone = snapshot([d for d in host().pci_devices if d.iommu_group != 30])
     node.handle(HostObserved(gone, 3.0))
-    assert node.allocations.group_holder(30).claim == CLAIM_A  # type: ignore[union-attr]
+    assert node.ledger.holder(30).claim == CLAIM_A  # type: ignore[union-attr]
     again = prepare(node, CLAIM_A, "pci-0000-5e-00-0", now=4.0)
     assert one(again, ClaimPrepared).prepared.devices[0].device_id == str(NIC_ID)
 
@@ -734,7 +813,7 @@ def test_cdi_ids_and_metadata_for_a_prepared_claim() -> None:
 
 
 def test_attribute_json_of_each_kind() -> None:
-    from dp_core.dra_metadata import attribute_json
+    from dp_core.dra.metadata import attribute_json
 
     assert attribute_json("x") == {"string": "x"}
     assert attribute_json(3) == {"int": 3}

@@ -28,11 +28,11 @@ from dp_core import (
     Timing,
     UsageError,
 )
-from dp_core.claims import ClaimRef
 from dp_core.config import Dra
-from dp_core.dra_effects import ClaimRefused
-from dp_core.dra_health_watch import device_health
-from dp_core.dra_inputs import AllocatedDevice, ClaimPrepareRequested, ClaimUnprepareRequested
+from dp_core.dra.claims import ClaimRef
+from dp_core.dra.effects import ClaimRefused
+from dp_core.dra.inputs import AllocatedDevice, ClaimPrepareRequested, ClaimUnprepareRequested
+from dp_core.dra.watch import device_health
 from dp_core.effects import Effect, Log
 
 from core_builders import AUDIO, GPU, GPU_RESOURCE, effects_of, pci, snapshot

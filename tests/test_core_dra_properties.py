@@ -27,10 +27,10 @@ from dp_core import (
     PermittedHostDevices,
     Reply,
 )
-from dp_core.claims import ClaimRef
 from dp_core.config import Dra
-from dp_core.dra_effects import ClaimPrepared, ClaimRefused, ClaimsChanged
-from dp_core.dra_inputs import (
+from dp_core.dra.claims import ClaimRef
+from dp_core.dra.effects import ClaimPrepared, ClaimRefused, ClaimsChanged
+from dp_core.dra.inputs import (
     AllocatedDevice,
     ClaimPrepareRequested,
     ClaimsRecalled,
@@ -69,14 +69,15 @@ def split_configs(draw: st.DrawFn) -> Config:
 def ledger(node: Node) -> dict[int, tuple[str, str]]:
     """Group -> who holds it: ("claim", UID) or ("pod", resource)."""
     found = {}
-    for group, holder in node.allocations.reserved_groups().items():
-        found[group] = ("claim", holder.claim.uid) if holder.claim else ("pod", holder.resource)
+    for group, holder in node.ledger.held().items():
+        claim = getattr(holder, "claim", None)
+        found[group] = ("claim", claim.uid) if claim else ("pod", holder.owner)
     return found
 
 
 def check_one_holder_per_group(node: Node) -> None:
-    reserved = node.allocations.reserved_groups()
-    holders = [*node.allocations.all(), *node.allocations.claim_holds()]
+    reserved = node.ledger.held()
+    holders = [*node.device_plugin.allocations.all(), *node.dra.holds()]
     seen: dict[int, object] = {}
     for holder in holders:
         for group in holder.groups:
@@ -85,7 +86,7 @@ def check_one_holder_per_group(node: Node) -> None:
             assert reserved[group] is holder, f"group {group}: the index names another holder"
     assert set(seen) == set(reserved)
     prepared = {p.claim.uid: p for p in node.dra.prepared()}
-    assert {h.claim.uid for h in node.allocations.claim_holds() if h.claim} == set(prepared)
+    assert {h.claim.uid for h in node.dra.holds()} == set(prepared)
 
 
 def check_the_pool_never_offers_a_split(node: Node) -> None:
@@ -96,16 +97,17 @@ def check_the_pool_never_offers_a_split(node: Node) -> None:
     pool = node.dra.pool
     if pool is None:
         return
-    reserved = node.allocations.reserved_groups()
+    reserved = node.ledger.held()
     groups = {d.name: d.iommu_group for d in node.dra.devices()}
     for device in pool.devices:
         if any(t.effect == "NoSchedule" for t in device.taints):
             continue
         group = groups[device.name]
         holder = reserved.get(group) if group is not None else None
-        if holder is None or (holder.claim is not None and device.name in holder.device_ids):
+        claim = getattr(holder, "claim", None)
+        if holder is None or (claim is not None and device.name in holder.device_ids):
             continue
-        assert holder.claim is not None, f"{device.name}: group {group} held by a pod, unmarked"
+        assert claim is not None, f"{device.name}: group {group} held by a pod, unmarked"
         sets = {c.counter_set for c in device.consumes_counters}
         consumed = {
             c.counter_set
@@ -150,7 +152,7 @@ class World:
 
     def held_by_pods(self) -> dict[str, frozenset[str]]:
         held: dict[str, set[str]] = {}
-        for allocation in self.node.allocations.all():
+        for allocation in self.node.device_plugin.allocations.all():
             held.setdefault(allocation.resource, set()).update(allocation.device_ids)
         return {name: frozenset(ids) for name, ids in held.items()}
 
@@ -206,16 +208,18 @@ def test_no_group_has_two_holders_and_a_restart_rebuilds_the_ledger(
                 ClaimUnprepareRequested(world.call, data.draw(st.sampled_from(CLAIMS)), world.now)
             )
         elif action == "allocate":
-            resources = [r for r in node.resource_names() if node.advertised(r)]
+            resources = [
+                r for r in node.device_plugin.resource_names() if node.device_plugin.advertised(r)
+            ]
             if not resources:
                 continue
             resource = data.draw(st.sampled_from(resources))
-            ids = [d.id for d in node.advertised(resource)]
+            ids = [d.id for d in node.device_plugin.advertised(resource)]
             chosen = data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=2, unique=True))
             effects = world.kubelet.allocate(resource, tuple(chosen))
             if effects_of(effects, Reply):
                 # A granted Allocate never takes a group a claim holds.
-                claimed = {g for h in node.allocations.claim_holds() for g in h.groups}
+                claimed = {g for h in node.dra.holds() for g in h.groups}
                 inventory = {d.id: d for d in node.inventory.resource(resource).devices}  # type: ignore[union-attr]
                 assert not {inventory[i].iommu_group for i in chosen} & claimed
         elif action == "release":

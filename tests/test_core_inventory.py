@@ -22,7 +22,7 @@ from dp_core import (
     SharedDevice,
     build_inventory,
 )
-from dp_core.dra_names import mdev_attributes
+from dp_core.dra.names import mdev_attributes
 
 from core_builders import (
     AUDIO,

@@ -2,7 +2,7 @@
 
 Tables of inputs and the effects they give, and a property over random orders
 of kubelet starts, dp starts, young and synced answers and checkpoint writes
-against a model of the kubelet's device manager (kubelet_sync's docstring
+against a model of the kubelet's device manager (`deviceplugin.sync`'s docstring
 names the kubelet sources it follows). No event loop.
 """
 
@@ -34,7 +34,7 @@ from dp_core import (
     Tick,
     Timing,
 )
-from dp_core.kubelet_sync import RULES, TRANSITIONS, Step
+from dp_core.deviceplugin.sync import RULES, TRANSITIONS, Step
 
 from core_builders import (
     QAT_RESOURCE,
@@ -56,7 +56,7 @@ def checkpoint(*devices: str, pod: str = POD) -> KubeletCheckpoint:
 
 
 def health(node: Node) -> dict[str, bool]:
-    return {device.id: device.healthy for device in node.advertised(QAT_RESOURCE)}
+    return {device.id: device.healthy for device in node.device_plugin.advertised(QAT_RESOURCE)}
 
 
 def young_node(cp: KubeletCheckpoint, now: float = 0.0) -> tuple[Node, Kubelet, list[object]]:
@@ -104,9 +104,9 @@ def test_the_siblings_of_a_device_the_checkpoint_names_are_held_until_it_is_list
     is Unhealthy; QAT_0 stays Healthy (the kubelet never gives it twice), and
     so does QAT_2, alone in its group."""
     node, kubelet, effects = young_node(checkpoint(QAT_0))
-    assert node.sync.phase is SyncPhase.SYNCING
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCING
     assert health(node) == {QAT_0: True, QAT_1: False, QAT_2: True}
-    (sibling,) = [d for d in node.advertised(QAT_RESOURCE) if d.id == QAT_1]
+    (sibling,) = [d for d in node.device_plugin.advertised(QAT_RESOURCE) if d.id == QAT_1]
     assert sibling.reason == (
         f"IOMMU group 40 is held by a pod the kubelet has not listed yet: its checkpoint "
         f"gives {QAT_0} of {QAT_RESOURCE} to pod {POD}"
@@ -122,20 +122,20 @@ def test_the_siblings_of_a_device_the_checkpoint_names_are_held_until_it_is_list
     # A young answer lists nothing: nothing changes, and dp asks again.
     answer = node.handle(AllocationsObserved({}, 0.3))
     assert health(node) == {QAT_0: True, QAT_1: False, QAT_2: True}
-    assert node.sync.phase is SyncPhase.SYNCING
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCING
     # ...sending a list again, so that the kubelet writes its checkpoint.
     nudge = one(answer, Publish)
     assert nudge.stream == kubelet.stream_of[QAT_RESOURCE]
-    assert nudge.devices == node.advertised(QAT_RESOURCE)
+    assert nudge.devices == node.device_plugin.advertised(QAT_RESOURCE)
     # The real list: the pod is adopted; the group stays held, by the pod now.
     synced = node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 1.4))
-    assert node.sync.phase is SyncPhase.SYNCED
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCED
     assert health(node) == {QAT_0: True, QAT_1: False, QAT_2: True}
     assert effects_of(synced, HealthChanged) == []  # no flap on the way
     assert [[d.healthy for d in p.devices] for p in effects_of(synced, Publish)] == [
         [True, False, True]  # the sibling's reason names its new holder
     ]
-    (allocation,) = node.allocations.all()
+    (allocation,) = node.device_plugin.allocations.all()
     assert allocation.device_ids == (QAT_0,)
     assert dict(
         one([e for e in synced if isinstance(e, Log) and e.event == "kubelet-synced"], Log).fields
@@ -146,19 +146,19 @@ def test_a_pod_deleted_while_the_kubelet_was_down_frees_its_group_once_the_kubel
     None
 ):
     node, kubelet, _ = young_node(checkpoint(QAT_0))
-    assert node.wants_kubelet_checkpoint
+    assert node.device_plugin.wants_kubelet_checkpoint
     # Synced, the kubelet lists no pod: the entry is stale, but only the
     # kubelet can say so, in its checkpoint, which dp's list makes it write.
     effects = node.handle(AllocationsObserved({}, 1.5))
     assert one(effects, Publish).resource == QAT_RESOURCE
     assert health(node)[QAT_1] is False
     freed = node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 1.55))
-    assert node.sync.phase is SyncPhase.SYNCED
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCED
     # Trusted now: what it no longer lists is released at the next answer, asked at once.
     assert [r.reason for r in effects_of(freed, RefreshAllocations)] == [
         "the kubelet has synced its pods: which still hold devices"
     ]
-    assert not node.wants_kubelet_checkpoint
+    assert not node.device_plugin.wants_kubelet_checkpoint
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     report = one(freed, HealthChanged)
     assert (report.device_id, report.healthy) == (QAT_1, True)
@@ -169,12 +169,12 @@ def test_a_pod_deleted_while_the_kubelet_was_down_frees_its_group_once_the_kubel
 def test_a_device_alone_in_its_group_holds_nothing_back() -> None:
     node, _, effects = young_node(checkpoint(QAT_2))
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
-    assert not node.allocations.unlisted_holds()
-    assert not node.wants_kubelet_checkpoint  # nothing a later write could change
+    assert not node.device_plugin.allocations.unlisted_holds()
+    assert not node.device_plugin.wants_kubelet_checkpoint  # nothing a later write could change
     assert "kubelet-syncing" not in [e.event for e in effects_of(effects, Log)]
     # Nothing to account for: the first answer is trusted, listed or not.
     node.handle(AllocationsObserved({}, 0.3))
-    assert node.sync.phase is SyncPhase.SYNCED
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCED
 
 
 def test_devices_of_other_plugins_and_unknown_ids_are_not_ours_to_hold() -> None:
@@ -194,8 +194,8 @@ def test_the_device_the_checkpoint_names_can_be_given_again_once_the_kubelet_fre
     node, kubelet, _ = young_node(checkpoint(QAT_0))
     kubelet.now = 2.0
     assert effects_of(kubelet.allocate(QAT_RESOURCE, (QAT_0,)), Reply)
-    assert not node.allocations.unlisted_holds()
-    assert node.allocations.group_holder(40) is not None
+    assert not node.device_plugin.allocations.unlisted_holds()
+    assert node.ledger.holder(40) is not None
     assert health(node) == {QAT_0: True, QAT_1: False, QAT_2: True}
 
 
@@ -208,13 +208,16 @@ def test_nothing_is_released_on_the_word_of_a_kubelet_still_syncing() -> None:
     node.handle(KubeletStarted(100.0, checkpoint(QAT_0)))
     for now in (100.3, 100.5, 101.0):
         assert effects_of(node.handle(AllocationsObserved({}, now)), HealthChanged) == []
-    assert len(node.allocations) == 1 and health(node)[QAT_1] is False
+    assert len(node.device_plugin.allocations) == 1 and health(node)[QAT_1] is False
     # Listed: synced; the allocation was dp's own, and stays.
     node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 101.3))
-    assert node.sync.phase is SyncPhase.SYNCED and len(node.allocations) == 1
+    assert (
+        node.device_plugin.sync.phase is SyncPhase.SYNCED
+        and len(node.device_plugin.allocations) == 1
+    )
     # Gone: released as ever.
     node.handle(AllocationsObserved({}, 140.0))
-    assert len(node.allocations) == 0 and health(node)[QAT_1] is True
+    assert len(node.device_plugin.allocations) == 0 and health(node)[QAT_1] is True
 
 
 def test_an_unreadable_checkpoint_holds_every_shared_group_until_it_can_be_read() -> None:
@@ -225,13 +228,13 @@ def test_an_unreadable_checkpoint_holds_every_shared_group_until_it_can_be_read(
     assert warning.level == "warning"
     assert dict(warning.fields)["reason"] == problem
     assert health(node) == {QAT_0: False, QAT_1: False, QAT_2: True}
-    assert node.wants_kubelet_checkpoint
+    assert node.device_plugin.wants_kubelet_checkpoint
     node.handle(AllocationsObserved({}, 0.5))
-    assert node.sync.phase is SyncPhase.SYNCING  # an answer alone does not do
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCING  # an answer alone does not do
     node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 0.6))
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     node.handle(AllocationsObserved({}, 0.8))
-    assert node.sync.phase is SyncPhase.SYNCED
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCED
 
 
 def test_a_checkpoint_with_entries_and_a_problem_is_refused() -> None:
@@ -257,26 +260,26 @@ def test_a_kubelet_restart_starts_over() -> None:
     node, _, _ = young_node(checkpoint(QAT_0))
     node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 1.0))
     node.handle(AllocationsObserved({}, 1.0))
-    assert node.sync.phase is SyncPhase.SYNCED and health(node)[QAT_1] is True
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCED and health(node)[QAT_1] is True
     node.handle(KubeletStarted(50.0, checkpoint(QAT_1)))
-    assert node.sync.phase is SyncPhase.SYNCING
+    assert node.device_plugin.sync.phase is SyncPhase.SYNCING
     assert health(node) == {QAT_0: False, QAT_1: True, QAT_2: True}
 
 
 def test_binds_wait_until_the_answer_can_be_trusted() -> None:
     node = Node(qat_config(shared_devices=()))
     node.handle(HostObserved(shared_group_host(), 0.0))
-    assert not node.sync.rules.binds
+    assert not node.device_plugin.sync.rules.binds
     # Before kubelet.sock, an answer lets binds start (dp started before the
     # kubelet's device manager: nothing runs on the node yet)...
     node.handle(AllocationsObserved({}, 0.1))
-    assert node.sync.phase is SyncPhase.EARLY and node.sync.rules.binds
+    assert node.device_plugin.sync.phase is SyncPhase.EARLY and node.device_plugin.sync.rules.binds
     # ...but once a kubelet started, they wait for its answers to be trusted.
     node.handle(KubeletStarted(0.2, checkpoint(QAT_0)))
     node.handle(AllocationsObserved({}, 0.4))
-    assert not node.sync.rules.binds
+    assert not node.device_plugin.sync.rules.binds
     node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 1.0))
-    assert node.sync.rules.binds
+    assert node.device_plugin.sync.rules.binds
 
 
 # -- any order of events -------------------------------------------------------------
@@ -357,7 +360,7 @@ class World:
         # Every list a plugin sends makes the kubelet write its checkpoint.
         if effects_of(effects, Publish):
             self.kubelet.write()
-            if self.node.wants_kubelet_checkpoint:
+            if self.node.device_plugin.wants_kubelet_checkpoint:
                 effects += self.node.handle(
                     KubeletCheckpointObserved(self.kubelet.checkpoint, self.now)
                 )
@@ -386,7 +389,7 @@ class World:
         elif action == "admit" and kubelet.synced:
             free = [
                 d.id
-                for d in self.node.advertised(QAT_RESOURCE)
+                for d in self.node.device_plugin.advertised(QAT_RESOURCE)
                 if d.healthy and d.id not in kubelet.in_use()
             ]
             if free:
@@ -432,10 +435,12 @@ def test_no_group_is_ever_split_whatever_the_order_of_starts_and_answers(
     for _ in range(2):
         world.feed(AllocationsObserved(world.kubelet.list(set()), world.now))
         world.now += 0.3
-    assert world.node.sync.phase is SyncPhase.SYNCED
-    assert not world.node.allocations.unlisted_holds()
+    assert world.node.device_plugin.sync.phase is SyncPhase.SYNCED
+    assert not world.node.device_plugin.allocations.unlisted_holds()
     held = {GROUP_OF[d] for uid in world.kubelet.running for d in world.kubelet.pod_devices[uid]}
-    unhealthy = {GROUP_OF[d.id] for d in world.node.advertised(QAT_RESOURCE) if not d.healthy}
+    unhealthy = {
+        GROUP_OF[d.id] for d in world.node.device_plugin.advertised(QAT_RESOURCE) if not d.healthy
+    }
     assert unhealthy <= held
 
 

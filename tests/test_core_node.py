@@ -71,8 +71,10 @@ def test_watch_started_publishes_the_current_list() -> None:
         (T4_A, "Healthy"),
         (T4_B, "Healthy"),
     ]
-    assert publish.devices == node.advertised(GPU_RESOURCE)
-    assert sorted(node.streams(GPU_RESOURCE)) == sorted([kubelet.stream_of[GPU_RESOURCE], 900])
+    assert publish.devices == node.device_plugin.advertised(GPU_RESOURCE)
+    assert sorted(node.device_plugin.streams(GPU_RESOURCE)) == sorted(
+        [kubelet.stream_of[GPU_RESOURCE], 900]
+    )
 
 
 def test_unchanged_rescan_publishes_nothing() -> None:
@@ -187,8 +189,8 @@ def test_removing_every_device_publishes_an_empty_list() -> None:
     publish = one(effects, Publish)
     assert publish == Publish(kubelet.stream_of[GPU_RESOURCE], GPU_RESOURCE, ())
     # The resource stays known (the kubelet cannot unregister one).
-    assert GPU_RESOURCE in node.resource_names()
-    assert node.advertised(GPU_RESOURCE) == ()
+    assert GPU_RESOURCE in node.device_plugin.resource_names()
+    assert node.device_plugin.advertised(GPU_RESOURCE) == ()
     # A new watch gets the empty list too.
     effects = node.handle(WatchStarted(kubelet.connection_of[GPU_RESOURCE], 999, 2.0))
     assert one(effects, Publish).devices == ()
@@ -204,13 +206,13 @@ def test_watch_ended_and_connection_closed_forget_streams() -> None:
     gpu_conn = kubelet.connection_of[GPU_RESOURCE]
     node.handle(WatchStarted(gpu_conn, 901, 0.0))
     node.handle(WatchEnded(901))
-    assert node.streams(GPU_RESOURCE) == [kubelet.stream_of[GPU_RESOURCE]]
+    assert node.device_plugin.streams(GPU_RESOURCE) == [kubelet.stream_of[GPU_RESOURCE]]
     node.handle(ConnectionClosed(gpu_conn, 1.0))
-    assert node.streams(GPU_RESOURCE) == []
+    assert node.device_plugin.streams(GPU_RESOURCE) == []
     effects = node.handle(HostObserved(host_without("/dev/vfio/20"), 2.0))
     assert effects_of(effects, Publish) == []
     # Its device list is still kept for the next watch.
-    assert not node.advertised(GPU_RESOURCE)[1].healthy
+    assert not node.device_plugin.advertised(GPU_RESOURCE)[1].healthy
 
 
 def test_ending_an_unknown_stream_is_harmless() -> None:
@@ -249,7 +251,7 @@ def test_rpcs_on_an_unattributed_connection_are_unavailable(index: int) -> None:
     assert effects_of(effects, Reply) == []
     reject = one(effects, Reject)
     assert reject.call == 55 and reject.status is StatusCode.UNAVAILABLE
-    assert len(node.allocations) == 0
+    assert len(node.device_plugin.allocations) == 0
     # The operator sees it in dp's log too, with the method and no resource.
     log = one(effects, Log)
     rpc = ["GetDevicePluginOptions", "Allocate", "GetPreferredAllocation", "PreStartContainer"]
@@ -273,7 +275,7 @@ def test_a_watch_on_an_unattributed_connection_is_ended_and_logged() -> None:
         "status": "UNAVAILABLE",
         "reason": end.reason,
     }
-    assert node.streams(GPU_RESOURCE) == [kubelet.stream_of[GPU_RESOURCE]]
+    assert node.device_plugin.streams(GPU_RESOURCE) == [kubelet.stream_of[GPU_RESOURCE]]
 
 
 @pytest.mark.parametrize(
@@ -327,10 +329,10 @@ def test_unknown_input_is_a_usage_error() -> None:
 
 def test_a_node_before_any_scan_advertises_only_what_config_allows() -> None:
     node = Node(gpu_config(shared_devices=()))
-    assert node.resource_names() == ()
+    assert node.device_plugin.resource_names() == ()
     assert node.next_deadline() is None
     effects = node.handle(HostObserved(two_gpus_and_vfs(), 0.0))
-    assert node.resource_names() == (VF_RESOURCE, GPU_RESOURCE)
+    assert node.device_plugin.resource_names() == (VF_RESOURCE, GPU_RESOURCE)
     assert [dict(e.fields)["resource"] for e in effects_of(effects, Log)] == [
         VF_RESOURCE,
         GPU_RESOURCE,
@@ -340,7 +342,7 @@ def test_a_node_before_any_scan_advertises_only_what_config_allows() -> None:
 def test_describe_shows_reservations() -> None:
     node, kubelet = live_node(qat_config(shared_devices=()), shared_group_host())
     kubelet.allocate(QAT_RESOURCE, ("0000:3f:01.0",))
-    described = node.describe().resource(QAT_RESOURCE)
+    described = node.device_plugin.describe().resource(QAT_RESOURCE)
     assert described is not None
     assert [d.healthy for d in described.devices] == [True, False, True]
     # The raw inventory does not know about allocations.

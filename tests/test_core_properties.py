@@ -44,7 +44,7 @@ from dp_core import (
     WatchStarted,
     build_inventory,
 )
-from dp_core.names import resource_name_error
+from dp_core.config.names import resource_name_error
 from dp_core.tally import RPC_METHODS
 
 from core_builders import (
@@ -150,7 +150,7 @@ def test_same_inputs_give_same_effects(
     replayed = [second.handle(event) for event in kubelet.inputs]
     assert replayed == recorded
     assert second.next_deadline() == first.next_deadline()
-    assert second.describe() == first.describe()
+    assert second.device_plugin.describe() == first.device_plugin.describe()
 
 
 # ---------------------------------------------------------------------------
@@ -212,17 +212,17 @@ class Invariants:
         for (method, resource, code), count in tally.rpcs.items():
             by_method[method, code == "OK"] += count
             if code == "OK":
-                assert resource in self.node.registrar.phases(), (method, resource)
+                assert resource in self.node.device_plugin.registrar.phases(), (method, resource)
         assert by_method == self.calls
         assert sum(tally.allocated_devices.values()) == self.handed_out
         assert all(count >= self.last_rpcs[key] for key, count in self.last_rpcs.items())
         self.last_rpcs = Counter(tally.rpcs)
 
     def registration(self, event: Input, effects: list[Effect]) -> None:
-        phases = self.node.registrar.phases()
+        phases = self.node.device_plugin.registrar.phases()
         registers = effects_of(effects, Register)
         # The registrar answers from a phase index; it must agree with the definition.
-        registrar = self.node.registrar
+        registrar = self.node.device_plugin.registrar
         awaiting = [
             name
             for name, phase in phases.items()
@@ -230,16 +230,18 @@ class Invariants:
             or (phase is Phase.REGISTERING and not registrar.get(name).bound_this_attempt)
         ]
         assert [reg.name for reg in registrar.awaiting_attribution()] == awaiting, phases
-        if self.node.socket_mode is SocketMode.SINGLE:
-            assert len(self.node.registrar.awaiting_attribution()) <= 1, phases
+        if self.node.device_plugin.socket_mode is SocketMode.SINGLE:
+            assert len(self.node.device_plugin.registrar.awaiting_attribution()) <= 1, phases
             assert len(registers) <= 1
         for register in registers:
             assert phases[register.resource] is Phase.REGISTERING
-            assert register.own_socket is (self.node.socket_mode is SocketMode.PER_RESOURCE)
+            assert register.own_socket is (
+                self.node.device_plugin.socket_mode is SocketMode.PER_RESOURCE
+            )
             # Its old streams were ended before it registered.
-            assert self.node.streams(register.resource) == []
+            assert self.node.device_plugin.streams(register.resource) == []
         for name, phase in phases.items():
-            registration = self.node.registrar.get(name)
+            registration = self.node.device_plugin.registrar.get(name)
             if phase is Phase.LIVE:
                 assert registration.connections, f"{name} is live with no connection"
 
@@ -250,23 +252,23 @@ class Invariants:
             previous = self.bound.setdefault(bind.connection, bind.resource)
             assert previous == bind.resource, f"connection {bind.connection} bound twice"
         holders: Counter[int] = Counter()
-        for name in self.node.registrar.phases():
-            for connection in self.node.registrar.get(name).connections:
+        for name in self.node.device_plugin.registrar.phases():
+            for connection in self.node.device_plugin.registrar.get(name).connections:
                 holders[connection] += 1
-                assert self.node.registrar.owner(connection) == name
+                assert self.node.device_plugin.registrar.owner(connection) == name
         assert all(count == 1 for count in holders.values()), holders
 
     def allocations(self) -> None:
         seen: dict[int, int] = {}
-        for allocation in self.node.allocations.all():
+        for allocation in self.node.device_plugin.allocations.all():
             for group in allocation.groups:
                 other = seen.setdefault(group, allocation.serial)
                 assert other == allocation.serial, (
                     f"IOMMU group {group} held by allocations #{other} and #{allocation.serial}"
                 )
-        reserved = self.node.allocations.reserved_groups()
-        for name in self.node.resource_names():
-            for device in self.node.advertised(name):
+        reserved = self.node.ledger.held()
+        for name in self.node.device_plugin.resource_names():
+            for device in self.node.device_plugin.advertised(name):
                 if not device.healthy or device.iommu_group not in reserved:
                     continue
                 holder = reserved[device.iommu_group]
@@ -277,17 +279,17 @@ class Invariants:
         # What is published is what a recomputation from scratch gives: the
         # incremental refresh after an allocation change misses nothing.
         for resource in self.node.inventory.resources:
-            expected = self.node._effective(resource, reserved)
-            assert self.node.advertised(resource.name) == expected, resource.name
+            expected = self.node.device_plugin._effective(resource, reserved)
+            assert self.node.device_plugin.advertised(resource.name) == expected, resource.name
 
     def publishes(self, effects: list[Effect]) -> None:
         ended = {e.stream for e in effects_of(effects, EndStream)}
         for publish in effects_of(effects, Publish):
             # Only on a stream that is open for that resource (or ended right after).
-            assert publish.stream in self.node.streams(publish.resource) or (
+            assert publish.stream in self.node.device_plugin.streams(publish.resource) or (
                 publish.stream in ended
             )
-            assert publish.devices == self.node.advertised(publish.resource)
+            assert publish.devices == self.node.device_plugin.advertised(publish.resource)
             ids = [d.id for d in publish.devices]
             assert len(ids) == len(set(ids))
 
@@ -328,11 +330,11 @@ def test_random_kubelet_reaches_the_interesting_states(mode: SocketMode) -> None
             shared_group_host(), qat_config(shared_devices=()), mode, data, containers=1
         )
         node = kubelet.node
-        if any(p is Phase.LIVE for p in node.registrar.phases().values()):
+        if any(p is Phase.LIVE for p in node.device_plugin.registrar.phases().values()):
             reached["live"] += 1
-        if len(node.allocations):
+        if len(node.device_plugin.allocations):
             reached["allocated"] += 1
-        if any(not d.healthy for d in node.advertised("intel.com/qat")):
+        if any(not d.healthy for d in node.device_plugin.advertised("intel.com/qat")):
             reached["sibling-reserved"] += 1
 
     explore()

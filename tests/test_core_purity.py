@@ -16,13 +16,14 @@ import attrs
 import pytest
 
 import dp_core
-from dp_core import answers as answers_module
 from dp_core import effects as effects_module
 from dp_core import inputs as inputs_module
+from dp_core.deviceplugin import answers as answers_module
+from dp_core.dra.slices import PoolContent
 
 REPO = Path(__file__).resolve().parent.parent
 CORE_DIR = REPO / "dp_core"
-CORE_MODULES = sorted(CORE_DIR.glob("*.py"))
+CORE_MODULES = sorted(CORE_DIR.rglob("*.py"))
 
 FORBIDDEN = frozenset(
     {
@@ -96,12 +97,23 @@ def test_forbidden_import_detector(source: str, expected: list[str]) -> None:
     assert forbidden_imports(source) == expected
 
 
+def _name(path: Path) -> str:
+    return path.relative_to(CORE_DIR).as_posix()
+
+
 def test_core_modules_are_found() -> None:
-    names = {path.name for path in CORE_MODULES}
-    assert {"node.py", "registration.py", "allocation.py", "inventory.py", "inputs.py"} <= names
+    names = {_name(path) for path in CORE_MODULES}
+    assert {
+        "node.py",
+        "deviceplugin/registration.py",
+        "deviceplugin/allocations.py",
+        "inventory/build.py",
+        "inputs.py",
+        "dra/frontend.py",
+    } <= names
 
 
-@pytest.mark.parametrize("path", CORE_MODULES, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", CORE_MODULES, ids=_name)
 def test_core_module_imports_nothing_impure(path: Path) -> None:
     assert forbidden_imports(path.read_text(encoding="utf-8")) == []
 
@@ -198,6 +210,16 @@ def _value_for(field_name: str) -> object:
         "driver": "i40e",
         "error": None,
         "checkpoint": dp_core.KubeletCheckpoint(),
+        "in_place": (),
+        "problem": "",
+        "moves": (),
+        "claim": dp_core.ClaimRef("default", "uid-1", "vm"),
+        "results": (),
+        "prepared": (),
+        "specs": (),
+        "content": PoolContent("vfio.dp.example.com", "node-a", "node-a"),
+        "at": 1.0,
+        "valid_for": 31,
     }
     return samples[field_name]
 

@@ -44,7 +44,7 @@ from dp_core import (
     endpoint_name,
     min_endpoint_length,
 )
-from dp_core.registration import Registrar
+from dp_core.deviceplugin.registration import Registrar
 
 from core_builders import (
     GPU_RESOURCE,
@@ -403,7 +403,7 @@ def test_modern_kubelet_handshake() -> None:
     assert registers(effects) == [(B, 2)]
     effects = node.handle(RegistrationSucceeded(A, 1, 0.2))
     assert registers(effects) == []
-    assert node.registrar.phases()[A] is Phase.LIVE
+    assert node.device_plugin.registrar.phases()[A] is Phase.LIVE
     # Later RPCs on the connection are served for A without binding again.
     effects = node.handle(WatchStarted(1, 500, 0.3))
     assert [type(e) for e in effects] == [type(effects[0])]
@@ -433,7 +433,7 @@ def test_dial_timeout_gives_up_and_registers_the_next() -> None:
     assert registers(effects) == [(B, 2)]
     warning = one(effects, Log)
     assert warning.level == "warning" and warning.event == "registration-unattributed"
-    assert node.registrar.phases()[A] is Phase.UNBOUND
+    assert node.device_plugin.registrar.phases()[A] is Phase.UNBOUND
 
 
 def test_an_unbound_resource_registers_again_when_no_late_dial_comes() -> None:
@@ -448,7 +448,7 @@ def test_an_unbound_resource_registers_again_when_no_late_dial_comes() -> None:
     node.handle(RegistrationSucceeded(B, 2, 4.1))
     node.handle(ConnectionOpened(2, 4.2))
     node.handle(WatchStarted(2, 1, 4.2))  # B's dial, after its reply
-    assert node.registrar.phases() == {A: Phase.UNBOUND, B: Phase.LIVE}
+    assert node.device_plugin.registrar.phases() == {A: Phase.UNBOUND, B: Phase.LIVE}
     # Waits dial_wait (3 s) plus the backoff of one miss (20 ms) for a late RPC.
     assert node.next_deadline() == pytest.approx(7.02)
     assert registers(node.handle(Tick(7.0))) == []
@@ -486,7 +486,7 @@ def test_watch_on_unattributed_connection_is_ended() -> None:
     effects = node.handle(WatchStarted(9, 600, 5.0))
     end = effects[0]
     assert isinstance(end, EndStream) and end.stream == 600
-    assert node.streams(A) == [] and node.streams(B) == []
+    assert node.device_plugin.streams(A) == [] and node.device_plugin.streams(B) == []
 
 
 def test_a_reconnection_is_not_taken_for_the_next_registrations_dial() -> None:
@@ -499,15 +499,15 @@ def test_a_reconnection_is_not_taken_for_the_next_registrations_dial() -> None:
     node.handle(OptionsRequested(1, 1, 0.0))  # binds A; B's Register starts
     node.handle(ConnectionClosed(1, 0.1))
     node.handle(RegistrationSucceeded(A, 1, 0.2))  # no connection left: A goes again later
-    assert node.registrar.in_flight() is not None
-    assert node.registrar.in_flight().name == B  # type: ignore[union-attr]
+    assert node.device_plugin.registrar.in_flight() is not None
+    assert node.device_plugin.registrar.in_flight().name == B  # type: ignore[union-attr]
     node.handle(ConnectionOpened(2, 0.3))
     effects = node.handle(WatchStarted(2, 700, 0.3))
     end = effects[0]
     assert isinstance(end, EndStream) and end.stream == 700
     assert "opened with ListAndWatch" in end.reason and B in end.reason
     assert effects_of(effects, AttributeConnection) == [] and effects_of(effects, Publish) == []
-    assert node.registrar.owner(2) is None
+    assert node.device_plugin.registrar.owner(2) is None
     # B's own dial still binds to B, and A registers again after it.
     node.handle(ConnectionOpened(3, 0.4))
     effects = node.handle(OptionsRequested(3, 2, 0.4))
@@ -556,14 +556,14 @@ def test_a_stale_unbound_attempt_holds_the_socket_until_it_ends() -> None:
     assert registers(effects) == [(A, 2)]
     assert not any(isinstance(e, Log) and e.event == "registration-failed" for e in effects)
     assert node.handle(RegistrationSucceeded(A, 1, 1.1)) == []
-    assert node.registrar.phases()[A] is Phase.REGISTERING
+    assert node.device_plugin.registrar.phases()[A] is Phase.REGISTERING
 
 
 def make_live(node: Node, resource: str, attempt: int, connection: int, now: float) -> None:
     node.handle(ConnectionOpened(connection, now))
     node.handle(OptionsRequested(connection, connection, now))
     node.handle(RegistrationSucceeded(resource, attempt, now))
-    assert node.registrar.phases()[resource] is Phase.LIVE
+    assert node.device_plugin.registrar.phases()[resource] is Phase.LIVE
 
 
 def test_losing_the_last_connection_reregisters_with_backoff_when_flapping() -> None:
@@ -598,7 +598,7 @@ def test_a_second_connection_keeps_the_resource_live() -> None:
     node.handle(ConnectionOpened(2, 0.0, A))
     node.handle(RegistrationSucceeded(A, attempt, 0.0))
     assert registers(node.handle(ConnectionClosed(1, 1.0))) == []
-    assert node.registrar.phases()[A] is Phase.LIVE
+    assert node.device_plugin.registrar.phases()[A] is Phase.LIVE
     effects = node.handle(ConnectionClosed(2, 1.0))
     assert [name for name, _ in registers(effects)] == [A]  # the last one: at once
     assert one(effects, Log).event == "connection-lost"
@@ -614,7 +614,7 @@ def test_register_ends_the_resources_old_streams_first() -> None:
     make_live(node, A, 1, connection=1, now=0.0)
     node.handle(WatchStarted(1, 100, 0.0))
     node.handle(WatchStarted(1, 101, 0.0))
-    assert sorted(node.streams(A)) == [100, 101]
+    assert sorted(node.device_plugin.streams(A)) == [100, 101]
     # B's call was in flight and unbound: A waits for it to end (the kubelet's
     # start only asks who holds devices).
     effects = without_logs(node.handle(KubeletStarted(1.0)))
@@ -622,7 +622,7 @@ def test_register_ends_the_resources_old_streams_first() -> None:
     effects = without_logs(node.handle(RegistrationFailed(B, 2, "kubelet restarted", 1.1)))
     assert [type(e) for e in effects] == [EndStream, EndStream, Register]
     assert {e.stream for e in effects_of(effects, EndStream)} == {100, 101}
-    assert node.streams(A) == []
+    assert node.device_plugin.streams(A) == []
 
 
 def test_kubelet_restart_resets_everything() -> None:
@@ -647,7 +647,7 @@ def test_kubelet_restart_resets_everything() -> None:
     assert node.handle(RegistrationSucceeded(A, 1, 1.7)) == []
     assert node.handle(RegistrationFailed(B, 3, "late", 1.7)) == []
     assert registers(node.handle(RegistrationSucceeded(A, 4, 1.8))) == []
-    assert node.registrar.phases()[A] is Phase.LIVE
+    assert node.device_plugin.registrar.phases()[A] is Phase.LIVE
 
 
 def test_kubelet_stopped_holds_registration_until_started() -> None:
@@ -675,7 +675,7 @@ def test_per_resource_connection_binds_on_accept() -> None:
     assert node.handle(ConnectionOpened(7, 0.1, listener=B)) == [AttributeConnection(7, B)]
     assert node.handle(OptionsRequested(7, 1, 0.1)) == [Reply(1, PluginOptions(False, True))]
     node.handle(RegistrationSucceeded(B, 2, 0.2))
-    assert node.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
+    assert node.device_plugin.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
 
 
 def registered_through_options() -> Node:
@@ -710,7 +710,7 @@ def test_a_kubelet_holding_a_client_is_asked_again_once_it_has_dropped_it() -> N
     effects = node.handle(OptionsRequested(3, 3, 20.26))
     assert effects[0] == AttributeConnection(3, A)
     node.handle(RegistrationSucceeded(A, 4, 20.27))
-    assert node.registrar.phases() == {A: Phase.LIVE, B: Phase.LIVE}
+    assert node.device_plugin.registrar.phases() == {A: Phase.LIVE, B: Phase.LIVE}
 
 
 def test_a_third_reply_without_a_dial_in_a_row_waits_the_full_dial_wait() -> None:
@@ -731,7 +731,7 @@ def test_a_third_reply_without_a_dial_in_a_row_waits_the_full_dial_wait() -> Non
         if wait == 3.0:
             break
         ((resource, attempt),) = registers(node.handle(Tick(now)))
-    assert node.registrar.phases()[A] is Phase.UNBOUND
+    assert node.device_plugin.registrar.phases()[A] is Phase.UNBOUND
 
 
 # a's connection is lost twice, long apart; each time the kubelet still holds
@@ -794,9 +794,9 @@ def test_a_stale_register_that_timed_out_also_quiets_the_shared_socket() -> None
 def test_per_resource_mode_learns_that_the_kubelet_dials_inside_register() -> None:
     node, _ = started_node(mode=SocketMode.PER_RESOURCE)
     node.handle(ConnectionOpened(7, 0.1, listener=B))
-    assert not node.registrar.opens_with_options
+    assert not node.device_plugin.registrar.opens_with_options
     node.handle(OptionsRequested(7, 1, 0.1))
-    assert node.registrar.opens_with_options
+    assert node.device_plugin.registrar.opens_with_options
     node.handle(RegistrationSucceeded(B, 2, 0.2))
     node.handle(ConnectionOpened(8, 0.2, listener=A))
     node.handle(OptionsRequested(8, 2, 0.2))
@@ -814,7 +814,7 @@ def test_per_resource_mode_waits_the_full_dial_wait_for_an_old_kubelet() -> None
     assert node.next_deadline() == pytest.approx(3.3)
     node.handle(ConnectionOpened(7, 0.4, listener=A))
     node.handle(WatchStarted(7, 1, 0.4))
-    assert not node.registrar.opens_with_options
+    assert not node.device_plugin.registrar.opens_with_options
 
 
 def test_a_register_that_timed_out_holds_the_shared_socket_for_the_late_dial_wait() -> None:
@@ -908,7 +908,7 @@ def test_connection_lost_while_register_in_flight_registers_again(mode: SocketMo
     node.handle(OptionsRequested(1, 1, 0.0))
     assert node.handle(ConnectionClosed(1, 0.1)) == []
     effects = node.handle(RegistrationSucceeded(register.resource, register.attempt, 0.2))
-    phase = node.registrar.phases()[register.resource]
+    phase = node.device_plugin.registrar.phases()[register.resource]
     if mode is SocketMode.PER_RESOURCE:
         assert phase is Phase.REGISTERING
         assert registers(effects) == [(register.resource, 3)]
@@ -918,7 +918,7 @@ def test_connection_lost_while_register_in_flight_registers_again(mode: SocketMo
         assert phase is Phase.WAITING
         assert registers(effects) == []
         make_live(node, B, 2, connection=2, now=0.3)
-        assert node.registrar.phases()[A] is Phase.REGISTERING
+        assert node.device_plugin.registrar.phases()[A] is Phase.REGISTERING
 
 
 def test_a_stray_options_call_does_not_lock_out_a_kubelet_that_dials_after_replying() -> None:
@@ -932,7 +932,7 @@ def test_a_stray_options_call_does_not_lock_out_a_kubelet_that_dials_after_reply
     queue = list(node.handle(ConnectionOpened(1, 0.0)))
     queue += node.handle(OptionsRequested(1, 2, 0.0))  # the stray client
     queue += node.handle(ConnectionClosed(1, 0.1))
-    assert node.registrar.opens_with_options
+    assert node.device_plugin.registrar.opens_with_options
     queue += node.handle(RegistrationSucceeded(first.resource, first.attempt, 0.1))
     now, refused, connection = 0.1, 0, 1000
     for _ in range(40):
@@ -950,8 +950,8 @@ def test_a_stray_options_call_does_not_lock_out_a_kubelet_that_dials_after_reply
                 watch += node.handle(ConnectionClosed(connection, now))
             queue += watch
     assert refused == 1
-    assert set(node.registrar.phases().values()) == {Phase.LIVE}
-    assert not node.registrar.opens_with_options
+    assert set(node.device_plugin.registrar.phases().values()) == {Phase.LIVE}
+    assert not node.device_plugin.registrar.opens_with_options
 
 
 def test_a_kubelet_that_replies_without_dialling_keeps_the_options_rule() -> None:

@@ -151,7 +151,7 @@ def test_allocate_and_health_follow_the_interface(
     reason: str,
 ) -> None:
     node, kubelet = live_node(config(interface), host())
-    (advertised,) = [d for d in node.advertised(resource) if d.id == device]
+    (advertised,) = [d for d in node.device_plugin.advertised(resource) if d.id == device]
     assert advertised.healthy is healthy
     if healthy:
         assert advertised.reason == ""
@@ -164,13 +164,13 @@ def test_allocate_and_health_follow_the_interface(
 @pytest.mark.parametrize("interface", ["group", "group+cdev"])
 def test_group_interfaces_do_not_need_dev_iommu(interface: VfioInterface) -> None:
     node, kubelet = live_node(config(interface), host(iommu=False))
-    assert all(d.healthy for d in node.advertised(VF_RESOURCE))
+    assert all(d.healthy for d in node.device_plugin.advertised(VF_RESOURCE))
     assert IOMMU not in allocated_paths(kubelet.allocate(VF_RESOURCE, (VF_A,)))
 
 
 def test_iommufd_without_dev_iommu_is_unhealthy_with_the_reason() -> None:
     node, _ = live_node(config("iommufd"), host(iommu=False))
-    (device,) = [d for d in node.advertised(VF_RESOURCE) if d.id == VF_A]
+    (device,) = [d for d in node.device_plugin.advertised(VF_RESOURCE) if d.id == VF_A]
     assert not device.healthy
     assert device.reason.startswith("/dev/iommu does not exist")
 
@@ -184,7 +184,7 @@ def test_iommufd_still_needs_a_viable_group() -> None:
     ]
     blocked = attrs.evolve(made, pci_devices=(*made.pci_devices, blocker), iommu_groups=groups)
     node, _ = live_node(config("iommufd"), blocked)
-    (device,) = [d for d in node.advertised(VF_RESOURCE) if d.id == VF_A]
+    (device,) = [d for d in node.device_plugin.advertised(VF_RESOURCE) if d.id == VF_A]
     assert not device.healthy
     assert device.reason == "IOMMU group 108 is not viable: 0000:6b:00.7 is bound to qat_4xxxvf"
 

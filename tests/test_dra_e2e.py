@@ -24,7 +24,7 @@ import pytest
 
 from dp_server.cli.main import main
 from dp_server.config.loader import parse_config
-from dp_server.monitoring.status import runtime_families, runtime_readiness
+from dp_server.monitoring.probes import runtime_families, runtime_readiness
 from dp_server.runtime.runtime import Runtime
 from dp_testing.apiserver import ApiServerEmulator, Device, Scheduler
 from dp_testing.dra_kubelet import Claim, DraKubeletEmulator, PrepareResult
@@ -96,7 +96,7 @@ class Dra:
         self.runtime = Runtime(settings, parse_config(config, "<dra>"))
         self._serving = asyncio.create_task(self.runtime.run())
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
-        names = self.runtime.node.resource_names()
+        names = self.runtime.node.device_plugin.resource_names()
         assert await self.harness.registered(names)
         return self.runtime
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from dp_core.claims import ClaimRef
+from dp_core.dra.claims import ClaimRef
 from dp_server.dra import DraEndpoints, PrepareFailed, PrepareOutcome
-from dp_server.monitoring.status import runtime_families
+from dp_server.monitoring.probes import runtime_families
 from dp_testing.dra_kubelet import DraKubeletEmulator, ResourceHealth
 from tests.e2e_harness import FAST
 from tests.test_dra_e2e import DRIVER, GPU_A, NODE, Dra, serving, until

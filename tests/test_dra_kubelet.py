@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dp_core.claims import ClaimRef, PreparedDevice
+from dp_core.dra.claims import ClaimRef, PreparedDevice
 from dp_server.dra import (
     DraEndpoints,
     ForeignSocket,

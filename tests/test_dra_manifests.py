@@ -29,11 +29,11 @@ import pytest
 import yaml
 
 from dp_core.config import Config, MediatedDevice, PciHostDevice
-from dp_core.dra_names import MDEV_UUID, PCI_BUS_ID, RESOURCE_NAME
-from dp_core.dra_pool import DraDevice, dra_catalogue, dra_config
+from dp_core.dra.names import MDEV_UUID, PCI_BUS_ID, RESOURCE_NAME
+from dp_core.dra.pool import DraDevice, dra_catalogue
 from dp_core.host import HostSnapshot, MdevDevice, MdevType
+from dp_core.host.pci import PciAddress
 from dp_core.inventory import build_inventory
-from dp_core.pci import PciAddress
 from dp_server.config.loader import parse_config
 from dp_testing.topology import fixture_topology, to_snapshot, write_sysfs
 
@@ -591,11 +591,9 @@ def _fixture_host() -> HostSnapshot:
 @pytest.fixture(scope="module")
 def published(variant: dict[tuple[str, str], Object]) -> tuple[str, tuple[DraDevice, ...]]:
     config = _config(variant)
-    assert config.dra is not None
-    front = dra_config(config)
-    assert front is not None
+    assert config.dra is not None and config.permitted_host_devices is not None
     host = _fixture_host()
-    devices, problems = dra_catalogue(build_inventory(host, front), host)
+    devices, problems = dra_catalogue(build_inventory(host, config), host)
     assert problems == ()
     return config.dra.driver_name, devices
 

@@ -11,10 +11,11 @@ from typing import Any
 import attrs
 import pytest
 
-from dp_core import DraFeaturesObserved
-from dp_core.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
+from dp_core import Backoff, DraFeaturesObserved
+from dp_core.dra.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
 from dp_server.dra.api import KubeApi
-from dp_server.dra.slices import Backoff, RepairPacer, SlicePublisher
+from dp_server.dra.pacing import RepairPacer
+from dp_server.dra.slices import SlicePublisher
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.apiserver.rules import drop_disabled_fields
 

@@ -25,6 +25,8 @@ def test_plugin_author_example_drives_the_core_to_an_allocation() -> None:
     assert "  env: {'PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4': '0000:3b:00.0'}\n" in out
     assert "Allocate 0000:00:00.0: INVALID_ARGUMENT: unknown device ID '0000:00:00.0'" in out
     assert "dp_resource_allocated_devices{'resource': 'nvidia.com/TU104GL_Tesla_T4'} = 1" in out
+    held = "IOMMU group 10 is held by allocation #1 of nvidia.com/TU104GL_Tesla_T4 (0000:3b:00.0)"
+    assert held in out
 
 
 def test_plugin_author_example_needs_nothing_but_dp_core() -> None:

@@ -17,7 +17,7 @@ from prometheus_client.registry import DuplicateTimeseries
 from dp_core import MetricFamily, Sample, collect
 from dp_server.cli.main import parse_address
 from dp_server.monitoring.exposition import FamiliesCollector, metrics_registry
-from dp_server.monitoring.status import runtime_families
+from dp_server.monitoring.probes import runtime_families
 
 from core_builders import GPU_RESOURCE, live_node
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from dp_core.claims import ClaimRef, PreparedDevice
+from dp_core.dra.claims import ClaimRef, PreparedDevice
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.dra import (
     DraEndpoints,

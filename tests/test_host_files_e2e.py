@@ -25,8 +25,8 @@ import pytest
 
 from dp_core import KubeletCheckpoint, KubeletStarted
 from dp_server.cli.demo import DEMO_CONFIG
-from dp_server.runtime.kubelet import KubeletFollower
-from dp_server.runtime.memory import CollectionPolicy
+from dp_server.deviceplugin.kubelet import KubeletFollower
+from dp_server.loop.memory import CollectionPolicy
 
 from e2e_harness import ALL, GPU, KVM, NVME, QAT, Harness
 

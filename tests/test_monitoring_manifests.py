@@ -13,7 +13,7 @@ import yaml
 
 from dp_core import Phase
 from dp_core.tally import OK, RPC_METHODS
-from dp_server.monitoring.status import runtime_families
+from dp_server.monitoring.probes import runtime_families
 
 from core_builders import live_node
 

@@ -11,7 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dp_core import PciId
-from dp_core.names import (
+from dp_core.config.names import (
     DEFAULT_DOMAIN,
     default_pci_resource_name,
     env_var_name,
@@ -87,7 +87,7 @@ def test_requests_prefix_is_refused() -> None:
 # The kubelet's rule (k8s.io/kubernetes pkg/apis/core/v1/helper IsExtendedResourceName
 # and apimachinery IsQualifiedName), written out independently as an oracle.
 # The emulator's copy of the kubelet's rule is written independently of
-# dp_core.names, so it serves as the oracle here.
+# dp_core.config.names, so it serves as the oracle here.
 kubelet_accepts = is_extended_resource_name
 
 

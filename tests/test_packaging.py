@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dp_core.names import resource_name_error
-from dp_core.pci import PciId
+from dp_core.config.names import resource_name_error
+from dp_core.host.pci import PciId
 
 from tools import installed_tool
 

@@ -1,4 +1,4 @@
-"""dp_core.pci and dp_core.host: addresses, IDs, functions and IOMMU group viability."""
+"""dp_core.host.pci and dp_core.host: addresses, IDs, functions and IOMMU group viability."""
 
 from __future__ import annotations
 

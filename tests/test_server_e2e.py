@@ -113,7 +113,7 @@ async def test_socket_names_leave_room_for_the_directory(
 ) -> None:
     config = parse_config(DEMO_CONFIG, "<demo>")
     runtime = Runtime(harness.settings(device_plugin_dir=directory), config)
-    assert runtime.node.endpoint_max_length == room
+    assert runtime.node.device_plugin.endpoint_max_length == room
 
 
 async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
@@ -227,7 +227,9 @@ async def test_the_late_dial_of_a_register_that_timed_out_is_not_taken_for_the_n
     assert emulator is not None
     assert emulator.events_of("dial-failed", order[0])  # the late dial, refused
     for name, state in emulator.resources().items():
-        assert sorted(state.devices) == sorted(d.id for d in runtime.node.advertised(name)), name
+        assert sorted(state.devices) == sorted(
+            d.id for d in runtime.node.device_plugin.advertised(name)
+        ), name
 
 
 class _StalledGoKubelet(asyncio.Protocol):
@@ -280,7 +282,7 @@ async def test_a_register_a_grpc_go_kubelet_would_reset_at_its_deadline_quiets_t
     )
     try:
         runtime = await harness.start_server(register_timeout=10.9)
-        registrar = runtime.node.registrar
+        registrar = runtime.node.device_plugin.registrar
         async with asyncio.timeout(15):
             while not registrar.quiet_until and len(registers) < 2:
                 await asyncio.sleep(0.05)
@@ -505,10 +507,10 @@ async def test_a_restarted_server_reserves_the_groups_running_pods_hold(
     runtime = await harness.start_server()
     assert await harness.registered()
     for _ in range(100):
-        if len(runtime.node.allocations):
+        if len(runtime.node.device_plugin.allocations):
             break
         await asyncio.sleep(0.05)
-    assert [a.device_ids for a in runtime.node.allocations.all()] == [(held,)]
+    assert [a.device_ids for a in runtime.node.device_plugin.allocations.all()] == [(held,)]
     assert await harness.wait(
         lambda e: (
             e.resources()[NVME].devices[held].healthy
@@ -559,7 +561,7 @@ async def test_a_garbled_pod_resources_answer_keeps_group_reservations(
                 break
             await asyncio.sleep(0.05)
         assert answers >= seen + 4
-        assert len(runtime.node.allocations) == 1
+        assert len(runtime.node.device_plugin.allocations) == 1
         with pytest.raises(grpc.RpcError) as caught:
             await harness.kubelet("allocate", NVME, [sibling])
         assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
@@ -613,7 +615,7 @@ async def test_client_that_disconnects_mid_stream(harness: Harness) -> None:
 async def test_kubelet_socket_missing_keeps_the_server_up(harness: Harness) -> None:
     runtime = await harness.start_server()
     await asyncio.sleep(0.3)
-    assert runtime.node.registrar.kubelet_present is False
+    assert runtime.node.device_plugin.registrar.kubelet_present is False
     assert runtime.socket_paths and runtime.socket_paths[0].exists()
     harness.start_kubelet()
     assert await harness.registered()

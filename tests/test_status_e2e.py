@@ -16,10 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dp_core import MetricFamily, Sample
 from dp_server.cli.main import main
+from dp_server.loop.tasks import Tasks
+from dp_server.monitoring.endpoint import StatusEndpoint, start_status
 from dp_server.monitoring.exposition import metrics_registry
-from dp_server.monitoring.status import Check, StatusEndpoint, start_status
+from dp_server.monitoring.probes import Check
 from dp_server.monitoring.view import ServerView
-from dp_server.runtime.tasks import Tasks
 
 from e2e_harness import ALL, GPU, Harness
 

@@ -71,7 +71,7 @@ class BindQueue:
         feed: Callable[[Input], object],
         now: Callable[[], float],
         stopping: Callable[[], bool],
-        after_batch: Callable[[], None],
+        after_batch: Callable[[], object],
     ) -> None:
         self.binder = binder
         self._node = node

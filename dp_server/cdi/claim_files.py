@@ -1,22 +1,13 @@
-"""The files a prepared DRA claim gets: its CDI spec, and its KEP-5304 metadata.
+"""The files a prepared DRA claim gets: its CDI specs, and its KEP-5304 metadata.
 
-For a claim, in the CDI spec directory:
-
-- `<driver>_claim_<UID>.json`, kind `<driver>/claim`, a device
-  `<UID>-<device>` per device with the VFIO nodes Allocate gives it;
-- `<driver>_metadata_<UID>_<request>.json`, kind `<driver>/metadata`, a
-  device `<UID>_<request>` that bind-mounts the request's metadata file
-  read-only where the core says (`dra_metadata`), as the Kubernetes helper
-  names them (`kubeletplugin/metadata.go`);
-
-and the metadata file itself, `<metadata dir>/<namespace>_<claim>/<request>/
-metadata.json`: the JSON stream of `DeviceMetadata` objects, newest version
-first. Every file is written through a temporary file and a rename, so a
-runtime never reads half of one; they are left in place at shutdown, and
-removed when the claim is unprepared.
-
-The names never start with `dp-`, which the device-plugin front end's spec
-directory keeps as its own (`SpecDirectory`), so neither removes the other's.
+What each spec holds and what it is called is the core's (`dp_core.cdi.claims`:
+the claim's spec, and one per request that mounts the request's metadata);
+this writes them in the CDI spec directory, with the metadata file itself,
+`<metadata dir>/<namespace>_<claim>/<request>/metadata.json`: the JSON stream
+of `DeviceMetadata` objects (`dp_core.dra.metadata`), newest version first.
+Every file is written through a temporary file and a rename, so a runtime
+never reads half of one; they are left in place at shutdown, and removed when
+the claim is unprepared.
 """
 
 from __future__ import annotations
@@ -25,17 +16,15 @@ import json
 import shutil
 from pathlib import Path
 
-from dp_core import CdiDevice, CdiMount, CdiSpec, PreparedClaim
-from dp_core.claims import ClaimRef
-from dp_core.dra_metadata import claim_cdi_kind, request_metadata
+from dp_core import ClaimRef, PreparedClaim
+from dp_core.cdi.claims import claim_spec, claim_spec_name, metadata_spec, metadata_spec_prefix
+from dp_core.dra.metadata import request_metadata
 from dp_server.cdi.document import render
 from dp_server.files import write_atomically
 
 __all__ = ["METADATA_FILE", "ClaimFiles"]
 
 METADATA_FILE = "metadata.json"
-# As the Kubernetes helper mounts it: read-only, nothing to execute or open as a device.
-_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
 
 class ClaimFiles:
@@ -46,11 +35,8 @@ class ClaimFiles:
         self.spec_dir = Path(spec_dir)
         self.metadata_dir = Path(metadata_dir)
 
-    def claim_spec_path(self, uid: str) -> Path:
-        return self.spec_dir / f"{self.driver}_claim_{uid}.json"
-
-    def metadata_spec_path(self, uid: str, request: str) -> Path:
-        return self.spec_dir / f"{self.driver}_metadata_{uid}_{request}.json"
+    def spec_path(self, name: str) -> Path:
+        return self.spec_dir / f"{name}.json"
 
     def metadata_path(self, claim: ClaimRef, request: str) -> Path:
         return self._claim_dir(claim) / request / METADATA_FILE
@@ -59,34 +45,26 @@ class ClaimFiles:
         """Write every file of `prepared` (the same content again changes nothing
         a reader sees); raises OSError naming the file that could not be written."""
         claim = prepared.claim
-        devices = tuple(
-            CdiDevice(f"{claim.uid}-{device.name}", device.edits.devices)
-            for device in prepared.devices
-            if device.edits.devices
-        )
-        if devices:
-            kind = claim_cdi_kind(self.driver)
-            spec = CdiSpec(self.claim_spec_path(claim.uid).stem, kind, devices)
-            _write(self.claim_spec_path(claim.uid), render(spec))
+        devices = ((device.name, device.edits.devices) for device in prepared.devices)
+        spec = claim_spec(self.driver, claim.uid, devices)
+        if spec is not None:
+            _write(self.spec_path(spec.name), render(spec))
         for request in request_metadata(self.driver, prepared):
             host = self.metadata_path(claim, request.request)
             stream = "".join(json.dumps(obj) + "\n" for obj in request.objects)
             _makedirs(host.parent)
             _write(host, stream.encode())
-            kind, _, name = request.cdi_device_id.partition("=")
-            mount = CdiMount(str(host), request.container_path, _MOUNT_OPTIONS)
-            spec = CdiSpec(
-                self.metadata_spec_path(claim.uid, request.request).stem,
-                kind,
-                (CdiDevice(name, mounts=(mount,)),),
+            spec = metadata_spec(
+                self.driver, claim.uid, request.request, str(host), request.container_path
             )
-            _write(self.metadata_spec_path(claim.uid, request.request), render(spec))
+            _write(self.spec_path(spec.name), render(spec))
 
     def remove(self, claim: ClaimRef) -> None:
         """Remove every file of `claim`, whatever is left of them; raises OSError."""
-        targets = [self.claim_spec_path(claim.uid)]
+        targets = [self.spec_path(claim_spec_name(self.driver, claim.uid))]
         try:
-            targets += sorted(self.spec_dir.glob(f"{self.driver}_metadata_{claim.uid}_*.json"))
+            prefix = metadata_spec_prefix(self.driver, claim.uid)
+            targets += sorted(self.spec_dir.glob(f"{prefix}*.json"))
         except OSError:
             pass  # a directory that cannot be listed: the claim spec is tried all the same
         for target in targets:

@@ -30,8 +30,8 @@ import grpc
 from dp_core import (
     DEFAULT_SHARED_DEVICES,
     Config,
-    DeviceKind,
-    PciAddress,
+    DeviceClass,
+    PciDevice,
     PciId,
     Resource,
     SocketMode,
@@ -80,11 +80,6 @@ _BUILT_IN = DEMO_CONFIG.replace(
     '    - pciVendorSelector: "8086:4941"',
 )
 
-_TITLES = {
-    DeviceKind.PCI: "PCI passthrough",
-    DeviceKind.MDEV: "mediated device (vGPU)",
-    DeviceKind.SHARED: "shared character devices",
-}
 _DEFAULT_COUNT = {d.resource_name: d.count for d in DEFAULT_SHARED_DEVICES}
 
 
@@ -115,7 +110,7 @@ def _unhealthy_lines(resources: Sequence[Resource]) -> list[str]:
     lines = []
     for resource in resources:
         unhealthy = [d for d in resource.devices if not d.healthy]
-        if resource.kind is DeviceKind.SHARED and unhealthy:
+        if resource.device_class.alike and unhealthy:
             first = unhealthy[0]
             lines.append(f"  {resource.name}: {len(unhealthy)} devices: {first.reason}")
             continue
@@ -128,7 +123,7 @@ def _pod_name(resource: str) -> str:
 
 
 def _allocation_lines(
-    responses: dict[str, Any], served: Served, kinds: dict[str, DeviceKind]
+    responses: dict[str, Any], served: Served, classes: dict[str, DeviceClass]
 ) -> list[str]:
     snapshot = served.runtime.node.snapshot
     interface = served.runtime.config.vfio.interface
@@ -139,13 +134,15 @@ def _allocation_lines(
             lines.append(f"      env     {key}={value}")
         for spec in response.devices:
             lines.append(f"      device  {spec.host_path} ({spec.permissions})")
-        if kinds.get(resource) is not DeviceKind.PCI or interface == "group":
+        device_class = classes.get(resource)
+        host_device = device_class.host_device if device_class is not None else None
+        if host_device is None or interface == "group":
             continue
-        for address in _env_ids(response):
-            pci = snapshot.device(PciAddress.parse(address))
-            state = None if pci is None else cdev_state(pci, snapshot)
+        for device_id in _env_ids(response):
+            found = host_device(device_id, snapshot)
+            state = None if found is None else cdev_state(found, snapshot)
             if state is not None and state.path is None:
-                lines.append(f"      ({address} has no VFIO character device: {state.reason})")
+                lines.append(f"      ({device_id} has no VFIO character device: {state.reason})")
     return lines
 
 
@@ -166,7 +163,7 @@ def _until_unhealthy(served: Served, devices: Iterable[tuple[str, str]]) -> None
 def _group_siblings(served: Served, responses: dict[str, Any]) -> list[tuple[str, str]]:
     """The other advertised members of the IOMMU groups an admitted container holds."""
     chosen = {(name, i) for name, response in responses.items() for i in _env_ids(response)}
-    published = served.runtime.node.describe().resources
+    published = served.runtime.node.device_plugin.describe().resources
     held = {d.iommu_group for r in published for d in r.devices if (r.name, d.id) in chosen}
     return [
         (r.name, d.id)
@@ -179,23 +176,25 @@ def _group_siblings(served: Served, responses: dict[str, Any]) -> list[tuple[str
 def _samples(served: Served, resources: Sequence[Resource]) -> tuple[list[str], list[str]]:
     """One sample pod per device resource and one for the shared devices, each
     admitted as the kubelet admits it; the lines, and the pods admitted."""
-    kinds = {r.name: r.kind for r in resources}
+    classes = {r.name: r.device_class for r in resources}
     snapshot = served.runtime.node.snapshot
     pods: list[tuple[str, str, dict[str, int]]] = []
     for resource in resources:
         healthy = resource.healthy_count
-        if resource.kind is DeviceKind.SHARED or not healthy:
+        device_class = resource.device_class
+        if device_class.alike or not healthy:
             continue
-        title = _TITLES[resource.kind]
+        title = device_class.title
         count = 1
-        if resource.kind is DeviceKind.PCI:
-            first = snapshot.device(PciAddress.parse(resource.devices[0].id))
-            if first is not None and first.physfn is not None:
-                title, count = "SR-IOV virtual functions", min(2, healthy)
+        host_device = device_class.host_device
+        first = host_device(resource.devices[0].id, snapshot) if host_device else None
+        if isinstance(first, PciDevice) and first.physfn is not None:
+            title, count = "SR-IOV virtual functions", min(2, healthy)
         pods.append((title, _pod_name(resource.name), {resource.name: count}))
-    shared = {r.name: 1 for r in resources if r.kind is DeviceKind.SHARED and r.healthy_count}
-    if shared:
-        pods.append((_TITLES[DeviceKind.SHARED], "vm-plain", shared))
+    alike = [r for r in resources if r.device_class.alike and r.healthy_count]
+    if alike:
+        shared = {r.name: 1 for r in alike}
+        pods.append((alike[0].device_class.title, "vm-plain", shared))
     lines = ["", "Sample allocations (GetPreferredAllocation, then Allocate):"]
     admitted = []
     for title, pod, requests in pods:
@@ -206,7 +205,7 @@ def _samples(served: Served, resources: Sequence[Resource]) -> tuple[list[str], 
             lines.append(f"    refused: {error.code().name}: {error.details()}")
             continue
         admitted.append(pod)
-        lines += _allocation_lines(responses, served, kinds)
+        lines += _allocation_lines(responses, served, classes)
         # The next pod is admitted on the kubelet's view of what is still free.
         _until_unhealthy(served, _group_siblings(served, responses))
     return lines, admitted
@@ -216,7 +215,7 @@ def _held_group_lines(served: Served) -> list[str]:
     """For each IOMMU group a sample pod holds, its other members: Unhealthy, and refused."""
     held: dict[int, tuple[str, str]] = {}  # group -> (pod, device)
     taken: set[tuple[str, str]] = set()
-    published = served.runtime.node.describe().resources
+    published = served.runtime.node.device_plugin.describe().resources
     groups = {
         (r.name, d.id): d.iommu_group
         for r in published
@@ -256,7 +255,9 @@ def _held_group_lines(served: Served) -> list[str]:
 def device_plugin_lines(served: Served, config: Config) -> list[str]:
     """What the device-plugin half shows: the node, unhealthy devices, sample pods."""
     resources = [
-        r for r in served.runtime.node.describe().resources if r.name in served.kubelet.capacity()
+        r
+        for r in served.runtime.node.device_plugin.describe().resources
+        if r.name in served.kubelet.capacity()
     ]
     if not resources:
         return ["The config serves nothing on this node through the device-plugin API."]
@@ -269,7 +270,7 @@ def device_plugin_lines(served: Served, config: Config) -> list[str]:
     ]
     lines += _node_description(served, config)
     lines += _unhealthy_lines(resources)
-    skipped = served.runtime.node.describe().skipped
+    skipped = served.runtime.node.device_plugin.describe().skipped
     if skipped:
         lines += ["", "Selected but not advertised, and why:"]
         lines += [f"  {s.id} ({s.resource_name}): {s.reason}" for s in skipped]

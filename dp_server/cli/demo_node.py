@@ -110,7 +110,7 @@ async def serving(
     running = asyncio.create_task(runtime.run())
     try:
         await runtime.ready.wait()
-        wanted = runtime.node.resource_names()
+        wanted = runtime.node.device_plugin.resource_names()
         if not await asyncio.to_thread(kubelet.wait_registered, wanted, 10.0, listed=True):
             raise RuntimeError("the emulated kubelet did not see every resource register")
         yield Served(runtime, kubelet, plugin_dir, root, api, dra_kubelet)

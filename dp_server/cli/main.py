@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
+from dp_core.config import DEVICE_PLUGIN
 from dp_server.cli.settings import pci_names
 from dp_server.config.loader import ConfigFileError, read_config_file
 from dp_server.host.scanner import scan_host
@@ -265,7 +266,8 @@ def _scan(args: argparse.Namespace) -> int:
     snapshot = scan_host(args.sysfs, args.dev, dev_paths=shared_paths)
     # What `serve` would bind, shown and never done: scan writes nothing.
     plan = plan_bindings(snapshot, config)
-    inventory = build_inventory(snapshot, config, names, plan)
+    # The device-plugin API's view: a device DRA offers is listed as skipped, saying so.
+    inventory = build_inventory(snapshot, config, names, plan).offered_by(DEVICE_PLUGIN)
     explained = explain(loaded, snapshot, args.sysfs, [missing] if missing else [])
     if args.format == "json":
         document = inventory_document(inventory, snapshot, plan, explained)

@@ -15,11 +15,13 @@ from dp_core import (
     AdvertisedDevice,
     BindDecision,
     CdevState,
+    DeviceClass,
     DeviceKind,
     HostSnapshot,
     Inventory,
     MdevDevice,
     PciAddress,
+    PciDevice,
     ScanProblem,
     cdev_state,
 )
@@ -65,38 +67,32 @@ report_converter.register_unstructure_hook(BindDecision, _binding)
 Plan = Mapping[PciAddress, BindDecision]
 
 
-Mdevs = Mapping[str, MdevDevice]
+def _host_device(
+    device: AdvertisedDevice, device_class: DeviceClass, snapshot: HostSnapshot
+) -> PciDevice | MdevDevice | None:
+    """The host's device an advertised ID names (None: its class has none)."""
+    found = device_class.host_device
+    return None if found is None else found(device.id, snapshot)
 
 
-def _cdev(
-    device: AdvertisedDevice, kind: DeviceKind, snapshot: HostSnapshot, mdevs: Mdevs
-) -> CdevState | None:
-    """The VFIO character device of an advertised function or mdev (None if neither)."""
-    if kind is DeviceKind.MDEV:
-        mdev = mdevs.get(device.id)
-        return None if mdev is None else cdev_state(mdev, snapshot)
-    if kind is not DeviceKind.PCI:
-        return None
-    try:
-        pci = snapshot.device(PciAddress.parse(device.id))
-    except ValueError:
-        return None
-    return None if pci is None else cdev_state(pci, snapshot)
+def _cdev(found: PciDevice | MdevDevice | None, snapshot: HostSnapshot) -> CdevState | None:
+    """The VFIO character device of a function or an mdev (None if neither)."""
+    return None if found is None else cdev_state(found, snapshot)
 
 
 def _devices(
-    kind: DeviceKind, devices: Any, snapshot: HostSnapshot, mdevs: Mdevs
+    device_class: DeviceClass, devices: Any, snapshot: HostSnapshot
 ) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = report_converter.unstructure(list(devices))
-    if kind is DeviceKind.SHARED:
+    if device_class.host_device is None:
         return documents
     for device, document in zip(devices, documents, strict=True):
-        mdev = mdevs.get(device.id) if kind is DeviceKind.MDEV else None
-        if mdev is not None:
+        found = _host_device(device, device_class, snapshot)
+        if isinstance(found, MdevDevice):
             # The type and the parent by the kernel's names (a parent may be no PCI function).
-            document["mdev_type"] = mdev.type_id
-            document["parent"] = mdev.parent
-        cdev = _cdev(device, kind, snapshot, mdevs)
+            document["mdev_type"] = found.type_id
+            document["parent"] = found.parent
+        cdev = _cdev(found, snapshot)
         if cdev is not None:
             document["cdev"] = cdev.path
             if cdev.reason:
@@ -162,14 +158,13 @@ def inventory_document(
     ID or mdev type name there is) and the config's notes; `"host_notes"` says
     what about the host shortens the answer (no IOMMU groups, say).
     """
-    mdevs = {mdev.uuid: mdev for mdev in snapshot.mdevs}
     resources = [
         {
             "name": resource.name,
             "kind": resource.kind.value,
             "capacity": len(resource.devices),
             "allocatable": resource.healthy_count,
-            "devices": _devices(resource.kind, resource.devices, snapshot, mdevs),
+            "devices": _devices(resource.device_class, resource.devices, snapshot),
         }
         for resource in inventory.resources
     ]
@@ -223,14 +218,14 @@ def inventory_table(
     explained: Explained | None = None,
 ) -> str:
     lines: list[str] = []
-    mdevs = {mdev.uuid: mdev for mdev in snapshot.mdevs}
     for resource in inventory.resources:
         lines.append(
             f"{resource.name}  ({resource.kind.value}, {resource.healthy_count}/"
             f"{len(resource.devices)} healthy)"
         )
         shown = resource.devices
-        if resource.kind is DeviceKind.SHARED and len(shown) > 3:
+        device_class = resource.device_class
+        if device_class.alike and len(shown) > 3:
             first = shown[0]
             state = first.health + (f": {first.reason}" if first.reason else "")
             lines.append(f"  {first.id} .. {shown[-1].id}  {len(shown)} devices  {state}")
@@ -240,12 +235,12 @@ def inventory_table(
             numa = "-" if device.numa_node is None else str(device.numa_node)
             group = "-" if device.iommu_group is None else str(device.iommu_group)
             line = f"  {device.id:<{width}}  {device.health:<9}  numa={numa:<2} group={group:<4}"
-            cdev = _cdev(device, resource.kind, snapshot, mdevs)
+            found = _host_device(device, device_class, snapshot)
+            cdev = _cdev(found, snapshot)
             if cdev is not None:
                 line += f" cdev={(cdev.path or '-').removeprefix('/dev/vfio/devices/'):<6}"
-            mdev = mdevs.get(device.id) if resource.kind is DeviceKind.MDEV else None
-            if mdev is not None:
-                line += f" type={mdev.type_id} parent={mdev.parent}"
+            if isinstance(found, MdevDevice):
+                line += f" type={found.type_id} parent={found.parent}"
             if device.reason:
                 line += f"  {device.reason}"
             if cdev is not None and cdev.reason:

@@ -34,8 +34,9 @@ from dp_core.config import (
     SharedDevice,
     Vfio,
 )
-from dp_core.names import resource_name_error
-from dp_core.pci import PciId
+from dp_core.config.names import resource_name_error
+from dp_core.host.pci import PciId
+from dp_server.files.codec import FieldError, register_strict_scalars, show, structure_str
 
 __all__ = [
     "IGNORED_KEYS",
@@ -120,21 +121,6 @@ KEYS[_SharedDevicePatch] = dict(KEYS[SharedDevice])
 # --- values in messages ------------------------------------------------------------------
 
 
-class FieldError(ValueError):
-    """A value of the wrong shape, found while structuring."""
-
-
-def show(value: object) -> str:
-    """A value as the operator wrote it, short enough for one line."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    else:
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def kind_of(value: object) -> str:
     if value is None:
         return "null"
@@ -159,24 +145,6 @@ def path_segment(key: object) -> Segment:
 
 
 # --- strict scalar hooks -----------------------------------------------------------------
-
-
-def _structure_str(value: object, _type: object) -> str:
-    if not isinstance(value, str):
-        raise FieldError(f"{show(value)} is not a string")
-    return value
-
-
-def _structure_int(value: object, _type: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FieldError(f"{show(value)} is not an integer")
-    return value
-
-
-def _structure_bool(value: object, _type: object) -> bool:
-    if not isinstance(value, bool):
-        raise FieldError(f"{show(value)} is not a boolean (true or false)")
-    return value
 
 
 def _structure_feature_setting(value: object, _type: object) -> DraFeatureSetting:
@@ -350,13 +318,6 @@ def _merge_shared_device(key: object, raw: object, base: SharedDevice | None) ->
     raise ClassValidationError(f"While structuring sharedDevices[{key!r}]", errors, SharedDevice)
 
 
-def register_strict_scalars(converter: cattrs.Converter) -> None:
-    """Take strings, integers and booleans only as written: no 3 for "3", no true for 1."""
-    converter.register_structure_hook(str, _structure_str)
-    converter.register_structure_hook(int, _structure_int)
-    converter.register_structure_hook(bool, _structure_bool)
-
-
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=True)
     register_strict_scalars(converter)
@@ -417,7 +378,7 @@ def _register_class(
         hook = struct_hooks.get(field.name)
         if hook is None and (field.validator is not None or get_origin(field.type) is Literal):
             base = (
-                _structure_str
+                structure_str
                 if get_origin(field.type) is Literal
                 else converter.get_structure_hook(field.type)
             )

@@ -3,7 +3,7 @@
 Debian and Ubuntu ship it as `/usr/share/misc/pci.ids` (package `pci.ids`),
 Fedora and RHEL as `/usr/share/hwdata/pci.ids` (package `hwdata`); some
 distributions ship only the gzip-compressed `pci.ids.gz`. Parsing is the
-core's (`dp_core.names.parse_pci_ids`); this module only finds and reads.
+core's (`dp_core.config.names.parse_pci_ids`); this module only finds and reads.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from dp_core.names import parse_pci_ids
-from dp_core.pci import PciId
+from dp_core.config.names import parse_pci_ids
+from dp_core.host.pci import PciId
 from dp_server.config.loader import ConfigFileError
 
 __all__ = ["PCI_IDS_SEARCH_PATHS", "find_pci_ids", "load_pci_names"]

@@ -1,2 +1,4 @@
-"""The kubelet's device-plugin API: the plugin sockets and their gRPC service,
-Register calls, and the PodResources client."""
+"""The device-plugin front end in the server: the plugin sockets and their gRPC
+service, Register calls, ListAndWatch streams, the kubelet followed and its
+checkpoint read, the PodResources client, and their wiring onto the loop
+(`runtime.DevicePluginRuntime`)."""

@@ -29,7 +29,7 @@ import cattrs.v
 from cattrs.gen import make_dict_structure_fn, override
 
 from dp_core import CheckpointEntry, KubeletCheckpoint
-from dp_server.config.hooks import register_strict_scalars
+from dp_server.files import register_strict_scalars
 
 __all__ = ["CHECKPOINT_FILE", "CheckpointFile", "read_kubelet_checkpoint"]
 

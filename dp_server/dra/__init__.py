@@ -1,5 +1,8 @@
-"""The DRA front end's kubelet side: plugin registration, NodePrepare/UnprepareResources
-and the health stream."""
+"""The DRA front end in the server. The kubelet's side: plugin registration,
+NodePrepare/UnprepareResources and the health stream; the API's side: claims
+read, ResourceSlices published, Events; and their wiring onto the loop
+(`runtime.DraRuntime`, imported only with the config's `dra`), with the
+prepared claims' checkpoint."""
 
 from dp_server.dra.endpoints import DRA_SOCKET, DraEndpoints, registration_socket_name
 from dp_server.dra.health import HEALTH_SERVICE, HealthWatcher, health_message

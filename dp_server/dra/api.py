@@ -40,6 +40,7 @@ __all__ = [
     "KubeApi",
     "TRANSIENT_ERRORS",
     "WRITE_VERBS",
+    "describe",
     "is_status",
 ]
 
@@ -48,6 +49,13 @@ __all__ = [
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (httpx2.HTTPError, OSError, TimeoutError)
 # A dry run ("create-dry-run") is a request but writes nothing.
 WRITE_VERBS = frozenset({"create", "update", "delete"})
+
+
+def describe(error: BaseException) -> str:
+    """An API request's failure in one line: the server's status, or what went wrong on the way."""
+    if isinstance(error, ApiError):
+        return f"{error.status.code} {error.status.reason}: {error.status.message}"
+    return f"{type(error).__name__}: {error}"
 
 
 def is_status(error: BaseException, *codes: int) -> bool:

@@ -1,13 +1,15 @@
 """How fast the slice publisher may try again: after a failure, and when it repairs.
 
-`Backoff` spaces the retries of a session that failed. `RepairPacer` bounds
+dp's one `Backoff` (the core's) spaces the retries of a session that failed,
+scaled by a random 0.5-1 (`jitter`) so that many nodes do not retry in step.
+`RepairPacer` bounds
 the writes that outside changes cause: a pass that writes although the
 wanted content did not change since the server last held it is a repair
 (someone deleted or changed a slice, the Node's garbage collector took the
 pool, the Node came back with a new UID). The first repair after a quiet
 spell goes at once, so a kubelet that wipes its node's slices at start gets
 them back within a round trip; each further one waits longer, from its
-predecessor: `Backoff.delay(n)` for the n-th in a row, 0.5 to 1 s, 1 to 2 s,
+predecessor: `Backoff.delay(n)` for the n-th in a row, jittered: 0.5 to 1 s, 1 to 2 s,
 and so on up to `cap`. However the outside keeps undoing the pool, dp writes
 at most one pass of the pool per `cap / 2` seconds once the fight is long.
 """
@@ -16,20 +18,14 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["Backoff", "RepairPacer"]
+from dp_core import Backoff
+
+__all__ = ["RepairPacer", "jitter"]
 
 
-class Backoff:
-    """Exponential delays from `first` to `cap` seconds, each scaled by a random 0.5-1."""
-
-    def __init__(self, first: float = 0.5, cap: float = 30.0, rng: random.Random | None = None):
-        self.first = first
-        self.cap = cap
-        self._rng = rng or random.Random()
-
-    def delay(self, failures: int) -> float:
-        base = min(self.cap, self.first * 2.0 ** max(0, failures - 1))
-        return base * self._rng.uniform(0.5, 1.0)
+def jitter(rng: random.Random) -> float:
+    """A random factor of 0.5-1 for a delay."""
+    return rng.uniform(0.5, 1.0)
 
 
 class RepairPacer:
@@ -39,9 +35,12 @@ class RepairPacer:
     count again (and goes at once).
     """
 
-    def __init__(self, backoff: Backoff | None = None, quiet: float = 60.0) -> None:
+    def __init__(
+        self, backoff: Backoff | None = None, quiet: float = 60.0, rng: random.Random | None = None
+    ) -> None:
         self.backoff = backoff or Backoff(first=1.0, cap=16.0)
         self.quiet = quiet
+        self._rng = rng or random.Random()
         self._in_a_row = 0
         self._last: float | None = None
         self._gap = 0.0  # the wait the next repair owes its predecessor
@@ -59,5 +58,5 @@ class RepairPacer:
             self._in_a_row = 0
         self._in_a_row += 1
         self._last = now
-        self._gap = self.backoff.delay(self._in_a_row)
+        self._gap = self.backoff.delay(self._in_a_row, jitter(self._rng))
         self.repairs += 1

@@ -55,15 +55,15 @@ from collections.abc import Callable, Iterable
 from lightkube.models.meta_v1 import OwnerReference
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from dp_core import DraFeaturesObserved, MetricFamily, Sample
-from dp_core.slices import PoolContent
-from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, is_status
-from dp_server.dra.pacing import Backoff, RepairPacer
+from dp_core import Backoff, DraFeaturesObserved, MetricFamily, Sample
+from dp_core.dra.slices import PoolContent
+from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, describe, is_status
+from dp_server.dra.pacing import RepairPacer, jitter
 from dp_server.dra.slice_cache import SliceCache
 from dp_server.dra.slice_objects import COUNTERS, TAINTS, features_kept, node_owner, probe_object
 from dp_server.dra.slice_plan import Plan, plan_pool
 
-__all__ = ["Backoff", "RepairPacer", "SlicePublisher"]
+__all__ = ["SlicePublisher"]
 
 _log = logging.getLogger("dp.dra")
 
@@ -115,7 +115,7 @@ class SlicePublisher:
         # COUNTERS/TAINTS -> whether the server kept that feature's fields when last sent.
         self.features: dict[str, bool] = {}
         self.watch_period = watch_period
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or Backoff(first=0.5, cap=30.0)
         self.repairs = repairs or RepairPacer()
         self._rng = rng or random.Random()
         self._wanted: PoolContent | None = None
@@ -176,7 +176,7 @@ class SlicePublisher:
         self.failures += 1
         self._learn_soon = True
         self._owner_check = True  # the Node may have gone while the server was away
-        delay = self.backoff.delay(self._in_a_row)
+        delay = self.backoff.delay(self._in_a_row, jitter(self._rng))
         fields = _fields(error=_describe(error), retry_in=round(delay, 3), failures=self._in_a_row)
         if isinstance(error, (*TRANSIENT_ERRORS, _Stale)):
             _log.warning("kube-api-unavailable", extra=fields)
@@ -257,11 +257,11 @@ class SlicePublisher:
         """Until the Node exists, reading it after 1 s, 2 s, ... up to 10 s."""
         wanted = self._wanted
         assert wanted is not None
-        polls = Backoff(1.0, 10.0, self._rng)
+        polls = Backoff(first=1.0, cap=10.0)
         tries = 0
         while await self.api.node_uid(wanted.node_name) is None:
             tries += 1
-            await asyncio.sleep(polls.delay(tries))
+            await asyncio.sleep(polls.delay(tries, jitter(self._rng)))
 
     # -- a session ---------------------------------------------------------------------
 
@@ -538,9 +538,7 @@ class SlicePublisher:
 def _describe(error: BaseException) -> str:
     if isinstance(error, _Stale):
         return f"stale view: {error}"
-    if isinstance(error, ApiError):
-        return f"{error.status.code} {error.status.reason}: {error.status.message}"
-    return f"{type(error).__name__}: {error}"
+    return describe(error)
 
 
 def _fields(**fields: object) -> dict[str, dict[str, object]]:

@@ -1,1 +1,2 @@
-"""One event loop that feeds a `dp_core.Node` and carries out its effects."""
+"""The server put together: one `dp_core.Node` on one loop, each sub-system
+wired onto it, the host watched and the config followed (`Runtime`)."""

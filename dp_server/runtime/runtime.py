@@ -1,85 +1,63 @@
-"""The asyncio shell: one event loop serving every resource.
+"""The asyncio shell: one event loop serving every front end.
 
-`Runtime` puts the sub-systems together around one `dp_core.Node`: every
-input goes through `feed`, and every effect the node returns is carried out
-by the `EffectRunner`. The jobs are kept apart:
+`Runtime` puts the sub-systems together around one `dp_core.Node` on one
+`Loop` (feed, call, the effect handlers each sub-system registers):
 
-- `KubeletFollower` (kubelet.py) follows the kubelet and its connections;
-- `TimerLoop` (timers.py) wakes the server at its deadlines;
-- `EffectRunner` (effects.py) carries out effects;
-- `CollectionPolicy` (memory.py) decides when to run the garbage collector;
-- `DraRuntime` (dra.py), with the config's `dra`, serves the DRA front end's
-  sockets, claims and ResourceSlices on the same node and loop.
+- `DevicePluginRuntime` (deviceplugin): the plugin sockets, the kubelet and
+  its connections, Registers, streams, PodResources, the CDI spec directory;
+- `DraRuntime` (dra), with the config's `dra`: the DRA sockets, claims and
+  their files, the checkpoint, the ResourceSlices;
+- `BindingRuntime` (binding): moves to vfio-pci and back, the moves file;
+- `TimerLoop` wakes the server at its deadlines, `CollectionPolicy` decides
+  when to run the garbage collector, `Tasks` keeps the background tasks;
+- with `--metrics-address`, the status endpoint (monitoring).
 
-Watching (watchfiles on the device-plugin directory, /dev/vfio and the
-config's directory; the kernel's uevents for devices that come or change
-driver), rescans and PodResources polls run as tasks on the one loop;
-nothing here decides policy.
+What is Runtime's own is the host and the config: watching (watchfiles on the
+device-plugin directory, /dev/vfio and the config's directory; the kernel's
+uevents for devices that come or change driver), rescans, config reloads,
+and the life cycle. Nothing here decides policy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dp_core import (
-    AllocationsObserved,
     Config,
     ConfigApplied,
-    Effect,
     HostObserved,
     Input,
-    KubeletCheckpointObserved,
-    MovesRecalled,
+    Log,
     Node,
     PciId,
-    Register,
-    Reject,
-    Reply,
-    SocketMode,
     Tick,
-    WatchEnded,
-    WatchStarted,
-    endpoint_name,
 )
 from dp_server.binding.binder import Binder
-from dp_server.binding.moves_file import MovesStore
-from dp_server.binding.queue import BindQueue
-from dp_server.cdi import SpecDirectory
-from dp_server.deviceplugin.kubelet_checkpoint import CheckpointFile
-from dp_server.deviceplugin.pod_resources import PodResourcesPoller
-from dp_server.deviceplugin.register_client import RegisterClient
-from dp_server.deviceplugin.service import DevicePluginService
-from dp_server.deviceplugin.sockets import PluginDirectoryLost, PluginSockets
-from dp_server.deviceplugin.streams import Streams
+from dp_server.binding.runtime import BindingRuntime
+from dp_server.config.settings import Settings, SettingsError, socket_name_room
+from dp_server.deviceplugin.runtime import KUBELET_SOCKET, DevicePluginRuntime
+from dp_server.deviceplugin.sockets import PluginDirectoryLost
 from dp_server.host.scanner import scan_host
 from dp_server.host.uevents import UeventMonitor
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
-from dp_server.runtime.effects import EffectRunner
-from dp_server.runtime.kubelet import KubeletFollower
-from dp_server.runtime.memory import CollectionPolicy
-from dp_server.runtime.settings import Settings, SettingsError, socket_name_room
-from dp_server.runtime.tasks import Tasks
-from dp_server.runtime.timers import CallbackTimer, TimerLoop
+from dp_server.loop import CallbackTimer, CollectionPolicy, Loop, Tasks, TimerLoop
+from dp_server.monitoring.logs import emit
 
 if TYPE_CHECKING:
-    from dp_server.monitoring.status import StatusEndpoint
-    from dp_server.runtime.dra import DraRuntime
+    from dp_server.deviceplugin.kubelet import KubeletFollower
+    from dp_server.dra.runtime import DraRuntime
+    from dp_server.monitoring.endpoint import StatusEndpoint
 
-__all__ = ["KUBELET_SOCKET", "Runtime"]
-
-KUBELET_SOCKET = "kubelet.sock"
+__all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
 
 _log = logging.getLogger("dp.runtime")
 _CONFIG_SETTLE = 1.0  # a changed config file is read once it stayed the same this long
-_SHUTTING_DOWN = "the device plugin is shutting down"
 
 
 class Runtime:
@@ -98,7 +76,6 @@ class Runtime:
         self.settings = settings
         self.config = config
         self._reload = reload
-        self._clock = clock
         prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
         if config.dra is not None and not settings.node_name:
             raise SettingsError(
@@ -115,16 +92,14 @@ class Runtime:
             cdi=settings.cdi_spec_dir is not None,
             node_name=settings.node_name,
         )
-        self.plugin_dir = Path(settings.device_plugin_dir)
-        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
-        self._checkpoint = CheckpointFile(self.plugin_dir)
+        self.loop = Loop(self.node, clock)
+        self.loop.on(Log, emit)  # every part of the core logs
         self.ready = asyncio.Event()
         self.failure: str | None = None  # why the server stopped itself, if it did
         self.last_rescan: tuple[float, float] | None = None  # (when, seconds it took)
         self.rescan_failures = 0
         self._stopping = False
         self._stop = asyncio.Event()
-        self._ids = itertools.count(1)  # connections, calls and streams
         self._next_rescan = 0.0
         self._watcher: DirectoryWatcher | None = None
         self._status: StatusEndpoint | None = None  # serving /metrics, with --metrics-address
@@ -135,134 +110,69 @@ class Runtime:
 
         self._tasks = Tasks(self.stopping)
         self._memory = CollectionPolicy()
-        self._streams = Streams()
-        self._pods = PodResourcesPoller(
-            settings.pod_resources_socket,
-            settings.pod_resources_interval,
-            settings.pod_resources_min_gap,
-        )
-        self._moves = MovesStore(settings.state_dir)
-        self._binds = BindQueue(
-            binder or Binder(settings.sysfs),
-            self.node,
-            self.feed,
-            self.now,
-            self.stopping,
-            self.try_rescan,
-        )
-        self.kubelet = KubeletFollower(
-            self.kubelet_socket,
-            # Another channel to kubelet.sock for the Registers that follow.
-            retire=lambda: self._registers.retire(),
-            checkpoint=self._checkpoint.read,
-            ids=self._ids,
-            feed=self.feed,
-            now=self.now,
+        self.device_plugin = DevicePluginRuntime(
+            settings,
+            self.loop,
             spawn=self._tasks.spawn,
             memory=self._memory,
             stopping=self.stopping,
+        )
+        self.plugin_dir = self.device_plugin.plugin_dir
+        self.kubelet_socket = self.device_plugin.kubelet_socket
+        self.binding = BindingRuntime(
+            self.loop,
+            binder or Binder(settings.sysfs),
+            settings.state_dir,
+            spawn=self._tasks.spawn,
+            stopping=self.stopping,
+            rescan=self.try_rescan,
         )
         self.dra: DraRuntime | None = None
         if config.dra is not None:
             # Only with the config's dra section: the Kubernetes client
             # (lightkube, httpx, anyio) is no part of a device plugin's memory.
-            from dp_server.runtime.dra import DraRuntime
+            from dp_server.dra.runtime import DraRuntime
 
-            self.dra = DraRuntime(
-                settings,
-                config.dra.driver_name,
-                self.node,
-                feed=self.feed,
-                now=self.now,
-                ids=self._ids,
-            )
-        self._sockets = PluginSockets(self.plugin_dir, DevicePluginService(self), self.kubelet)
-        self._registers = RegisterClient(
-            self.kubelet_socket, settings.register_timeout, self._sockets, self.feed, self.now
-        )
-        self._effects = EffectRunner(
-            streams=self._streams,
-            registers=self._registers,
-            pods=self._pods,
-            binds=self._binds,
-            moves=self._moves,
-            cdi=SpecDirectory(settings.cdi_spec_dir) if settings.cdi_spec_dir else None,
-            dra=self.dra,
-            feed=self.feed,
-            spawn=self._tasks.spawn,
-            now=self.now,
-            stopping=self.stopping,
-        )
+            self.dra = DraRuntime(settings, config.dra.driver_name, self.loop)
         self._timers = TimerLoop(
             [
                 CallbackTimer(lambda now: self.node.next_deadline(), self._tick),
                 CallbackTimer(lambda now: self._next_rescan, self._rescan_due),
-                CallbackTimer(
-                    lambda now: self._pods.due_at(self.node.allocations, now), self._poll_due
-                ),
+                *self.device_plugin.timers(),
                 CallbackTimer(self._config_due_at, self._config_settled),
             ],
             self.now,
         )
+        self.loop.after_input(self._timers.poke)
 
     # -- feeding the core ------------------------------------------------------
 
     def now(self) -> float:
-        return self._clock()
+        return self.loop.now()
 
     def stopping(self) -> bool:
         return self._stopping
 
-    def feed(self, event: Input) -> list[Effect]:
-        effects = self.node.handle(event)
-        registered = False
-        for effect in effects:
-            self._effects.run(effect)
-            registered = registered or isinstance(effect, Register)
-        self._memory.after_input(registered, self.node.registrar.settled())
-        self._timers.poke()
-        return effects
+    def feed(self, event: Input) -> None:
+        """Hand `event` to the core, and carry out what it answers (`Loop.feed`)."""
+        self.loop.feed(event)
 
-    def call(
-        self, connection: int, make: Callable[[int, int, float], Input]
-    ) -> Reply | Reject | None:
-        """Feed one unary RPC on `connection` to the core; return its answer to it."""
-        call = next(self._ids)
-        for effect in self.feed(make(connection, call, self.now())):
-            if isinstance(effect, Reply | Reject) and effect.call == call:
-                return effect
-        return None
-
-    @contextlib.asynccontextmanager
-    async def watch(self, connection: int) -> AsyncIterator[AsyncIterator[bytes]]:
-        """A ListAndWatch stream on `connection`, for as long as the caller keeps it."""
-        stream = next(self._ids)
-        slot = self._streams.open(stream)
-        if self._stopping:
-            slot.end(_SHUTTING_DOWN)
-        try:
-            self.feed(WatchStarted(connection, stream, self.now()))
-            yield slot.updates()
-        finally:
-            self._streams.close(stream)
-            self.feed(WatchEnded(stream))
+    @property
+    def kubelet(self) -> KubeletFollower:
+        return self.device_plugin.kubelet
 
     # -- sockets -----------------------------------------------------------------------
 
     async def _check_sockets(self) -> None:
         """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
         try:
-            await self._sockets.restore()
+            await self.device_plugin.restore()
         except PluginDirectoryLost as error:
             self.fail(str(error))
             return
         if self.dra is not None:
             await self.dra.restore()
-        self.kubelet.probe()
-        # While the kubelet syncs, each write of its checkpoint may drop what
-        # the pods it has not listed were given (kubelet_sync).
-        if self.node.wants_kubelet_checkpoint and self._checkpoint.changed():
-            self.feed(KubeletCheckpointObserved(self._checkpoint.read(), self.now()))
+        self.device_plugin.look()
 
     # -- the host ----------------------------------------------------------------------
 
@@ -302,15 +212,6 @@ class Runtime:
         # Should a file event ever be missed, the periodic look catches it.
         self._tasks.spawn(self._check_sockets())
         self._notice_config()
-
-    def _poll_due(self, now: float) -> None:
-        if self._pods.may_poll(now):
-            self._tasks.spawn(self._poll_pod_resources())
-
-    async def _poll_pod_resources(self) -> None:
-        held = await self._pods.poll(self.now())
-        if held is not None:
-            self.feed(AllocationsObserved(held, self.now()))
 
     def _config_due_at(self, now: float) -> float | None:
         return self._config_version.due_at if self._config_version is not None else None
@@ -426,7 +327,7 @@ class Runtime:
         if self.settings.metrics_address is not None:
             # Only with the flag: prometheus-client and h11 are 3 MB of a
             # server that does not use them otherwise.
-            from dp_server.monitoring.status import start_status
+            from dp_server.monitoring.endpoint import start_status
 
             host, port = self.settings.metrics_address
             try:
@@ -436,28 +337,21 @@ class Runtime:
                 message = f"--metrics-address {host or ''}:{port}: cannot listen: {reason}"
                 raise SettingsError(message) from error
         try:
-            # The directory is the kubelet's: it makes it, and dp listens there
-            # once it exists (each Register makes dp's socket first).
-            plugin_dir_present = self.plugin_dir.is_dir()
-            if plugin_dir_present:
-                self._sockets.remove_stale()
-            recalled = self._moves.recall()
-            if recalled:
-                self.feed(MovesRecalled(recalled))
+            plugin_dir_present = self.device_plugin.clear()
+            self.binding.recall()
             # Listening before the first scan: no device that comes meanwhile is missed.
             uevents = self._open_uevents()
             self.rescan()
             if self.dra is not None:
                 self.dra.recall()  # before the DRA sockets serve a Prepare
-            if plugin_dir_present and self.settings.socket_mode is SocketMode.SINGLE:
-                await self._sockets.ensure(endpoint_name(self.node.endpoint_prefix, None), None)
+            if plugin_dir_present:
+                await self.device_plugin.listen()
             self._tasks.spawn(self._watch_files(), essential="file-watch")
             if uevents is not None:
                 self._tasks.spawn(self._follow_uevents(uevents))
             self._tasks.spawn(self._timers.run(), essential="timer-loop")
             await self._check_sockets()
-            if not self.kubelet.present:
-                self.kubelet.follow(fast=False)
+            self.device_plugin.follow()
             if self.dra is not None:
                 await self.dra.start(self._tasks.spawn)
         except BaseException:
@@ -470,7 +364,7 @@ class Runtime:
             raise
         self.ready.set()
         serving: dict[str, object] = {
-            "resources": len(self.node.resource_names()),
+            "resources": len(self.node.device_plugin.resource_names()),
             "directory": str(self.plugin_dir),
             "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
         }
@@ -497,15 +391,13 @@ class Runtime:
 
     async def _shutdown(self) -> None:
         self._stopping = True
-        self._streams.end_all(_SHUTTING_DOWN)
-        self._registers.retire()
-        await self._sockets.close(timeout=2.0)
+        await self.device_plugin.close(timeout=2.0)
         if self.dra is not None:
             await self.dra.close()  # the claim files and the checkpoint stay
         await self._tasks.cancel_all()
         if self.dra is not None:
             await self.dra.close_api()
-        self._registers.close()
+        self.device_plugin.close_channels()
         if self._watcher is not None:
             self._watcher.stop()
         if self._status is not None:
@@ -523,7 +415,7 @@ class Runtime:
     @property
     def open_streams(self) -> int:
         """How many ListAndWatch streams are being served."""
-        return len(self._streams)
+        return self.device_plugin.open_streams
 
     @property
     def config_change_due(self) -> float | None:
@@ -538,4 +430,4 @@ class Runtime:
 
     @property
     def socket_paths(self) -> list[Path]:
-        return self._sockets.paths
+        return self.device_plugin.socket_paths

@@ -103,7 +103,7 @@ _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 def is_extended_resource_name(name: str) -> bool:
     """The kubelet's `v1helper.IsExtendedResourceName`, transcribed.
 
-    Written here rather than imported from `dp_core.names` on purpose: the
+    Written here rather than imported from `dp_core.config.names` on purpose: the
     emulator is the independent peer the server is checked against, so it must
     not share the server's idea of what a valid name is.
     """

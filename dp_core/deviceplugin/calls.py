@@ -1,0 +1,160 @@
+"""What the device-plugin front end answers to the kubelet's calls, once it
+knows the resource.
+
+The front end finds the resource a call's connection is attributed to; these
+functions decide the answer from what was published and what the ledger
+holds, or raise `Rejection` with the status and the message the kubelet gets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from ..cdi.resources import CdiKeeper
+from ..errors import StatusCode
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.edits import ContainerAllocation, container_allocation
+from ..inventory.resources import Resource
+from ..log import Log
+from .allocations import AllocationBook, allocation_log
+from .answers import AllocateAnswer, PreferredAnswer
+from .effects import RefreshAllocations
+from .inputs import ContainerPreference
+from .preferred import preferred_devices
+
+Effect = Log | RefreshAllocations
+
+__all__ = ["Rejection", "allocate", "lookup", "preferred"]
+
+_SHOWN_ID_LENGTH = 64
+
+
+class Rejection(Exception):
+    """A call the node refuses: `status` and `message` go to the caller."""
+
+    def __init__(self, status: StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _show(device_id: str) -> str:
+    if len(device_id) <= _SHOWN_ID_LENGTH:
+        return repr(device_id)
+    return f"{device_id[:_SHOWN_ID_LENGTH]!r}... ({len(device_id)} characters)"
+
+
+def lookup(
+    published: Mapping[str, AdvertisedDevice], resource: str, device_ids: Sequence[str]
+) -> list[AdvertisedDevice]:
+    """The devices `device_ids` name among those last published for `resource`."""
+    found = []
+    for device_id in device_ids:
+        device = published.get(device_id)
+        if device is None:
+            raise Rejection(
+                StatusCode.INVALID_ARGUMENT,
+                f"unknown device ID {_show(device_id)} for resource {resource}",
+            )
+        found.append(device)
+    if len(set(device_ids)) != len(device_ids):
+        duplicates = sorted(d for d, n in Counter(device_ids).items() if n > 1)
+        raise Rejection(
+            StatusCode.INVALID_ARGUMENT,
+            f"device ID {_show(duplicates[0])} is requested twice for resource {resource}",
+        )
+    return found
+
+
+def preferred(
+    published: Mapping[str, AdvertisedDevice],
+    resource: str,
+    containers: Sequence[ContainerPreference],
+) -> PreferredAnswer:
+    answers = []
+    for container in containers:
+        available = lookup(published, resource, container.available)
+        must = lookup(published, resource, container.must_include)
+        answers.append(preferred_devices(available, must, container.size))
+    return PreferredAnswer(tuple(answers))
+
+
+@attrs.frozen
+class Allocated:
+    """An Allocate's answer, the log lines and refreshes that go with it, and
+    the IOMMU groups whose holders changed."""
+
+    answer: AllocateAnswer
+    effects: tuple[Effect, ...]
+    touched: frozenset[int]
+
+
+def allocate(
+    resource: Resource | None,
+    name: str,
+    containers: Sequence[Sequence[str]],
+    *,
+    published: Mapping[str, AdvertisedDevice],
+    inventory: Mapping[str, AdvertisedDevice],
+    allocations: AllocationBook,
+    cdi: CdiKeeper | None,
+    now: float,
+    effects: list[Effect],
+) -> Allocated:
+    """Allocate `containers`' devices of resource `name`, or raise Rejection.
+
+    Nothing is recorded unless every container can have its devices: a
+    device Unhealthy in the inventory, a group another holder has, or a group
+    two containers of this call ask for refuses the whole call. `effects`
+    gets what must go out even when the call is refused (a refused split
+    asks PodResources at once: the holder may be gone).
+    """
+    if resource is None:
+        raise Rejection(
+            StatusCode.FAILED_PRECONDITION,
+            f"resource {name} has no devices on this node any more",
+        )
+    planned = []
+    groups_in_call: dict[int, str] = {}  # group -> a device of an earlier container
+    for container in containers:
+        devices = lookup(published, name, container)
+        # Health before reservations: a reserved group is judged by conflict().
+        inventory_devices = [inventory.get(d.id, d) for d in devices]
+        for device in inventory_devices:
+            if not device.healthy:
+                raise Rejection(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"device {device.id} of {name} is Unhealthy: {device.reason}",
+                )
+        conflict = allocations.conflict(name, inventory_devices)
+        if conflict is not None:
+            effects.append(RefreshAllocations(conflict))
+            raise Rejection(StatusCode.FAILED_PRECONDITION, conflict)
+        groups = {d.iommu_group: d.id for d in inventory_devices if d.iommu_group is not None}
+        for group, device_id in groups.items():
+            if group in groups_in_call:
+                raise Rejection(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"IOMMU group {group} of device {device_id} is also requested by "
+                    f"another container ({groups_in_call[group]}) in this Allocate; "
+                    "VFIO cannot split a group between containers",
+                )
+        groups_in_call.update(groups)
+        planned.append(inventory_devices)
+    answers: list[ContainerAllocation] = []
+    logs: list[Effect] = []
+    touched: set[int] = set()
+    for devices in planned:
+        allocation = allocations.record(name, devices, now)
+        touched.update(allocation.groups)
+        for replaced in allocations.last_replaced:
+            touched.update(replaced.groups)
+        answer = container_allocation(resource, devices)
+        if cdi is not None:
+            answer = attrs.evolve(answer, cdi_devices=cdi.names(name, devices))
+        answers.append(answer)
+        logs.append(allocation_log("allocated", allocation))
+    return Allocated(AllocateAnswer(tuple(answers)), tuple(logs), frozenset(touched))

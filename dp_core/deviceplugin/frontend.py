@@ -1,0 +1,511 @@
+"""The device-plugin front end: the kubelet's device-plugin API for every
+resource of the inventory labelled `device-plugin`.
+
+It holds what that API needs and nothing else: registration and connection
+attribution (`Registrar`), the ListAndWatch streams and what each resource
+last published, the answers to the kubelet's calls (`calls`), its holds on
+the ledger (`AllocationBook`), whether PodResources can be trusted yet
+(`KubeletSync`), and, with `cdi`, a CDI spec per resource (`CdiKeeper`).
+The node routes its inputs to it (`handlers`) and tells it of every change
+of the world and of the ledger, whoever made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+
+import attrs
+
+from ..cdi.resources import CdiKeeper
+from ..cdi.spec import CdiSpecsWritten
+from ..config.config import DEVICE_PLUGIN, FrontendName
+from ..errors import StatusCode, UsageError
+from ..frontend import Coordinator, Effects, Handler, World
+from ..inventory.advertised import AdvertisedDevice
+from ..inventory.build import shared_groups
+from ..inventory.resources import Inventory, Resource
+from ..ledger import Holder, Ledger
+from ..log import Log
+from ..timing import Timing
+from . import calls
+from .allocations import AllocationBook, as_advertised
+from .answers import Answer, PluginOptions, PreStartAnswer
+from .effects import (
+    AttributeConnection,
+    EndStream,
+    Publish,
+    RefreshAllocations,
+    Register,
+    Reject,
+    Reply,
+)
+from .endpoints import check_endpoint_room, endpoint_name
+from .health import health_changes
+from .inputs import (
+    AllocateRequested,
+    AllocationsObserved,
+    ConnectionClosed,
+    ConnectionOpened,
+    KubeletCheckpointObserved,
+    KubeletStarted,
+    KubeletStopped,
+    OptionsRequested,
+    PreferredAllocationRequested,
+    PreStartRequested,
+    RegistrationFailed,
+    RegistrationSucceeded,
+    WatchEnded,
+    WatchStarted,
+)
+from .registration import Registrar, SocketMode
+from .sync import KubeletSync
+
+__all__ = ["DevicePluginFrontend"]
+
+_BINDS_WAIT = (
+    "moves to vfio-pci wait until the kubelet's PodResources API can be trusted to say "
+    "which IOMMU groups pods hold"
+)
+
+
+class DevicePluginFrontend:
+    """One node's device-plugin front end. Not thread-safe; one caller at a time."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        ledger: Ledger,
+        timing: Timing,
+        *,
+        socket_mode: SocketMode,
+        endpoint_prefix: str,
+        endpoint_max_length: int,
+        cdi: bool,
+    ) -> None:
+        check_endpoint_room(endpoint_prefix, endpoint_max_length)
+        self._coordinator = coordinator
+        self._held: Mapping[int, Holder] = ledger.held()
+        self.socket_mode = socket_mode
+        self.endpoint_prefix = endpoint_prefix
+        self.endpoint_max_length = endpoint_max_length
+        self._waiting_logged = False
+        self.registrar = Registrar(
+            socket_mode,
+            dial_wait=timing.dial_wait,
+            held_client_wait=timing.held_client_wait,
+            late_dial_wait=timing.late_dial_wait,
+            backoff=timing.backoff,
+        )
+        self.allocations = AllocationBook(ledger, timing.release_grace)
+        # Whether PodResources can be trusted yet (a kubelet that has just
+        # started lists no pods); binds wait for it too: until then a group a
+        # running VM uses (dp restarted under it) would look free.
+        self.sync = KubeletSync(
+            self.allocations,
+            ledger,
+            timing,
+            lambda resource, device_id: self._inventory_ids.get(resource, {}).get(device_id),
+            lambda: self._group_members.keys(),
+        )
+        # With `cdi`, a CDI spec per resource (`cdi.resources`).
+        self.cdi = CdiKeeper() if cdi else None
+        self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
+        self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
+        self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
+        self._by_name: dict[str, Resource] = {}
+        self._inventory_ids: dict[str, dict[str, AdvertisedDevice]] = {}
+        # IOMMU group -> (resource, position in its device list) of every member,
+        # for groups of two or more members only: an allocation can change how
+        # a device is advertised only through a sibling holding its group.
+        self._group_members: dict[int, list[tuple[str, int]]] = {}
+
+    # -- as a front end ----------------------------------------------------------
+
+    @property
+    def name(self) -> FrontendName:
+        return DEVICE_PLUGIN
+
+    @property
+    def holders_known(self) -> bool:
+        return self.sync.rules.binds
+
+    def handlers(self) -> Mapping[type, Handler]:
+        return {
+            KubeletStarted: self._kubelet_started,
+            KubeletCheckpointObserved: self._kubelet_checkpoint_observed,
+            KubeletStopped: self._kubelet_stopped,
+            RegistrationSucceeded: self._registration_succeeded,
+            RegistrationFailed: self._registration_failed,
+            ConnectionOpened: self._connection_opened,
+            ConnectionClosed: self._connection_closed,
+            OptionsRequested: self._options_requested,
+            WatchStarted: self._watch_started,
+            WatchEnded: self._watch_ended,
+            PreferredAllocationRequested: self._preferred_requested,
+            AllocateRequested: self._allocate_requested,
+            PreStartRequested: self._prestart_requested,
+            AllocationsObserved: self._allocations_observed,
+            CdiSpecsWritten: self._cdi_written,
+        }
+
+    def world_changed(self, world: World) -> Effects:
+        """Take its resources from the inventory again (after a scan, a config, a move)."""
+        inventory = world.inventory.offered_by(DEVICE_PLUGIN)
+        self._by_name = {r.name: r for r in inventory.resources}
+        self._inventory_ids = {r.name: {d.id: d for d in r.devices} for r in inventory.resources}
+        effects = self._refresh()
+        if self.cdi is not None:
+            effects.extend(self.cdi.refresh(inventory, world.snapshot))
+        # A sibling another front end offers has a holder that changes how
+        # a member here is advertised, even alone in its group here.
+        elsewhere = {
+            device.iommu_group
+            for resource in world.inventory.resources
+            if resource.frontend != DEVICE_PLUGIN
+            for device in resource.devices
+            if device.iommu_group is not None
+        }
+        self._group_members = shared_groups(inventory.resources, also=elsewhere)
+        if self.sync.rules.holds_unlisted:  # which devices share a group may have changed
+            effects.extend(self._settle_sync())
+        return effects
+
+    def holders_changed(self, groups: Collection[int]) -> Effects:
+        return self._refresh_groups(groups)
+
+    def holders_wanted(self) -> Effects:
+        effects: Effects = [RefreshAllocations("binds wait to learn which IOMMU groups pods hold")]
+        if not self._waiting_logged:  # once: the wait shows, should PodResources not answer
+            self._waiting_logged = True
+            effects.append(Log.info("binds-waiting", reason=_BINDS_WAIT))
+        return effects
+
+    def due(self, now: float) -> Effects:
+        effects: Effects = self.sync.poll_due(now)
+        effects.extend(self._start_due_registrations(now))
+        return effects
+
+    def next_deadline(self) -> float | None:
+        deadlines = (self.registrar.next_deadline(), self.sync.next_poll)
+        return min((d for d in deadlines if d is not None), default=None)
+
+    # -- what it exposes ---------------------------------------------------------
+
+    @property
+    def wants_kubelet_checkpoint(self) -> bool:
+        """Whether the shell should read the kubelet's checkpoint again when
+        it changes (`KubeletCheckpointObserved`): while the kubelet syncs and
+        something it wrote could matter (`KubeletSync.wants_checkpoint`)."""
+        return self.sync.wants_checkpoint
+
+    def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
+        """The device list (health included) last published for `resource`."""
+        return self._published.get(resource, ())
+
+    def resource_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._published))
+
+    def streams(self, resource: str) -> list[int]:
+        return [stream for stream, (_, name) in self._streams.items() if name == resource]
+
+    def describe(self) -> Inventory:
+        """Its part of the inventory with reservations applied, as last published."""
+        inventory = self._coordinator.inventory.offered_by(DEVICE_PLUGIN)
+        return Inventory(
+            tuple(
+                attrs.evolve(r, devices=self._published.get(r.name, r.devices))
+                for r in inventory.resources
+            ),
+            inventory.skipped,
+        )
+
+    # -- what it publishes ---------------------------------------------------------
+
+    def _settle_sync(self) -> Effects:
+        """Hold and free the groups the kubelet's sync leaves in doubt (`KubeletSync.settle`)."""
+        settled = self.sync.settle(self._coordinator.now)
+        return list(settled.effects) + self._coordinator.holders_changed(settled.touched)
+
+    def _effective(
+        self, resource: Resource, reserved: Mapping[int, Holder]
+    ) -> tuple[AdvertisedDevice, ...]:
+        if not reserved or not resource.device_class.vfio:
+            return resource.devices
+        return tuple(as_advertised(resource.name, device, reserved) for device in resource.devices)
+
+    def _refresh_groups(self, groups: Iterable[int]) -> Effects:
+        """`_refresh` for a change of holders: only groups it touched can change
+        status, so look at their members alone and republish resources where
+        one did (an Allocate must not cost a walk of every device it shares a
+        resource with)."""
+        reserved = self._held
+        changed = set()
+        for group in groups:
+            for name, index in self._group_members.get(group, ()):
+                published = self._published.get(name, ())
+                device = self._by_name[name].devices[index]
+                if index >= len(published) or published[index] != as_advertised(
+                    name, device, reserved
+                ):
+                    changed.add(name)
+        return self._refresh(changed) if changed else []
+
+    def _refresh(self, only: Iterable[str] | None = None) -> Effects:
+        """Publish every resource whose advertised list changed, and only those.
+
+        `only` limits the work to resources a change of holders can touch;
+        without it every resource is recomputed (after a scan or a config).
+        """
+        effects: Effects = []
+        reserved = self._held
+        names = self._by_name if only is None else [n for n in only if n in self._by_name]
+        current = {name: self._effective(self._by_name[name], reserved) for name in names}
+        if only is None:
+            # A resource whose devices all vanished stays registered with an
+            # empty list: the kubelet has no way to unregister one.
+            for name in self._published:
+                current.setdefault(name, ())
+            added = self.registrar.track(sorted(current), self._coordinator.now)
+            for name in added:
+                effects.append(Log.info("resource-discovered", resource=name))
+        for name, devices in sorted(current.items()):
+            previous = self._published.get(name)
+            if previous == devices:
+                continue
+            effects.extend(health_changes(name, previous or (), devices))
+            self._published[name] = devices
+            self._published_ids[name] = {device.id: device for device in devices}
+            for stream in self.streams(name):
+                effects.append(Publish(stream, name, devices))
+        return effects
+
+    # -- registration and connections -----------------------------------------
+
+    def _options_for(self, resource: str) -> PluginOptions:
+        found = self._by_name.get(resource)
+        preferred = found is not None and found.device_class.preferred_allocation
+        return PluginOptions(pre_start_required=False, get_preferred_allocation_available=preferred)
+
+    def _start_due_registrations(self, now: float) -> Effects:
+        effects: Effects = []
+        expired = self.registrar.expire(now)
+        for name in expired:
+            effects.append(
+                Log.warning(
+                    "registration-unattributed",
+                    resource=name,
+                    reason="the kubelet did not dial in time after Register",
+                )
+            )
+        per_resource = self.socket_mode is SocketMode.PER_RESOURCE
+        for reg in self.registrar.due(now):
+            # A stream of an earlier registration that ends after the new one
+            # would make the kubelet mark the new endpoint unhealthy.
+            for stream in self.streams(reg.name):
+                del self._streams[stream]
+                effects.append(EndStream(stream, "the resource is registering again"))
+            attempt = self.registrar.start(reg)
+            endpoint = endpoint_name(
+                self.endpoint_prefix,
+                reg.name if per_resource else None,
+                self.endpoint_max_length,
+            )
+            effects.append(
+                Register(reg.name, endpoint, self._options_for(reg.name), attempt, per_resource)
+            )
+        return effects
+
+    def _kubelet_started(self, event: KubeletStarted) -> Effects:
+        self.registrar.kubelet_started(event.now)
+        self.sync.started(event.checkpoint, event.now)
+        effects: Effects = [
+            Log.info(
+                "kubelet-started",
+                resources=len(self._published),
+                checkpoint_entries=len(event.checkpoint.entries),
+            ),
+            # Pods may hold devices this node has no allocation for (dp started
+            # after them): their groups are reserved once PodResources says so.
+            RefreshAllocations("the kubelet started: which pods hold devices"),
+        ]
+        return effects + self._settle_sync()
+
+    def _kubelet_checkpoint_observed(self, event: KubeletCheckpointObserved) -> Effects:
+        self.sync.read(event.checkpoint)
+        return self._settle_sync()
+
+    def _kubelet_stopped(self, event: KubeletStopped) -> Effects:
+        self.registrar.kubelet_stopped()
+        return [Log.warning("kubelet-stopped")]
+
+    def _registration_succeeded(self, event: RegistrationSucceeded) -> Effects:
+        if not self.registrar.succeeded(event.resource, event.attempt, event.now):
+            return []
+        phase = self.registrar.get(event.resource).phase
+        return [Log.info("registered", resource=event.resource, phase=phase.value)]
+
+    def _registration_failed(self, event: RegistrationFailed) -> Effects:
+        if not self.registrar.failed(
+            event.resource, event.attempt, event.now, unanswered=event.unanswered
+        ):
+            return []
+        reg = self.registrar.get(event.resource)
+        return [
+            Log.warning(
+                "registration-failed",
+                resource=event.resource,
+                reason=event.reason,
+                retry_in=round(max(reg.next_attempt_at, self.registrar.quiet_until) - event.now, 3),
+            )
+        ]
+
+    def _connection_opened(self, event: ConnectionOpened) -> Effects:
+        if event.listener is not None and event.listener not in self._published:
+            raise UsageError(f"connection on a socket for unknown resource {event.listener!r}")
+        self.registrar.opened(event.connection, event.listener, event.now)
+        if event.listener is None:
+            return []
+        return [AttributeConnection(event.connection, event.listener)]
+
+    def _connection_closed(self, event: ConnectionClosed) -> Effects:
+        for stream, (connection, _) in list(self._streams.items()):
+            if connection == event.connection:
+                del self._streams[stream]
+        lost = self.registrar.closed(event.connection, event.now)
+        if lost is None:
+            return []
+        reg = self.registrar.get(lost)
+        return [
+            Log.warning(
+                "connection-lost",
+                resource=lost,
+                reregister_in=round(reg.next_attempt_at - event.now, 3),
+            )
+        ]
+
+    def _resource_for(self, connection: int, rpc: str) -> tuple[str, Effects]:
+        """The resource an RPC on `connection` serves, or a calls.Rejection."""
+        registrar = self.registrar
+        now = self._coordinator.now
+        known = registrar.owner(connection) is not None
+        resource = registrar.attribute(connection, now, rpc=rpc)
+        if resource is not None:
+            bind: Effects = [] if known else [AttributeConnection(connection, resource)]
+            return resource, bind
+        why = registrar.why_unattributed(connection, rpc)
+        requeued = registrar.orphan_seen(now)
+        raise calls.Rejection(
+            StatusCode.UNAVAILABLE,
+            f"connection {connection} is not attributed to any resource ({why}); re-registering "
+            f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
+        )
+
+    def _answer(
+        self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
+    ) -> Effects:
+        try:
+            resource, effects = self._resource_for(connection, rpc)
+            answer = work(resource)
+        except calls.Rejection as rejection:
+            reject = Reject(call, rejection.status, rejection.message)
+            return [reject, self._rejected(rpc, connection, rejection)]
+        effects.append(Reply(call, answer))
+        return effects
+
+    def _rejected(self, rpc: str, connection: int, rejection: calls.Rejection) -> Log:
+        owner = self.registrar.owner(connection) or ""
+        status, reason = rejection.status.name, rejection.message
+        return Log.warning("rejected", rpc=rpc, resource=owner, status=status, reason=reason)
+
+    def _options_requested(self, event: OptionsRequested) -> Effects:
+        return self._answer(
+            "GetDevicePluginOptions", event.call, event.connection, self._options_for
+        )
+
+    def _watch_started(self, event: WatchStarted) -> Effects:
+        try:
+            resource, effects = self._resource_for(event.connection, "ListAndWatch")
+        except calls.Rejection as rejection:
+            end = EndStream(event.stream, rejection.message)
+            return [end, self._rejected("ListAndWatch", event.connection, rejection)]
+        self._streams[event.stream] = (event.connection, resource)
+        effects.append(Publish(event.stream, resource, self._published.get(resource, ())))
+        return effects
+
+    def _watch_ended(self, event: WatchEnded) -> Effects:
+        self._streams.pop(event.stream, None)
+        return []
+
+    # -- allocation -------------------------------------------------------------
+
+    def _lookup(self, resource: str, device_ids: Sequence[str]) -> list[AdvertisedDevice]:
+        return calls.lookup(self._published_ids.get(resource, {}), resource, device_ids)
+
+    def _preferred_requested(self, event: PreferredAllocationRequested) -> Effects:
+        def work(resource: str) -> Answer:
+            published = self._published_ids.get(resource, {})
+            return calls.preferred(published, resource, event.containers)
+
+        return self._answer("GetPreferredAllocation", event.call, event.connection, work)
+
+    def _allocate_requested(self, event: AllocateRequested) -> Effects:
+        logs: list[calls.Effect] = []
+        touched: set[int] = set()
+
+        def work(name: str) -> Answer:
+            allocated = calls.allocate(
+                self._by_name.get(name),
+                name,
+                event.containers,
+                published=self._published_ids.get(name, {}),
+                inventory=self._inventory_ids.get(name, {}),
+                allocations=self.allocations,
+                cdi=self.cdi,
+                now=event.now,
+                effects=logs,
+            )
+            logs.extend(allocated.effects)
+            touched.update(allocated.touched)
+            return allocated.answer
+
+        effects = self._answer("Allocate", event.call, event.connection, work)
+        effects.extend(logs)
+        if any(isinstance(e, Reply) for e in effects):
+            effects.extend(self._coordinator.holders_changed(touched))
+        return effects
+
+    def _prestart_requested(self, event: PreStartRequested) -> Effects:
+        def work(resource: str) -> Answer:
+            self._lookup(resource, event.device_ids)
+            return PreStartAnswer()
+
+        return self._answer("PreStartContainer", event.call, event.connection, work)
+
+    def _allocations_observed(self, event: AllocationsObserved) -> Effects:
+        binds_before = self.sync.rules.binds
+        answered = self.sync.answered(event.held, event.now)
+        effects = list(answered.effects) + self._coordinator.holders_changed(answered.touched)
+        first = self.sync.rules.binds and not binds_before
+        if answered.released or first:
+            # Binds waiting for a trusted answer, and binds and give-backs put
+            # off while an allocation held the group, can go now.
+            effects += self._coordinator.replan()
+        effects.extend(self._nudge())
+        return effects
+
+    def _nudge(self) -> Effects:
+        """While a device the kubelet's checkpoint names is neither listed nor
+        dropped, send a device list again (the one last sent): the kubelet
+        writes its checkpoint at every list it gets (`sync`)."""
+        resource = self.sync.nudge_resource
+        if resource is None:
+            return []
+        streams = sorted(self._streams.items(), key=lambda item: item[1][1] != resource)
+        for stream, (_, name) in streams:
+            return [Publish(stream, name, self._published.get(name, ()))]
+        return []
+
+    def _cdi_written(self, event: CdiSpecsWritten) -> Effects:
+        if self.cdi is None:
+            raise UsageError("CdiSpecsWritten for a node made without cdi=True")
+        return list(self.cdi.written(event))

@@ -1,0 +1,234 @@
+"""The device-plugin front end in the running server: its sockets, the
+kubelet's connections, Register calls, ListAndWatch streams, PodResources
+polls and the CDI spec per resource.
+
+`DevicePluginRuntime` wires them onto the loop: it registers the handler of
+each of the front end's effects, serves the device plugin's calls through
+`Loop.call` (`NodeCalls`), and follows the kubelet (`KubeletFollower`), whose
+connections and restarts it feeds to the core. What is served is the core's
+decision; nothing here decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dp_core import (
+    AllocationsObserved,
+    AttributeConnection,
+    CdiSpecsChanged,
+    CdiSpecsWritten,
+    EndStream,
+    HealthChanged,
+    KubeletCheckpointObserved,
+    Publish,
+    RefreshAllocations,
+    Register,
+    Reject,
+    Reply,
+    SocketMode,
+    WatchEnded,
+    WatchStarted,
+    endpoint_name,
+)
+from dp_server.cdi import SpecDirectory
+from dp_server.config.settings import Settings
+from dp_server.deviceplugin.kubelet import KubeletFollower
+from dp_server.deviceplugin.kubelet_checkpoint import CheckpointFile
+from dp_server.deviceplugin.pod_resources import PodResourcesPoller
+from dp_server.deviceplugin.register_client import RegisterClient
+from dp_server.deviceplugin.service import DevicePluginService, MakeInput
+from dp_server.deviceplugin.sockets import PluginSockets
+from dp_server.deviceplugin.streams import Streams
+from dp_server.loop import CallbackTimer, CollectionPolicy, Loop, Timer
+
+__all__ = ["KUBELET_SOCKET", "DevicePluginRuntime"]
+
+KUBELET_SOCKET = "kubelet.sock"
+
+_log = logging.getLogger("dp.runtime")
+_SHUTTING_DOWN = "the device plugin is shutting down"
+
+
+class DevicePluginRuntime:
+    """The device-plugin front end of one server, wired onto `loop`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        loop: Loop,
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], Any],
+        memory: CollectionPolicy,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._loop = loop
+        self._core = loop.node.device_plugin
+        self._spawn = spawn
+        self._memory = memory
+        self._stopping = stopping
+        self.socket_mode = settings.socket_mode
+        self.plugin_dir = Path(settings.device_plugin_dir)
+        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self._checkpoint = CheckpointFile(self.plugin_dir)
+        self._streams = Streams()
+        self._pods = PodResourcesPoller(
+            settings.pod_resources_socket,
+            settings.pod_resources_interval,
+            settings.pod_resources_min_gap,
+        )
+        self.kubelet = KubeletFollower(
+            self.kubelet_socket,
+            # Another channel to kubelet.sock for the Registers that follow.
+            retire=lambda: self._registers.retire(),
+            checkpoint=self._checkpoint.read,
+            ids=loop.ids,
+            feed=loop.feed,
+            now=loop.now,
+            spawn=spawn,
+            memory=memory,
+            stopping=stopping,
+        )
+        self._sockets = PluginSockets(self.plugin_dir, DevicePluginService(self), self.kubelet)
+        self._registers = RegisterClient(
+            self.kubelet_socket, settings.register_timeout, self._sockets, loop.feed, loop.now
+        )
+        self._cdi = SpecDirectory(settings.cdi_spec_dir) if settings.cdi_spec_dir else None
+        loop.on(Publish, self._publish)
+        loop.on(EndStream, self._end_stream)
+        loop.on(Register, self._register)
+        loop.on(RefreshAllocations, self._refresh_allocations)
+        loop.on(CdiSpecsChanged, self._keep_cdi_specs)
+        loop.on(AttributeConnection, self._log_attribution)
+        loop.on(HealthChanged, _nothing)  # logged through the Log effect that comes with it
+        loop.answers(Reply, Reject)
+        loop.after_input(lambda: memory.after_input(self._core.registrar.settled()))
+
+    def timers(self) -> list[Timer]:
+        """PodResources polls: regular while anything is held, sooner when the core asks."""
+        return [
+            CallbackTimer(
+                lambda now: self._pods.due_at(self._core.allocations, now), self._poll_due
+            )
+        ]
+
+    # -- NodeCalls (DevicePluginService) -------------------------------------------
+
+    def call(self, connection: int, make: MakeInput) -> Reply | Reject | None:
+        """Feed one unary RPC on `connection` to the core; return its answer to it."""
+        answer: Reply | Reject | None = self._loop.call(
+            lambda call: make(connection, call, self._loop.now())
+        )
+        return answer
+
+    @contextlib.asynccontextmanager
+    async def watch(self, connection: int) -> AsyncIterator[AsyncIterator[bytes]]:
+        """A ListAndWatch stream on `connection`, for as long as the caller keeps it."""
+        stream = next(self._loop.ids)
+        slot = self._streams.open(stream)
+        if self._stopping():
+            slot.end(_SHUTTING_DOWN)
+        try:
+            self._loop.feed(WatchStarted(connection, stream, self._loop.now()))
+            yield slot.updates()
+        finally:
+            self._streams.close(stream)
+            self._loop.feed(WatchEnded(stream))
+
+    # -- life cycle ---------------------------------------------------------------
+
+    def clear(self) -> bool:
+        """Remove sockets an earlier run left; whether the kubelet's directory is there.
+
+        The directory is the kubelet's: it makes it, and dp listens there once it
+        exists (each Register makes dp's socket first)."""
+        present = self.plugin_dir.is_dir()
+        if present:
+            self._sockets.remove_stale()
+        return present
+
+    async def listen(self) -> None:
+        """In single-socket mode, listen on the one socket before any Register."""
+        if self.socket_mode is SocketMode.SINGLE:
+            await self._sockets.ensure(endpoint_name(self._core.endpoint_prefix, None), None)
+
+    async def restore(self) -> None:
+        """Listen again on sockets the kubelet deleted; PluginDirectoryLost if it can't."""
+        await self._sockets.restore()
+
+    def look(self) -> None:
+        """Look at kubelet.sock, and at the kubelet's checkpoint while it syncs:
+        each write of it may drop what the pods it has not listed were given."""
+        self.kubelet.probe()
+        if self._core.wants_kubelet_checkpoint and self._checkpoint.changed():
+            self._loop.feed(KubeletCheckpointObserved(self._checkpoint.read(), self._loop.now()))
+
+    def follow(self) -> None:
+        """Until kubelet.sock is there, keep looking for it."""
+        if not self.kubelet.present:
+            self.kubelet.follow(fast=False)
+
+    async def close(self, timeout: float) -> None:
+        """End every stream, stop registering, and close and remove the sockets."""
+        self._streams.end_all(_SHUTTING_DOWN)
+        self._registers.retire()
+        await self._sockets.close(timeout=timeout)
+
+    def close_channels(self) -> None:
+        self._registers.close()
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    @property
+    def socket_paths(self) -> list[Path]:
+        return self._sockets.paths
+
+    # -- PodResources ---------------------------------------------------------------
+
+    def _poll_due(self, now: float) -> None:
+        if self._pods.may_poll(now):
+            self._spawn(self._poll_pod_resources())
+
+    async def _poll_pod_resources(self) -> None:
+        held = await self._pods.poll(self._loop.now())
+        if held is not None:
+            self._loop.feed(AllocationsObserved(held, self._loop.now()))
+
+    # -- effects (registered on the loop) ------------------------------------------
+
+    def _publish(self, effect: Publish) -> None:
+        self._streams.publish(effect.stream, effect.resource, effect.devices)
+
+    def _end_stream(self, effect: EndStream) -> None:
+        self._streams.end(effect.stream, effect.reason)
+
+    def _register(self, effect: Register) -> None:
+        self._memory.registering()
+        if not self._stopping():
+            self._spawn(self._registers.call(effect))
+
+    def _refresh_allocations(self, effect: RefreshAllocations) -> None:
+        self._pods.request(self._loop.now())
+
+    def _keep_cdi_specs(self, effect: CdiSpecsChanged) -> None:
+        if self._cdi is None:
+            return
+        # Fed after this input's other effects, before anything else: an
+        # Allocate read after it names only specs in place.
+        result = self._cdi.sync(effect.specs)
+        self._loop.feed(CdiSpecsWritten(result.in_place, result.problem))
+
+    def _log_attribution(self, effect: AttributeConnection) -> None:
+        _log.debug("connection-bound", extra={"dp_fields": attrs.asdict(effect)})
+
+
+def _nothing(effect: object) -> None:
+    pass

@@ -1,0 +1,308 @@
+"""The DRA front end in the running server: claims, their files, the checkpoint, the slices.
+
+`DraRuntime` is the `ClaimPreparer` behind the DRA sockets (`DraEndpoints`).
+A Prepare reads the claim from the API server (`claims`), checks its UID,
+and hands its allocation results to the same `Node` the device-plugin front
+end feeds, on the same loop; the node judges them against its one ledger.
+The effects the node answers with are carried out by the handlers this
+registers on the loop: a prepared claim's CDI spec and metadata files are
+written (and the core told, `ClaimFilesWritten`), an unprepared one's removed
+(`ClaimFilesRemoved`), the checkpoint kept (`checkpoint`), and the pool's
+content handed to the `SlicePublisher`, whose task keeps the API server's
+ResourceSlices equal to it and feeds back what the server kept of them
+(`DraFeaturesObserved`: a cluster without partitionable devices or device
+taints drops their fields). The core answers each claim once its files are
+in place (`ClaimAnswered`), and the loop hands that answer to the Prepare
+that waits for it. The API server being away never holds up anything else:
+the publisher retries on its own, and only a Prepare of a claim not prepared
+yet waits for (and fails on) the claim read.
+
+It is also the `HealthWatcher` behind the kubelet's health stream: each
+stream the kubelet opens is a `HealthWatchStarted` to the node, and each
+`PublishHealth` the node answers is put in that stream's slot as the
+kubelet's message, its time on the wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from dp_core import (
+    AllocatedDevice,
+    ClaimAnswered,
+    ClaimFilesRemoved,
+    ClaimFilesWritten,
+    ClaimPrepared,
+    ClaimPrepareRequested,
+    ClaimRef,
+    ClaimRefused,
+    ClaimsChanged,
+    ClaimsRecalled,
+    ClaimUnprepared,
+    ClaimUnprepareRequested,
+    HealthWatchEnded,
+    HealthWatchStarted,
+    MetricFamily,
+    PoolChanged,
+    PublishHealth,
+)
+from dp_core.cdi import SPEC_PREFIX
+from dp_server.cdi.claim_files import ClaimFiles
+from dp_server.config.settings import Settings, SettingsError
+from dp_server.dra.api import KubeApi, describe
+from dp_server.dra.checkpoint import ClaimsStore
+from dp_server.dra.claim_events import ClaimEvents
+from dp_server.dra.claims import BadClaim, read_allocation, show
+from dp_server.dra.endpoints import DraEndpoints
+from dp_server.dra.health import health_message
+from dp_server.dra.metrics import wiring_families
+from dp_server.dra.preparer import Prepared, PrepareFailed, PrepareOutcome
+from dp_server.dra.slices import SlicePublisher
+from dp_server.loop import Loop
+from dp_server.rpc import StreamSlot
+
+__all__ = ["DraRuntime"]
+
+_log = logging.getLogger("dp.dra")
+
+METADATA_DIR = "dra-device-metadata"
+_SHUTTING_DOWN = "the DRA driver is shutting down"
+
+
+def connect_api(settings: Settings) -> KubeApi:
+    """The API client the flags name; SettingsError when there is none to be had."""
+    try:
+        if settings.kube_api_server is not None:
+            return KubeApi.connect(server=settings.kube_api_server)
+        kubeconfig = Path(settings.kubeconfig) if settings.kubeconfig else None
+        return KubeApi.connect(kubeconfig=kubeconfig)
+    except Exception as error:  # noqa: BLE001 - lightkube's config errors have no common base
+        where = (
+            f"--kubeconfig {settings.kubeconfig}"
+            if settings.kubeconfig
+            else ("no --kubeconfig, and the pod's service account")
+        )
+        raise SettingsError(f"the DRA front end needs the API server: {where}: {error}") from None
+
+
+class DraRuntime:
+    """The DRA front end of one `Runtime`: `driver`'s sockets, API calls and files."""
+
+    def __init__(self, settings: Settings, driver: str, loop: Loop) -> None:
+        if settings.cdi_spec_dir is None:
+            raise SettingsError("the DRA front end needs --cdi-spec-dir (default /var/run/cdi)")
+        if settings.state_dir is None:
+            raise SettingsError(
+                "the DRA front end needs --state-dir: prepared claims are kept there "
+                "across restarts (default /run/dp)"
+            )
+        if driver.startswith(SPEC_PREFIX):
+            # The device-plugin front end's spec directory owns every dp-*.json there.
+            raise SettingsError(
+                f"dra.driverName {driver!r}: a driver name starting with {SPEC_PREFIX!r} would "
+                "name claim specs like the device-plugin front end's, which it removes"
+            )
+        self.driver = driver
+        self._loop = loop
+        self._core = loop.node.dra
+        self.files = ClaimFiles(
+            driver, Path(settings.cdi_spec_dir), Path(settings.plugins_dir) / driver / METADATA_DIR
+        )
+        self.checkpoint = ClaimsStore(settings.state_dir)
+        self.api = connect_api(settings)
+        # What a slice write shows of the cluster's DRA features goes to the
+        # core, which publishes the pool the cluster can keep (DraFeaturesObserved).
+        self.publisher = SlicePublisher(
+            self.api, watch_period=settings.slice_watch_period, on_features=loop.feed
+        )
+        # An Event on each claim dp refuses: its pod stays bound while the kubelet retries.
+        self.events = ClaimEvents(self.api, driver, self._core.node_name)
+        self._spawn: Callable[..., object] | None = None
+        try:
+            self.endpoints = DraEndpoints(
+                driver,
+                Path(settings.plugins_registry_dir),
+                Path(settings.plugins_dir),
+                self,
+                health=self,
+            )
+        except ValueError as error:
+            raise SettingsError(f"dra.driverName: {error}") from None
+        self.file_failures = 0  # claims whose files could not be written or removed
+        self._health: dict[int, StreamSlot[Any]] = {}  # health stream -> its next message
+        self._closing = False
+        loop.on(ClaimPrepared, self._write_files)
+        loop.on(ClaimUnprepared, self._remove_files)
+        loop.on(ClaimsChanged, self._keep_claims)
+        loop.on(PoolChanged, self._publish_pool)
+        loop.on(PublishHealth, self._publish_health)
+        loop.answers(ClaimRefused, ClaimAnswered)
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def recall(self) -> None:
+        """Hold again what the checkpoint says was prepared; before the sockets serve."""
+        recalled = self.checkpoint.recall()
+        if recalled:
+            self._loop.feed(ClaimsRecalled(recalled))
+
+    async def start(self, spawn: Callable[..., object]) -> None:
+        try:
+            await self.endpoints.start()
+        except OSError as error:
+            raise SettingsError(f"the DRA sockets: {error}") from error
+        self._spawn = spawn
+        spawn(self.publisher.run(), essential="dra-slice-publisher")
+
+    async def restore(self) -> None:
+        """Listen again on a DRA socket whose file was deleted (the plugin watcher
+        registers the new one)."""
+        try:
+            await self.endpoints.restore()
+        except Exception:  # noqa: BLE001 - the next check tries again
+            _log.exception("dra-socket-check-failed")
+
+    async def close(self) -> None:
+        """Stop listening; the claim files and the checkpoint stay for the next run."""
+        self._closing = True
+        for slot in self._health.values():
+            slot.end(_SHUTTING_DOWN)
+        await self.endpoints.close(timeout=2.0)
+
+    async def close_api(self) -> None:
+        await self.api.close()
+
+    # -- HealthWatcher -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def watch_health(self) -> AsyncIterator[AsyncIterator[Any]]:
+        """A health stream for as long as the kubelet keeps it."""
+        stream = next(self._loop.ids)
+        slot: StreamSlot[Any] = StreamSlot()
+        self._health[stream] = slot
+        if self._closing:
+            slot.end(_SHUTTING_DOWN)
+        try:
+            self._loop.feed(HealthWatchStarted(stream, self._loop.now()))
+            yield slot.updates()
+        finally:
+            del self._health[stream]
+            self._loop.feed(HealthWatchEnded(stream))
+
+    # -- ClaimPreparer -----------------------------------------------------------------
+
+    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
+        results: tuple[AllocatedDevice, ...] = ()
+        pod_claim_name = None
+        if not self._core.is_prepared(claim.uid):
+            # A claim prepared already is answered from the ledger, API server or not.
+            try:
+                results, pod_claim_name = await self._read_claim(claim)
+            except BadClaim as error:
+                _log.warning(
+                    "claim-refused",
+                    extra={"dp_fields": {"claim": show(claim), "reason": str(error)}},
+                )
+                return PrepareFailed(str(error))
+        answer = self._loop.call(
+            lambda call: ClaimPrepareRequested(
+                call, claim, results, self._loop.now(), pod_claim_name
+            )
+        )
+        if isinstance(answer, ClaimRefused):
+            self._record(claim, answer)
+            return PrepareFailed(answer.error)
+        if not isinstance(answer, ClaimAnswered):  # pragma: no cover - the core always answers
+            return PrepareFailed(f"claim {show(claim)}: the core gave no answer")
+        if answer.error:
+            return PrepareFailed(answer.error)
+        return Prepared(answer.devices)
+
+    def _record(self, claim: ClaimRef, refused: ClaimRefused) -> None:
+        posting = self.events.refusal(claim, refused.reason, refused.error)
+        if posting is None:
+            return
+        if self._spawn is None:
+            posting.close()  # not started: no loop of ours to post it on
+            return
+        self._spawn(posting)
+
+    async def unprepare(self, claim: ClaimRef) -> str | None:
+        answer = self._loop.call(
+            lambda call: ClaimUnprepareRequested(call, claim, self._loop.now())
+        )
+        return answer.error or None if isinstance(answer, ClaimAnswered) else None
+
+    async def _read_claim(self, claim: ClaimRef) -> tuple[tuple[AllocatedDevice, ...], str | None]:
+        try:
+            obj = await self.api.get_claim(claim.namespace, claim.name)
+        except Exception as error:  # noqa: BLE001 - any failure is this claim's alone
+            raise BadClaim(f"cannot read claim {show(claim)}: {describe(error)}") from None
+        return read_allocation(claim, obj, self.driver)
+
+    # -- effects (registered on the loop) ----------------------------------------------
+
+    def _write_files(self, effect: ClaimPrepared) -> None:
+        problem = ""
+        try:
+            self.files.write(effect.prepared)
+        except OSError as error:
+            problem = self._file_problem(effect.prepared.claim, "write", error)
+        self._loop.feed(ClaimFilesWritten(effect.call, problem))
+
+    def _remove_files(self, effect: ClaimUnprepared) -> None:
+        problem = ""
+        try:
+            self.files.remove(effect.claim)
+        except OSError as error:
+            problem = self._file_problem(effect.claim, "remove", error)
+        self._loop.feed(ClaimFilesRemoved(effect.call, problem))
+
+    def _keep_claims(self, effect: ClaimsChanged) -> None:
+        self.checkpoint.keep(effect.prepared)
+
+    def _publish_pool(self, effect: PoolChanged) -> None:
+        self.publisher.publish(effect.content)
+
+    def _publish_health(self, effect: PublishHealth) -> None:
+        slot = self._health.get(effect.stream)
+        if slot is not None:
+            # The core's clock is monotonic; the kubelet wants Unix seconds.
+            unix_at = int(time.time() - (self._loop.now() - effect.at))
+            slot.publish(health_message(effect, unix_at))
+
+    def _file_problem(self, claim: ClaimRef, what: str, error: OSError) -> str:
+        self.file_failures += 1
+        reason = error.strerror or str(error)
+        _log.error(
+            "claim-files-not-written" if what == "write" else "claim-files-not-removed",
+            extra={"dp_fields": {"claim": show(claim), "uid": claim.uid, "reason": reason}},
+        )
+        return reason
+
+    # -- what monitoring reads ---------------------------------------------------------
+
+    def registration(self) -> tuple[bool, str] | None:
+        """What the kubelet last said of our registration: (registered, error), or None."""
+        status = self.endpoints.registration_status
+        return None if status is None else (status.registered, status.error)
+
+    @property
+    def ready(self) -> bool:
+        return self.endpoints.ready
+
+    def families(self) -> Iterable[MetricFamily]:
+        yield from self.publisher.families()
+        yield from self.events.families()
+        yield from wiring_families(
+            self.driver,
+            registered=self.ready,
+            health_streams=len(self._health),
+            file_failures=self.file_failures,
+            checkpoint_failures=self.checkpoint.failures,
+        )

@@ -1,0 +1,91 @@
+"""The loop's core: every effect the core can emit has exactly one handler,
+an input that arises while effects run is fed after them (never nested), and
+a call gets its own answer."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+
+from dp_core import (
+    Config,
+    Effect,
+    HostObserved,
+    HostSnapshot,
+    Log,
+    Node,
+    OptionsRequested,
+    Reject,
+    Reply,
+    SharedDevice,
+    Tick,
+)
+from dp_core.config import Dra
+from dp_server.loop import Loop
+from dp_server.runtime.runtime import Runtime, Settings
+
+KVM = SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm", count=2)
+
+
+async def test_every_effect_of_the_core_has_exactly_one_handler(short_dir: Path) -> None:
+    tmp_path = short_dir
+    settings = Settings(
+        sysfs=str(tmp_path / "sys"),
+        dev=str(tmp_path / "dev"),
+        device_plugin_dir=str(tmp_path / "device-plugins"),
+        cdi_spec_dir=str(tmp_path / "cdi"),
+        state_dir=str(tmp_path / "state"),
+        node_name="node-a",
+        plugins_registry_dir=str(tmp_path / "plugins_registry"),
+        plugins_dir=str(tmp_path / "plugins"),
+        kube_api_server="http://127.0.0.1:9",  # never asked: nothing runs
+    )
+    runtime = Runtime(settings, Config(dra=Dra("vfio.dp.example.com")))
+    try:
+        kinds = typing.get_args(Effect)
+        assert len(kinds) >= 20
+        assert [kind.__name__ for kind in kinds if not runtime.loop.handles(kind)] == []
+        for kind in kinds:  # and only one
+            with pytest.raises(ValueError, match="has a handler already"):
+                runtime.loop.on(kind, lambda effect: None)
+    finally:
+        assert runtime.dra is not None
+        await runtime.dra.close_api()
+
+
+def _loop(record: typing.Callable[[object], None]) -> Loop:
+    loop = Loop(Node(Config(shared_devices=(KVM,))), clock=lambda: 1.0)
+    for kind in typing.get_args(Effect):
+        if kind not in (Reply, Reject):
+            loop.on(kind, record)
+    loop.answers(Reply, Reject)
+    return loop
+
+
+def test_an_input_fed_while_effects_run_is_fed_after_them() -> None:
+    order: list[str] = []
+
+    def record(effect: object) -> None:
+        order.append(type(effect).__name__)
+        if isinstance(effect, Log) and "fed" not in order:
+            loop.feed(Tick(1.0))  # as a sub-system reporting back does
+            order.append("fed")
+
+    loop = _loop(record)
+    loop.after_input(lambda: order.append("input done"))
+    loop.feed(HostObserved(HostSnapshot(dev_nodes={"/dev/kvm"}), 1.0))
+    # The Tick waited for the scan's effects to be carried out, then was fed.
+    assert order == ["Log", "fed", "input done", "input done"]
+
+
+def test_a_call_gets_its_own_answer() -> None:
+    loop = _loop(lambda effect: None)
+    loop.feed(HostObserved(HostSnapshot(dev_nodes={"/dev/kvm"}), 1.0))
+    answer = loop.call(lambda call: OptionsRequested(7, call, 1.0))
+    assert isinstance(answer, Reject)
+    assert "connection 7 is not attributed to any resource" in answer.message
+    # A call is answered once: the next one gets its own.
+    again = loop.call(lambda call: OptionsRequested(8, call, 1.0))
+    assert isinstance(again, Reject) and again.call == answer.call + 1
