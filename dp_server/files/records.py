@@ -68,7 +68,10 @@ def write_records(
     path: Path, records: tuple[Any, ...], *, key: str, version: int, converter: cattrs.Converter
 ) -> None:
     """Replace `path` with `records`, atomically; raises OSError."""
-    document = {"version": version, key: converter.unstructure(records)}
+    _write_document(path, {"version": version, key: converter.unstructure(records)})
+
+
+def _write_document(path: Path, document: dict[str, object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Compact, so that json's C encoder writes it: the claims checkpoint is
     # written at every Prepare and Unprepare, and its size grows with them.
@@ -111,6 +114,9 @@ class RecordStore(Generic[_T]):
         self.kind = kind
         self.path = path or (None if state_dir is None else Path(state_dir) / kind.file)
         self.failures = 0  # writes that failed, since start
+        # id -> (record, its JSON form) for the records written last: they are
+        # frozen, and most of them are in the next write too.
+        self._written: dict[int, tuple[_T, object]] = {}
 
     def read(self) -> tuple[_T, ...]:
         """The records in the file; none when there is none. Raises `error`."""
@@ -131,11 +137,21 @@ class RecordStore(Generic[_T]):
 
     def write(self, records: tuple[_T, ...]) -> None:
         """Replace the file with `records`, atomically; raises OSError."""
-        kind = self.kind
         if self.path is not None:
-            write_records(
-                self.path, records, key=kind.key, version=kind.version, converter=kind.converter
-            )
+            document = {"version": self.kind.version, self.kind.key: self._unstructure(records)}
+            _write_document(self.path, document)
+
+    def _unstructure(self, records: tuple[_T, ...]) -> list[object]:
+        known = self._written
+        written: dict[int, tuple[_T, object]] = {}
+        unstructure = self.kind.converter.unstructure
+        for record in records:
+            entry = known.get(id(record))
+            if entry is None or entry[0] is not record:
+                entry = (record, unstructure(record))
+            written[id(record)] = entry
+        self._written = written
+        return [written[id(record)][1] for record in records]
 
     def recall(self) -> tuple[_T, ...]:
         """The records kept last; none if the file is missing or unreadable (logged)."""
