@@ -38,7 +38,9 @@ def test_each_write_holds_exactly_the_records_given_then(tmp_path: Path) -> None
         fresh = tmp_path / "fresh.json"
         write_records(fresh, records, key="held", version=3, converter=cattrs.Converter())
         assert (tmp_path / "kept.json").read_bytes() == fresh.read_bytes()
-        assert json.loads(fresh.read_text())["held"] == [{"name": r.name, "groups": list(r.groups)} for r in records]
+        assert json.loads(fresh.read_text())["held"] == [
+            {"name": r.name, "groups": list(r.groups)} for r in records
+        ]
         if len(set(records)) == len(records):
             assert store.read() == tuple(records)
 
