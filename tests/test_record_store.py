@@ -37,10 +37,13 @@ def test_each_write_holds_exactly_the_records_given_then(tmp_path: Path) -> None
         store.write(records)
         fresh = tmp_path / "fresh.json"
         write_records(fresh, records, key="held", version=3, converter=cattrs.Converter())
-        assert (tmp_path / "kept.json").read_bytes() == fresh.read_bytes()
-        assert json.loads(fresh.read_text())["held"] == [
-            {"name": r.name, "groups": list(r.groups)} for r in records
-        ]
+        kept = (tmp_path / "kept.json").read_bytes()
+        assert kept == fresh.read_bytes()
+        expected = {
+            "version": 3,
+            "held": [{"name": r.name, "groups": list(r.groups)} for r in records],
+        }
+        assert kept == json.dumps(expected, separators=(",", ":")).encode() + b"\n"
         if len(set(records)) == len(records):
             assert store.read() == tuple(records)
 
