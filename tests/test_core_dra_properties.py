@@ -6,7 +6,8 @@ and back) and restarts (a new Node given the checkpoint and what pods hold)
 over generated hosts. Invariants: no IOMMU group is ever held by two holders,
 every prepared claim holds its groups, a restart rebuilds the same ledger, and
 the pool never offers, unmarked, a device the scheduler could give a second
-holder of its group.
+holder of its group, and the pool kept as holders change is the pool worked
+out afresh.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dp_core.dra.inputs import (
     ClaimsRecalled,
     ClaimUnprepareRequested,
 )
+from dp_core.dra.pool import PoolOptions, pool_content
 
 from core_builders import PCI_IDS, Kubelet, effects_of, host_snapshots
 
@@ -116,6 +118,15 @@ def check_the_pool_never_offers_a_split(node: Node) -> None:
             for c in held.consumes_counters
         }
         assert sets & consumed, f"{device.name}: group {group} held by a claim, unmarked"
+
+
+def check_the_pool_is_as_worked_out_afresh(node: Node) -> None:
+    """The front end works the pool out again only for groups whose holder
+    changed; it must be what the whole pool worked out from scratch is."""
+    if node.dra.pool is None:
+        return
+    options = PoolOptions(DRIVER, NODE, node.dra.partitionable, node.dra.device_taints)
+    assert node.dra.pool == pool_content(node.dra.devices(), node.ledger.held(), options)
 
 
 class World:
@@ -250,3 +261,4 @@ def test_no_group_has_two_holders_and_a_restart_rebuilds_the_ledger(
             assert ledger(world.node) == before
         check_one_holder_per_group(world.node)
         check_the_pool_never_offers_a_split(world.node)
+        check_the_pool_is_as_worked_out_afresh(world.node)

@@ -4,6 +4,9 @@ a call gets its own answer."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import time
 import typing
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from dp_core import (
     Tick,
 )
 from dp_core.config import Dra
-from dp_server.loop import Loop
+from dp_server.loop import CollectionPolicy, Loop
 from dp_server.runtime.runtime import Runtime, Settings
 
 KVM = SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm", count=2)
@@ -89,3 +92,32 @@ def test_a_call_gets_its_own_answer() -> None:
     # A call is answered once: the next one gets its own.
     again = loop.call(lambda call: OptionsRequested(8, call, 1.0))
     assert isinstance(again, Reject) and again.call == answer.call + 1
+
+
+async def test_the_host_model_a_rescan_replaced_is_collected_a_second_later() -> None:
+    """Not in the rescan's own turn, where it would delay what the rescan
+    changed on its way out; once, however many rescans came meanwhile."""
+    collections: list[float] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            collections.append(time.monotonic())
+
+    policy = CollectionPolicy()
+    collecting = gc.isenabled()
+    gc.disable()  # only the policy's collections
+    gc.callbacks.append(seen)
+    try:
+        policy.after_rescan()  # the first scan: freeze only
+        started = time.monotonic()
+        policy.after_rescan()
+        policy.after_rescan()
+        assert collections == []
+        await asyncio.sleep(1.5)
+        assert len(collections) == 1
+        assert 0.9 <= collections[0] - started <= 1.5
+    finally:
+        gc.callbacks.remove(seen)
+        gc.unfreeze()
+        if collecting:
+            gc.enable()

@@ -64,7 +64,7 @@ from .inputs import (
     HealthWatchStarted,
 )
 from .metadata import prepared_devices
-from .pool import DraDevice, PoolOptions, dra_catalogue, pool_content
+from .pool import DraDevice, Pool, PoolOptions, dra_catalogue
 from .prepared import ClaimDevice, PreparedClaim
 from .slices import PoolContent
 from .watch import HealthWatch, device_health
@@ -115,6 +115,7 @@ class DraFrontend:
         self.features = Features(partitionable, device_taints)
         self.driver: str | None = None
         self._devices: dict[str, DraDevice] = {}
+        self._pool: Pool | None = None  # the pool of `_devices`, kept as holders change
         self._groups: frozenset[int] = frozenset()  # the IOMMU groups of its devices
         self._resources: dict[str, Resource] = {}
         self._prepared: dict[str, PreparedClaim] = {}
@@ -215,6 +216,7 @@ class DraFrontend:
         if driver is not None:
             catalogue, problems = dra_catalogue(inventory, snapshot)
         self._devices = {device.name: device for device in catalogue}
+        self._pool = None
         self._groups = frozenset(d.iommu_group for d in catalogue if d.iommu_group is not None)
         self._resources = {r.name: r for r in inventory.resources if r.frontend == DRA}
         effects.extend(
@@ -242,7 +244,9 @@ class DraFrontend:
         options = PoolOptions(
             self.driver, self.node_name, features.partitionable, features.device_taints
         )
-        content = pool_content(self._devices.values(), self._ledger.held(), options)
+        if self._pool is None or self._pool.options != options:
+            self._pool = Pool(self._devices.values(), options)
+        content = self._pool.content(self._ledger.held())
         if content == self._published:
             return []
         self._published = content

@@ -25,6 +25,11 @@ Preparing it hands the container every member's device nodes, and its
 KEP-5304 metadata names the lead function (lowest address) as the PCI
 address, which is the one function KubeVirt 1.9 passes to a VM per request.
 
+Everything above is decided group by group, from the group's devices and
+its holder alone. `Pool` keeps the content as the holders change, working
+out again only the groups whose holder changed: a Prepare or an Unprepare
+costs one group, not the whole node's catalogue.
+
 Only what changes the scheduler's view is marked: a group a DRA claim holds
 through a member that consumes the group's counter needs no mark on its
 other members, since the scheduler counts that member's allocation against
@@ -64,6 +69,7 @@ __all__ = [
     "DraDevice",
     "PoolOptions",
     "dra_catalogue",
+    "Pool",
     "group_counter_set",
     "pool_content",
 ]
@@ -219,106 +225,97 @@ def group_counter_set(group: int) -> str:
     return f"iommu-group-{group}"
 
 
-def _held_elsewhere(device: DraDevice, reserved: Mapping[int, Holder]) -> Holder | None:
-    """The holder of the device's group, unless that holder is a claim holding the device."""
+GroupKey = tuple[int, str]
+
+
+def _group_key(device: DraDevice) -> GroupKey:
+    """Its IOMMU group's key; a device with no group is a group of its own."""
     group = device.iommu_group
-    holder = reserved.get(group) if group is not None else None
-    if holder is None or holds(holder, DRA, device.name):
-        return None
-    return holder
+    return (group, "") if group is not None else (-1, device.name)
 
 
-def _held_here(device: DraDevice, reserved: Mapping[int, Holder]) -> bool:
-    group = device.iommu_group
-    holder = reserved.get(group) if group is not None else None
-    return holder is not None and holds(holder, DRA, device.name)
+def _by_group(devices: Iterable[DraDevice]) -> dict[GroupKey, tuple[DraDevice, ...]]:
+    """The devices by IOMMU group, each group's sorted by name."""
+    groups: dict[GroupKey, list[DraDevice]] = {}
+    for device in sorted(devices, key=lambda device: device.name):
+        groups.setdefault(_group_key(device), []).append(device)
+    return {key: tuple(members) for key, members in groups.items()}
 
 
-def _representatives(devices: Sequence[DraDevice], reserved: Mapping[int, Holder]) -> set[str]:
-    """One member per group of two or more: the one a claim holds, else the
-    first healthy one, else the first (all sorted by name)."""
-    by_group: dict[int, list[DraDevice]] = {}
-    for device in devices:
-        if device.iommu_group is not None:
-            by_group.setdefault(device.iommu_group, []).append(device)
-    chosen = set()
-    for members in by_group.values():
-        if len(members) < 2:
-            continue
-        held = [d for d in members if _held_here(d, reserved)]
-        healthy = [d for d in members if d.advertised.healthy]
-        chosen.add((held or healthy or members)[0].name)
-    return chosen
+@attrs.frozen
+class _GroupPart:
+    """One IOMMU group's share of the pool: its devices and its counter set."""
+
+    devices: tuple[PoolDevice, ...]
+    counter_set: CounterSet | None
+
+
+def _held_elsewhere(device: DraDevice, holder: Holder | None) -> bool:
+    """Whether its group's holder is anything but a claim holding the device."""
+    return holder is not None and not holds(holder, DRA, device.name)
+
+
+def _representative(members: Sequence[DraDevice], holder: Holder | None) -> DraDevice:
+    """The one member of a group published without shared counters: the one a
+    claim holds, else the first healthy one, else the first (sorted by name)."""
+    held = [d for d in members if holder is not None and holds(holder, DRA, d.name)]
+    healthy = [d for d in members if d.advertised.healthy]
+    return (held or healthy or list(members))[0]
 
 
 def _taint_key(driver: str, what: str) -> str:
     return f"{driver}/{what}"
 
 
-def pool_content(
-    devices: Iterable[DraDevice], reserved: Mapping[int, Holder], options: PoolOptions
-) -> PoolContent:
-    """The node's pool: what the scheduler may allocate now (module docstring)."""
-    catalogue = sorted(devices, key=lambda device: device.name)
-    keep: set[str] | None = None
+def _group_part(
+    members: Sequence[DraDevice], holder: Holder | None, options: PoolOptions
+) -> _GroupPart:
+    """What one IOMMU group's devices (sorted by name), with the group's holder,
+    put in the pool. Everything in the pool is decided group by group."""
+    offered = list(members)
     if not options.partitionable:
-        # Only a counter keeps a whole group's device apart from its members.
-        catalogue = [d for d in catalogue if not d.members]
-        keep = _representatives(catalogue, reserved)
-        grouped = {
-            d.name
-            for d in catalogue
-            if d.iommu_group is not None
-            and sum(1 for o in catalogue if o.iommu_group == d.iommu_group) > 1
-        }
-        catalogue = [d for d in catalogue if d.name not in grouped or d.name in keep]
+        # Only a counter keeps a whole group's device apart from its members,
+        # and only one member of a group apart from another.
+        offered = [d for d in offered if not d.members]
+        if len(offered) > 1:
+            offered = [_representative(offered, holder)]
     # A group a claim holds through a member that consumes the group's
     # counter is held in the scheduler's eyes already: no mark for the rest.
     # Which members consume it depends on which are published, so settle it:
     # each round can only withdraw that cover, never grant it.
-    covered = {g for g, h in reserved.items() if h.owner == DRA} if options.partitionable else set()
+    covered = options.partitionable and holder is not None and holder.owner == DRA
+    held_ids = holder.device_ids if holder is not None else ()
     while True:
-        published = _published(catalogue, reserved, options, covered)
-        shared = _shared_groups(published) if options.partitionable else set()
+        published = _published(offered, holder, options, covered)
+        shared = options.partitionable and len(published) > 1
         names = {device.name for device, _ in published}
-        still = {
-            g for g in covered if g in shared and any(n in names for n in reserved[g].device_ids)
-        }
+        still = covered and shared and any(n in names for n in held_ids)
         if still == covered:
             break
         covered = still
-    counter_sets = tuple(CounterSet(group_counter_set(g), ((COUNTER, 1),)) for g in sorted(shared))
-    pool_devices = []
-    for device, marks in published:
-        consumes: tuple[CounterConsumption, ...] = ()
-        group = device.iommu_group
-        if group is not None and group in shared:
-            consumes = (CounterConsumption(group_counter_set(group), ((COUNTER, 1),)),)
-        pool_devices.append(PoolDevice(device.name, device.attributes, consumes, marks))
-    return PoolContent(
-        options.driver,
-        options.node_name,
-        options.node_name,
-        tuple(pool_devices),
-        tuple(sorted(counter_sets, key=lambda s: s.name)),
+    group = members[0].iommu_group
+    if not shared or group is None:
+        return _GroupPart(
+            tuple(PoolDevice(d.name, d.attributes, (), m) for d, m in published), None
+        )
+    consumes = (CounterConsumption(group_counter_set(group), ((COUNTER, 1),)),)
+    return _GroupPart(
+        tuple(PoolDevice(d.name, d.attributes, consumes, m) for d, m in published),
+        CounterSet(group_counter_set(group), ((COUNTER, 1),)),
     )
 
 
 def _published(
-    catalogue: Sequence[DraDevice],
-    reserved: Mapping[int, Holder],
-    options: PoolOptions,
-    covered: set[int],
+    offered: Sequence[DraDevice], holder: Holder | None, options: PoolOptions, covered: bool
 ) -> list[tuple[DraDevice, tuple[DeviceTaint, ...]]]:
-    """The devices offered, each with its taints; `covered`: groups whose holder
-    the scheduler sees through the counter (their members get no mark)."""
+    """One group's devices offered, each with its taints; `covered`: the
+    scheduler sees the group's holder through the counter (no marks for it)."""
     published: list[tuple[DraDevice, tuple[DeviceTaint, ...]]] = []
-    for device in catalogue:
+    for device in offered:
         taints: list[DeviceTaint] = []
         if not device.advertised.healthy:
             taints.append(DeviceTaint(_taint_key(options.driver, "unhealthy")))
-        held = _held_elsewhere(device, reserved)
-        if device.iommu_group not in covered and held is not None:
+        if not covered and _held_elsewhere(device, holder):
             taints.append(DeviceTaint(_taint_key(options.driver, "iommu-group-held")))
         if taints and not options.device_taints:
             continue
@@ -332,10 +329,64 @@ def _published(
     ]
 
 
-def _shared_groups(published: Sequence[tuple[DraDevice, object]]) -> set[int]:
-    """Groups with two or more published devices: each gets a counter set."""
-    members: dict[int, int] = {}
-    for device, _ in published:
-        if device.iommu_group is not None:
-            members[device.iommu_group] = members.get(device.iommu_group, 0) + 1
-    return {g for g, count in members.items() if count > 1}
+def _assemble(parts: Iterable[_GroupPart], options: PoolOptions) -> PoolContent:
+    devices: list[PoolDevice] = []
+    counter_sets: list[CounterSet] = []
+    for part in parts:
+        devices += part.devices
+        if part.counter_set is not None:
+            counter_sets.append(part.counter_set)
+    return PoolContent(
+        options.driver,
+        options.node_name,
+        options.node_name,
+        tuple(sorted(devices, key=lambda device: device.name)),
+        tuple(sorted(counter_sets, key=lambda counter_set: counter_set.name)),
+    )
+
+
+def _holder(key: GroupKey, reserved: Mapping[int, Holder]) -> Holder | None:
+    return reserved.get(key[0]) if not key[1] else None
+
+
+def pool_content(
+    devices: Iterable[DraDevice], reserved: Mapping[int, Holder], options: PoolOptions
+) -> PoolContent:
+    """The node's pool: what the scheduler may allocate now (module docstring)."""
+    return _assemble(
+        (
+            _group_part(members, _holder(key, reserved), options)
+            for key, members in _by_group(devices).items()
+        ),
+        options,
+    )
+
+
+class Pool:
+    """`pool_content` of one catalogue and options as the holders change,
+    worked out again only for the groups whose holder changed.
+
+    Holders are frozen values, so a group whose holder is the same object
+    as last time has the same share of the pool."""
+
+    def __init__(self, devices: Iterable[DraDevice], options: PoolOptions) -> None:
+        self.options = options
+        self._groups = _by_group(devices)
+        self._parts: dict[GroupKey, tuple[Holder | None, _GroupPart]] = {}
+        self._content: PoolContent | None = None
+
+    def content(self, reserved: Mapping[int, Holder]) -> PoolContent:
+        """`pool_content(devices, reserved, options)`."""
+        content = self._content
+        changed = content is None
+        parts = self._parts
+        for key, members in self._groups.items():
+            holder = _holder(key, reserved)
+            known = parts.get(key)
+            if known is None or known[0] is not holder:
+                part = _group_part(members, holder, self.options)
+                changed = changed or known is None or known[1] != part
+                parts[key] = (holder, part)
+        if changed or content is None:
+            content = self._content = _assemble((p for _, p in parts.values()), self.options)
+        return content

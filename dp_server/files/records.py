@@ -68,11 +68,20 @@ def write_records(
     path: Path, records: tuple[Any, ...], *, key: str, version: int, converter: cattrs.Converter
 ) -> None:
     """Replace `path` with `records`, atomically; raises OSError."""
-    document = {"version": version, key: converter.unstructure(records)}
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_document(path, key, version, [_json(converter.unstructure(r)) for r in records])
+
+
+def _json(value: object) -> str:
     # Compact, so that json's C encoder writes it: the claims checkpoint is
     # written at every Prepare and Unprepare, and its size grows with them.
-    data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _write_document(path: Path, key: str, version: int, records: list[str]) -> None:
+    """`{"version": version, key: [records...]}`, each record JSON text already."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = _json({"version": version, key: []})[:-2]  # `{"version":N,"key":[`
+    data = f"{head}{','.join(records)}]}}\n".encode()
     write_atomically(path, data, mode=0o600)
     sync_directory(path.parent)
 
@@ -111,6 +120,9 @@ class RecordStore(Generic[_T]):
         self.kind = kind
         self.path = path or (None if state_dir is None else Path(state_dir) / kind.file)
         self.failures = 0  # writes that failed, since start
+        # id -> (record, its JSON text) for the records written last: they are
+        # frozen, and most of them are in the next write too.
+        self._written: dict[int, tuple[_T, str]] = {}
 
     def read(self) -> tuple[_T, ...]:
         """The records in the file; none when there is none. Raises `error`."""
@@ -131,11 +143,22 @@ class RecordStore(Generic[_T]):
 
     def write(self, records: tuple[_T, ...]) -> None:
         """Replace the file with `records`, atomically; raises OSError."""
-        kind = self.kind
         if self.path is not None:
-            write_records(
-                self.path, records, key=kind.key, version=kind.version, converter=kind.converter
-            )
+            kind = self.kind
+            _write_document(self.path, kind.key, kind.version, self._encode(records))
+
+    def _encode(self, records: tuple[_T, ...]) -> list[str]:
+        """Each record's JSON text; a record written last time is not encoded again."""
+        known = self._written
+        written: dict[int, tuple[_T, str]] = {}
+        unstructure = self.kind.converter.unstructure
+        for record in records:
+            entry = known.get(id(record))
+            if entry is None or entry[0] is not record:
+                entry = (record, _json(unstructure(record)))
+            written[id(record)] = entry
+        self._written = written
+        return [written[id(record)][1] for record in records]
 
     def recall(self) -> tuple[_T, ...]:
         """The records kept last; none if the file is missing or unreadable (logged)."""
