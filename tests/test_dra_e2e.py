@@ -760,3 +760,27 @@ def uid_of(dra: Dra, key: tuple[str, str]) -> str:
 
 def dra_claim(dra: Dra, key: tuple[str, str]) -> Claim:
     return Claim(key[0], uid_of(dra, key), key[1])
+
+
+async def test_a_requests_claims_are_read_at_once_and_prepared_in_the_kubelets_order(
+    dra: Dra,
+) -> None:
+    """A pod's claims come in one NodePrepareResources: a slow API server holds
+    it up by one read, not one per claim; the node still takes the claims in
+    the order the kubelet listed them, so of two claims on one IOMMU group
+    the first is prepared and the second refused, every time."""
+    await serving(dra)
+    claims = [
+        dra.claim("vm-gpu-a", ("gpu", GPU_A)),
+        dra.claim("vm-gpu-b", ("gpu", "pci-0000-af-00-0")),
+        dra.claim("nvme-a", ("disk", NVME_A)),
+        dra.claim("nvme-b", ("disk", NVME_B)),
+    ]
+    dra.api.delay = 1.0  # before every answer
+    started = asyncio.get_running_loop().time()
+    replies = await dra.prepare(*claims)
+    took = asyncio.get_running_loop().time() - started
+    dra.api.delay = 0.0
+    assert [replies[c.uid].error for c in claims[:3]] == ["", "", ""]
+    assert "IOMMU group 93" in replies[claims[3].uid].error
+    assert took < 2.5, f"4 claims, 1 s per read: {took:.2f} s is one read after another"

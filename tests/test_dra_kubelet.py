@@ -13,7 +13,7 @@ import asyncio
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -39,7 +39,16 @@ class FakePreparer:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ClaimRef]] = []
 
-    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
+    async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        outcomes: list[PrepareOutcome | Exception] = []
+        for claim in claims:
+            try:
+                outcomes.append(self._prepare(claim))
+            except RuntimeError as error:
+                outcomes.append(error)
+        return outcomes
+
+    def _prepare(self, claim: ClaimRef) -> PrepareOutcome:
         self.calls.append(("prepare", claim))
         if claim.name == "crash":
             raise RuntimeError("boom")

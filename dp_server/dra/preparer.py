@@ -1,12 +1,15 @@
 """What the DRA kubelet service needs of whoever prepares claims (the runtime, or a fake).
 
-The service passes each claim of a request through, one call each, in the
-order the kubelet listed them; idempotence (a claim prepared twice, or
+The service passes a request's claims to be prepared all at once (a pod's
+claims come in one request, and each may need a read from the API server),
+and answers each with its own outcome; unprepares go one call each, in the
+order the kubelet listed them. Idempotence (a claim prepared twice, or
 unprepared when it was never prepared) is the implementor's to decide.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
@@ -34,8 +37,10 @@ PrepareOutcome = Prepared | PrepareFailed
 
 
 class ClaimPreparer(Protocol):
-    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
-        """Prepare `claim` (or find it prepared already) and say what it got."""
+    async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        """Prepare each of `claims` (or find it prepared already), and say what
+        each got, in their order: its outcome, or what its preparation raised
+        (a bug, which the service reports as that claim's internal error)."""
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         """Release `claim`; return None when done (or nothing was held), else the error."""

@@ -25,10 +25,11 @@ kubelet's message, its time on the wall clock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,19 +197,42 @@ class DraRuntime:
 
     # -- ClaimPreparer -----------------------------------------------------------------
 
-    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
-        results: tuple[AllocatedDevice, ...] = ()
-        pod_claim_name = None
-        if not self._core.is_prepared(claim.uid):
+    async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        """The claims' allocations are read from the API server at once, then
+        handed to the node one by one, in the kubelet's order."""
+        reads = await asyncio.gather(
+            *(self._read_unless_prepared(claim) for claim in claims), return_exceptions=True
+        )
+        outcomes: list[PrepareOutcome | Exception] = []
+        for claim, read in zip(claims, reads, strict=True):
+            if isinstance(read, PrepareFailed | Exception):
+                outcomes.append(read)
+            elif isinstance(read, BaseException):
+                raise read  # cancelled: the call is over
+            else:
+                try:
+                    outcomes.append(self._prepare_read(claim, *read))
+                except Exception as error:  # noqa: BLE001 - one claim's bug is its own
+                    outcomes.append(error)
+        return outcomes
+
+    async def _read_unless_prepared(
+        self, claim: ClaimRef
+    ) -> tuple[tuple[AllocatedDevice, ...], str | None] | PrepareFailed:
+        if self._core.is_prepared(claim.uid):
             # A claim prepared already is answered from the ledger, API server or not.
-            try:
-                results, pod_claim_name = await self._read_claim(claim)
-            except BadClaim as error:
-                _log.warning(
-                    "claim-refused",
-                    extra={"dp_fields": {"claim": show(claim), "reason": str(error)}},
-                )
-                return PrepareFailed(str(error))
+            return (), None
+        try:
+            return await self._read_claim(claim)
+        except BadClaim as error:
+            _log.warning(
+                "claim-refused", extra={"dp_fields": {"claim": show(claim), "reason": str(error)}}
+            )
+            return PrepareFailed(str(error))
+
+    def _prepare_read(
+        self, claim: ClaimRef, results: tuple[AllocatedDevice, ...], pod_claim_name: str | None
+    ) -> PrepareOutcome:
         answer = self._loop.call(
             lambda call: ClaimPrepareRequested(
                 call, claim, results, self._loop.now(), pod_claim_name

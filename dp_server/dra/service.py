@@ -2,9 +2,9 @@
 
 One handler per RPC serves both API versions, `k8s.io.kubelet.pkg.apis.dra.v1`
 and `.v1beta1`: their messages are the same field for field, so a handler is
-given the version's message classes and nothing else differs. Each claim is
-passed to the `ClaimPreparer` on its own and answered under its UID; one
-claim's failure is that claim's `error`, never the call's. A request the
+given the version's message classes and nothing else differs. The claims
+are passed to the `ClaimPreparer` together and each is answered under its
+UID; one claim's failure is that claim's `error`, never the call's. A request the
 reply cannot answer claim by claim (a claim without a UID, two claims with
 one UID) is refused whole with INVALID_ARGUMENT, naming the claims.
 """
@@ -23,7 +23,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from dp_core.dra.claims import ClaimRef, PreparedDevice
-from dp_server.dra.preparer import ClaimPreparer, Prepared
+from dp_server.dra.preparer import ClaimPreparer, Prepared, PrepareFailed
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
 from dp_server.rpc import read_request
@@ -51,21 +51,23 @@ class DraPluginService:
         self, pb: ModuleType, stream: grpclib.server.Stream[Any, Any]
     ) -> None:
         claims = _claims(await read_request(stream))
+        asked = [claim for claim, problem in claims if problem is None]
+        try:
+            outcomes = dict(zip(asked, await self._preparer.prepare(asked), strict=True))
+        except Exception as exc:  # the preparer's bug: every claim is told, the call answered
+            _log.exception("dra-prepare-crashed", extra={"dp_fields": {"claims": len(asked)}})
+            failed = PrepareFailed(f"internal error preparing claims: {exc}")
+            outcomes = {claim: failed for claim in asked}
         replies = {}
         for claim, problem in claims:
-            error = problem or ""
-            devices: Sequence[PreparedDevice] = ()
-            if not error:
-                try:
-                    outcome = await self._preparer.prepare(claim)
-                except Exception as exc:  # one claim's bug must not fail the others
-                    _log.exception("dra-prepare-crashed", extra=_fields(claim))
-                    error = f"internal error preparing claim {_name(claim)}: {exc}"
-                else:
-                    if isinstance(outcome, Prepared):
-                        devices = outcome.devices
-                    else:
-                        error = outcome.error
+            outcome = outcomes.get(claim)
+            if isinstance(outcome, Exception):  # one claim's bug must not fail the others
+                _log.error("dra-prepare-crashed", exc_info=outcome, extra=_fields(claim))
+                outcome = PrepareFailed(f"internal error preparing claim {_name(claim)}: {outcome}")
+            error = problem or (outcome.error if isinstance(outcome, PrepareFailed) else "")
+            devices: Sequence[PreparedDevice] = (
+                outcome.devices if isinstance(outcome, Prepared) else ()
+            )
             # The core logs the outcome (claim-prepared, claim-refused); this is the call's trace.
             _log.debug("dra-prepare", extra=_fields(claim, error=error, devices=len(devices)))
             replies[claim.uid] = pb.NodePrepareResourceResponse(
