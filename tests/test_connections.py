@@ -9,7 +9,7 @@ import contextlib
 import shutil
 import struct
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import h2.config
@@ -240,8 +240,8 @@ def test_outside_a_call_there_is_no_connection() -> None:
 
 
 class Preparer:
-    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
-        return PrepareFailed("not in this test")
+    async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        return [PrepareFailed("not in this test") for _ in claims]
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         return None

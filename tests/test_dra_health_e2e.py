@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -173,8 +173,8 @@ async def test_a_grpc_go_kubelet_sees_a_held_device_go_unhealthy_and_come_back(
 
 
 class _NoClaims:
-    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
-        return PrepareFailed("no claims in this test")
+    async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        return [PrepareFailed("no claims in this test") for _ in claims]
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         return None

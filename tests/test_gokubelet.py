@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,7 +335,10 @@ def test_a_grpc_go_kubelet_still_holding_a_lost_client_gets_it_back_at_once(
 class _DraPreparer:
     """Prepares any claim but one named "bad", which names the group holding it."""
 
-    async def prepare(self, claim: ClaimRef) -> PrepareOutcome:
+    async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        return [self._prepare(claim) for claim in claims]
+
+    def _prepare(self, claim: ClaimRef) -> PrepareOutcome:
         if claim.name == "bad":
             return PrepareFailed("IOMMU group 7 is held by claim ns/other")
         return Prepared(
