@@ -72,7 +72,14 @@ def root(short_dir: Path) -> Path:
     return short_dir
 
 
-def make_endpoints(root: Path, preparer: FakePreparer, **kw: object) -> DraEndpoints:
+def make_endpoints(
+    root: Path, preparer: FakePreparer, *, kubelet_dirs: bool = True, **kw: object
+) -> DraEndpoints:
+    """Endpoints under `root`; with `kubelet_dirs`, the directories a kubelet
+    makes at start are there."""
+    if kubelet_dirs:
+        for kubelets in ("registry", "plugins"):
+            (root / kubelets).mkdir(exist_ok=True)
     return DraEndpoints(DRIVER, root / "registry", root / "plugins", preparer, **kw)  # type: ignore[arg-type]
 
 
@@ -337,7 +344,6 @@ async def test_close_removes_both_sockets(root: Path) -> None:
 async def test_a_stale_socket_of_ours_is_replaced(root: Path) -> None:
     endpoints = make_endpoints(root, FakePreparer())
     path = endpoints.registration_socket_path
-    path.parent.mkdir(parents=True)
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(str(path))  # a socket file nobody listens on, as a crashed dp leaves
     dead.close()
@@ -353,7 +359,6 @@ async def test_a_stale_socket_of_ours_is_replaced(root: Path) -> None:
 async def test_a_live_foreign_socket_or_a_file_is_left_alone(root: Path) -> None:
     endpoints = make_endpoints(root, FakePreparer())
     path = endpoints.registration_socket_path
-    path.parent.mkdir(parents=True)
     other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     other.bind(str(path))
     other.listen()
@@ -401,3 +406,35 @@ async def test_the_kubelet_asks_for_the_health_stream_at_registration_and_again_
     gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
     assert all(gap >= retry for gap in gaps), gaps
     assert result["u1"].error == ""
+
+
+async def test_until_the_kubelet_makes_its_directories_dp_waits_and_makes_only_its_own(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugins and plugin-registry directories are the kubelet's (it makes
+    them at start); dp says what it waits for, and listens once they are
+    there, making only the driver's own directory."""
+    endpoints = make_endpoints(root, FakePreparer(), kubelet_dirs=False)
+    try:
+        await endpoints.start()
+        assert endpoints.waiting
+        assert not (root / "registry").exists() and not (root / "plugins").exists()
+        (waiting,) = [r for r in caplog.records if r.getMessage() == "dra-waiting-for-kubelet"]
+        assert "does not exist: it is the kubelet's" in waiting.dp_fields["reason"]  # type: ignore[attr-defined]
+        await endpoints.restore()  # a socket check meanwhile makes nothing either
+        assert not (root / "plugins").exists()
+
+        (root / "plugins").mkdir()
+        await asyncio.sleep(1.5)
+        assert endpoints.waiting  # the registry is still missing
+        assert not (root / "registry").exists()
+        kubelet = DraKubeletEmulator(root / "registry", plugins_dir=root / "plugins").start()
+        try:
+            await registered(kubelet)
+            assert not endpoints.waiting
+            assert endpoints.dra_socket_path.is_socket()
+            assert endpoints.registration_socket_path.is_socket()
+        finally:
+            await asyncio.to_thread(kubelet.stop)
+    finally:
+        await endpoints.close()

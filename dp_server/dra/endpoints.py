@@ -7,7 +7,10 @@
   (`v1alpha1.DRAResourceHealth`, advertised after them as the Go helper does).
 
 The DRA socket is listened on first, so it is there by the time the kubelet,
-woken by the registration socket's creation, calls it.
+woken by the registration socket's creation, calls it. The kubelet makes the
+plugins and plugin-registry directories at its start; dp makes only the
+driver's own directory. Until the kubelet's are there, dp says what it waits
+for, and looks again every second.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dp_server.dra.health import HEALTH_SERVICE, DraHealthService, HealthWatcher
 from dp_server.dra.preparer import ClaimPreparer
 from dp_server.dra.registration import RegistrationService, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS, DraPluginService
-from dp_server.dra.sockets import ServedSocket
+from dp_server.dra.sockets import MissingDirectory, ServedSocket
 from dp_server.rpc import StrictCodec
 
 __all__ = ["DRA_SOCKET", "DraEndpoints", "registration_socket_name"]
@@ -30,6 +33,8 @@ __all__ = ["DRA_SOCKET", "DraEndpoints", "registration_socket_name"]
 _log = logging.getLogger("dp")
 
 DRA_SOCKET = "dra.sock"
+_LOOK_AGAIN = 1.0  # seconds, while the kubelet's directories are missing
+_SAY_AGAIN = 60.0  # seconds between two "waiting" logs
 
 
 def registration_socket_name(driver: str) -> str:
@@ -73,10 +78,12 @@ class DraEndpoints:
         self._registration = RegistrationService(
             driver, str(self.dra_socket_path), versions, self._status_changed
         )
-        self._dra = ServedSocket(self.dra_socket_path, services, StrictCodec())
+        self._dra = ServedSocket(self.dra_socket_path, services, StrictCodec(), own_directory=True)
         self._reg = ServedSocket(self.registration_socket_path, [self._registration], StrictCodec())
         self._check_interval = check_interval
         self._checker: asyncio.Task[None] | None = None
+        # While the kubelet's directories are missing: what looks for them.
+        self._waiter: asyncio.Task[None] | None = None
 
     @property
     def registration_status(self) -> RegistrationStatus | None:
@@ -91,7 +98,23 @@ class DraEndpoints:
             status is not None and status.registered and self._dra.listening and self._reg.listening
         )
 
+    @property
+    def waiting(self) -> bool:
+        """Whether it waits for the kubelet's directories before it can listen."""
+        return self._waiter is not None and not self._waiter.done()
+
     async def start(self) -> None:
+        """Listen on both sockets; if the kubelet's directories are not there
+        yet, say so and listen once they are. Raises OSError for anything else."""
+        try:
+            await self._listen()
+        except MissingDirectory as missing:
+            self._say_waiting(missing)
+            self._waiter = asyncio.create_task(self._wait_for_kubelet())
+            return
+        self._check_from_now_on()
+
+    async def _listen(self) -> None:
         await self._dra.start()
         try:
             await self._reg.start()
@@ -108,11 +131,44 @@ class DraEndpoints:
                 }
             },
         )
+
+    def _say_waiting(self, missing: MissingDirectory) -> None:
+        _log.warning(
+            "dra-waiting-for-kubelet",
+            extra={
+                "dp_fields": {
+                    "registration": str(self.registration_socket_path),
+                    "endpoint": str(self.dra_socket_path),
+                    "reason": missing.strerror,
+                }
+            },
+        )
+
+    async def _wait_for_kubelet(self) -> None:
+        loop = asyncio.get_running_loop()
+        said = loop.time()
+        while True:
+            await asyncio.sleep(_LOOK_AGAIN)
+            try:
+                await self._listen()
+            except MissingDirectory as missing:
+                if loop.time() - said >= _SAY_AGAIN:
+                    said = loop.time()
+                    self._say_waiting(missing)
+            except Exception:  # noqa: BLE001 - logged; the next look tries again
+                _log.exception("dra-socket-check-failed")
+            else:
+                self._check_from_now_on()
+                return
+
+    def _check_from_now_on(self) -> None:
         if self._check_interval is not None:
             self._checker = asyncio.create_task(self._check_forever(self._check_interval))
 
     async def restore(self) -> None:
         """Listen again on whichever socket's file was deleted or replaced."""
+        if self.waiting:
+            return  # it listens once the kubelet's directories are there
         await self._dra.restore()
         if await self._reg.restore():
             # The kubelet dropped the old registration with its file; the new
@@ -121,6 +177,11 @@ class DraEndpoints:
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop listening and remove our socket files (the registration one first)."""
+        if self._waiter is not None:
+            self._waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._waiter
+            self._waiter = None
         if self._checker is not None:
             self._checker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -25,7 +25,7 @@ from grpclib.server import Server
 from dp_server.files.sockets import SOCKET_PATH_MAX, listened_on, socket_identity
 from dp_server.rpc import GrpcServer
 
-__all__ = ["SOCKET_MODE", "ForeignSocket", "ServedSocket"]
+__all__ = ["SOCKET_MODE", "ForeignSocket", "MissingDirectory", "ServedSocket"]
 
 _log = logging.getLogger("dp")
 
@@ -35,6 +35,10 @@ SOCKET_MODE = 0o600
 
 class ForeignSocket(OSError):
     """Our path holds something that is not a stale socket of ours."""
+
+
+class MissingDirectory(OSError):
+    """A directory above our socket is missing, and is not ours to make."""
 
 
 def _clear(path: Path) -> None:
@@ -53,10 +57,21 @@ def _clear(path: Path) -> None:
 
 
 class ServedSocket:
-    """A grpclib server of `handlers` on `path`, listened on again when its file goes."""
+    """A grpclib server of `handlers` on `path`, listened on again when its file goes.
+
+    With `own_directory`, the directory the socket is in is ours (the
+    driver's own directory under the kubelet's plugins directory) and is made
+    when missing; the directory above it never is. Without it, the socket's
+    directory is the kubelet's (its plugin registry), and is never made.
+    """
 
     def __init__(
-        self, path: Path, handlers: Collection[Any], codec: CodecBase | None = None
+        self,
+        path: Path,
+        handlers: Collection[Any],
+        codec: CodecBase | None = None,
+        *,
+        own_directory: bool = False,
     ) -> None:
         if len(os.fsencode(path)) > SOCKET_PATH_MAX:
             raise ValueError(
@@ -64,6 +79,7 @@ class ServedSocket:
                 f"over the {SOCKET_PATH_MAX}-byte limit of a Unix socket path"
             )
         self.path = path
+        self._own_directory = own_directory
         self._handlers = handlers
         self._codec = codec
         self._server: Server | None = None
@@ -78,8 +94,17 @@ class ServedSocket:
         return self._server is not None and socket_identity(self.path) == self._identity
 
     async def start(self) -> None:
-        """Listen on `path`, after removing a stale socket of ours; ForeignSocket otherwise."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Listen on `path`, after removing a stale socket of ours; ForeignSocket
+        otherwise, and MissingDirectory when the kubelet's directory is not there."""
+        theirs = self.path.parent.parent if self._own_directory else self.path.parent
+        if not theirs.is_dir():
+            raise MissingDirectory(
+                errno.ENOENT,
+                f"{theirs} does not exist: it is the kubelet's, which makes it at start",
+            )
+        if self._own_directory:
+            with contextlib.suppress(FileExistsError):
+                self.path.parent.mkdir(mode=0o750)
         _clear(self.path)
         server = GrpcServer(self._handlers, name=self.path.name, codec=self._codec)
         try:

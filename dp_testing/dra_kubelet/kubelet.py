@@ -122,12 +122,18 @@ class _Connection:
 
 
 class DraKubeletEmulator:
-    """The kubelet's DRA side, watching `registry_dir`. Use start()/stop() or `with`."""
+    """The kubelet's DRA side, watching `registry_dir`. Use start()/stop() or `with`.
+
+    At start it makes the plugin registry and the plugins directory
+    (`plugins_dir`, beside the registry unless given), as the kubelet does
+    (`setupDataDirs`); a plugin makes only its own directory in the latter.
+    """
 
     def __init__(
         self,
         registry_dir: Path,
         *,
+        plugins_dir: Path | None = None,
         poll_interval: float = 0.05,
         supported_services: Sequence[str] = KUBELET_SERVICES,
         call_timeout: float = CALL_TIMEOUT,
@@ -138,6 +144,9 @@ class DraKubeletEmulator:
         if unknown:
             raise ValueError(f"no messages for services {unknown}; known: {list(SERVICE_MESSAGES)}")
         self.registry_dir = Path(registry_dir).absolute()
+        self.plugins_dir = (
+            Path(plugins_dir).absolute() if plugins_dir else self.registry_dir.parent / "plugins"
+        )
         self.poll_interval = poll_interval
         self.supported_services = tuple(supported_services)
         self.call_timeout = call_timeout
@@ -158,7 +167,9 @@ class DraKubeletEmulator:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> DraKubeletEmulator:
-        # The plugin watcher makes its directory (0755) if it is not there.
+        # The kubelet makes both at start (0750); the plugin watcher makes
+        # its directory (0755) if it is not there.
+        self.plugins_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         self.registry_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="dra-plugin-watcher", daemon=True)

@@ -130,6 +130,11 @@ func runDRA(timeout time.Duration) int {
 		}
 		return 0
 	}
+	// The kubelet makes its plugins directory beside the registry at start
+	// (setupDataDirs); a plugin makes only its own directory in it.
+	if err := os.MkdirAll(filepath.Join(filepath.Dir(k.dir), "plugins"), 0o750); err != nil {
+		return finish(err)
+	}
 	if err := os.MkdirAll(k.dir, 0o755); err != nil {
 		return finish(err)
 	}
