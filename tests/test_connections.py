@@ -278,6 +278,8 @@ async def test_a_method_not_served_on_a_dra_socket_is_a_well_formed_unimplemente
     socket: str,
 ) -> None:
     root = Path(tempfile.mkdtemp(prefix="dp-unimpl-"))  # short: Unix socket paths
+    for kubelets in ("reg", "plugins"):  # as a kubelet makes them at start
+        (root / kubelets).mkdir()
     endpoints = DraEndpoints("x.example.com", root / "reg", root / "plugins", Preparer())
     await endpoints.start()
     path = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeNoSuchThing"
