@@ -16,12 +16,11 @@ grpclib makes for each accepted connection:
 `ConnectionServer` is a `dp_server.rpc.GrpcServer`, so that a method no
 handler serves is a well-formed UNIMPLEMENTED here as on every dp socket.
 
-Non-public names touched, and why:
+Non-public names touched:
 
-- `grpclib.server.Server._protocol_factory`: the only place grpclib makes a
-  connection's protocol, and the one hook dp has on grpclib's server.
-  `GrpcServer`'s override sets the table the connection looks calls up in
-  (its module says why); this one calls that and wraps what it returns.
+- none of its own: grpclib's protocol for each connection comes through
+  `GrpcServer.wrap_protocol`, which `dp_server.rpc.server`, the one module
+  with a hook on grpclib's server, calls for every connection it makes.
 
 Public attributes read that grpclib does not document:
 
@@ -93,8 +92,8 @@ class ConnectionServer(GrpcServer):
         """Whether a connection accepted by this server is still open."""
         return self._open > 0
 
-    def _protocol_factory(self) -> asyncio.Protocol:
-        return _Reporting(super()._protocol_factory(), self)
+    def wrap_protocol(self, protocol: Any) -> asyncio.Protocol:
+        return _Reporting(protocol, self)
 
     def _made(self) -> int:
         self._open += 1

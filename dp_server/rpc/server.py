@@ -19,9 +19,10 @@ as it does after any error.
 Non-public names touched, and why:
 
 - `grpclib.server.Server._protocol_factory`: the only place grpclib makes a
-  connection's protocol (the hook `deviceplugin.connections` documents; its
-  `ConnectionServer` builds on this class). The override calls it and sets
-  the table on what it returns.
+  connection's protocol, and the one hook dp has on grpclib's server; no
+  other module touches it. The override calls it, sets the table on what it
+  returns, and hands that to `wrap_protocol`, which a subclass overrides to
+  watch the connection (`deviceplugin.connections.ConnectionServer`).
 
 Public attributes written that grpclib does not document:
 
@@ -92,6 +93,10 @@ class GrpcServer(Server):
     def _protocol_factory(self) -> Any:
         protocol = super()._protocol_factory()
         protocol.handler.mapping = self._answering
+        return self.wrap_protocol(protocol)
+
+    def wrap_protocol(self, protocol: Any) -> Any:
+        """The protocol a new connection gets, given grpclib's: grpclib's itself."""
         return protocol
 
     def unimplemented_asked(self, path: str) -> None:
