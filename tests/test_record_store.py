@@ -9,7 +9,7 @@ import attrs
 import cattrs
 import pytest
 
-from dp_server.files import RecordKind, RecordsFileError, RecordStore, write_records
+from dp_server.files import RecordKind, RecordsFileError, RecordStore
 
 
 @attrs.frozen
@@ -36,7 +36,7 @@ def test_each_write_holds_exactly_the_records_given_then(tmp_path: Path) -> None
     for records in writes:
         store.write(records)
         fresh = tmp_path / "fresh.json"
-        write_records(fresh, records, key="held", version=3, converter=cattrs.Converter())
+        RecordStore(KIND, path=fresh).write(records)  # a store that never wrote before
         kept = (tmp_path / "kept.json").read_bytes()
         assert kept == fresh.read_bytes()
         expected = {

@@ -8,7 +8,6 @@ from dp_server.files.records import (
     RecordsFileError,
     RecordStore,
     read_records,
-    write_records,
 )
 from dp_server.files.sockets import SOCKET_PATH_MAX, listened_on, socket_identity
 
@@ -25,5 +24,4 @@ __all__ = [
     "socket_identity",
     "sync_directory",
     "write_atomically",
-    "write_records",
 ]

@@ -20,7 +20,7 @@ import cattrs
 
 from dp_server.files.atomic import sync_directory, write_atomically
 
-__all__ = ["RecordKind", "RecordStore", "RecordsFileError", "read_records", "write_records"]
+__all__ = ["RecordKind", "RecordStore", "RecordsFileError", "read_records"]
 
 _log = logging.getLogger("dp.runtime")
 
@@ -62,13 +62,6 @@ def read_records(
         )
         raise RecordsFileError(f"{path}: {detail}") from None
     return records
-
-
-def write_records(
-    path: Path, records: tuple[Any, ...], *, key: str, version: int, converter: cattrs.Converter
-) -> None:
-    """Replace `path` with `records`, atomically; raises OSError."""
-    _write_document(path, key, version, [_json(converter.unstructure(r)) for r in records])
 
 
 def _json(value: object) -> str:
