@@ -58,6 +58,7 @@ The VFIO and iommufd user API, as Linux 6.12 defines it:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -68,7 +69,7 @@ import re
 import stat
 import struct
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,26 @@ def _guest_memory() -> tuple[mmap.mmap, int]:
     return memory, address
 
 
+@contextlib.contextmanager
+def _attempt(root: str) -> Iterator[tuple[dict[str, Any], _Opener, int]]:
+    """One VMM's attempt: the steps it records, what opens the container's
+    nodes, and the address of its guest memory. The steps say at the end
+    whether it got through ("ok": an ioctl that failed says which, in its
+    step) and which nodes it opened; everything it opened is closed."""
+    steps: dict[str, Any] = {}
+    opener = _Opener(root)
+    memory, address = _guest_memory()
+    try:
+        yield steps, opener, address
+        steps["ok"] = True
+    except OSError:
+        steps["ok"] = False
+    finally:
+        opener.close()
+        memory.close()
+    steps["opened"] = opener.opened
+
+
 def group_interface(root: str, container: str, group: str, device_name: str) -> dict[str, Any]:
     """vfio.rst's "VFIO Usage Example" on the container's `container` and
     `group` nodes, for the device `device_name` (a PCI address or mdev UUID).
@@ -193,10 +214,7 @@ def group_interface(root: str, container: str, group: str, device_name: str) -> 
     Returns what each step gave (an errno name where one failed) and which
     nodes were opened.
     """
-    steps: dict[str, Any] = {}
-    opener = _Opener(root)
-    memory, address = _guest_memory()
-    try:
+    with _attempt(root) as (steps, opener, address):
         fd = opener.open(container)
         steps["VFIO_GET_API_VERSION"] = _call(
             "VFIO_GET_API_VERSION", steps, fd, VFIO_GET_API_VERSION, 0
@@ -237,13 +255,6 @@ def group_interface(root: str, container: str, group: str, device_name: str) -> 
         )
         steps["VFIO_GROUP_GET_DEVICE_FD"] = "ok"
         _device_info(steps, device)
-        steps["ok"] = True
-    except OSError:
-        steps["ok"] = False
-    finally:
-        opener.close()
-        memory.close()
-    steps["opened"] = opener.opened
     return steps
 
 
@@ -255,10 +266,7 @@ def iommufd_interface(root: str, cdev: str, iommu: str | int) -> dict[str, Any]:
     `/dev/iommu` and passes the descriptor to virt-launcher, while the device
     plugin (`group+cdev`) hands out only the cdev.
     """
-    steps: dict[str, Any] = {}
-    opener = _Opener(root)
-    memory, address = _guest_memory()
-    try:
+    with _attempt(root) as (steps, opener, address):
         iommufd = opener.open(iommu) if isinstance(iommu, str) else iommu
         steps["iommufd"] = iommu if isinstance(iommu, str) else "passed as a descriptor"
         device = opener.open(cdev)
@@ -279,13 +287,6 @@ def iommufd_interface(root: str, cdev: str, iommu: str | int) -> dict[str, Any]:
         _call("IOMMU_IOAS_MAP", steps, iommufd, IOMMU_IOAS_MAP, mapping)
         steps["IOMMU_IOAS_MAP"] = "ok"
         _device_info(steps, device)
-        steps["ok"] = True
-    except OSError:
-        steps["ok"] = False
-    finally:
-        opener.close()
-        memory.close()
-    steps["opened"] = opener.opened
     return steps
 
 
