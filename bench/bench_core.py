@@ -25,12 +25,12 @@ from dp_core import (
     ConnectionOpened,
     HostObserved,
     KubeletStarted,
-    Node,
     OptionsRequested,
     Register,
     RegistrationSucceeded,
     Reply,
     SocketMode,
+    StandardNode,
     WatchStarted,
 )
 from dp_server.config.loader import parse_config
@@ -41,9 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import bench_config, bench_topology, resource_names  # noqa: E402
 
 
-def live_node(resources: int, devices: int) -> tuple[Node, dict[str, int]]:
+def live_node(resources: int, devices: int) -> tuple[StandardNode, dict[str, int]]:
     """A node with every resource registered, bound to a connection and watched."""
-    node = Node(parse_config(bench_config(resources), "bench"), socket_mode=SocketMode.SINGLE)
+    node = StandardNode(
+        parse_config(bench_config(resources), "bench"), socket_mode=SocketMode.SINGLE
+    )
     ids = itertools.count(1)
     pending = node.handle(HostObserved(to_snapshot(bench_topology(resources, devices)), 0.0))
     pending += node.handle(KubeletStarted(0.0))

@@ -10,6 +10,7 @@ always give the same effects. `dp_server` is one shell around it; a plugin
 author can write another.
 """
 
+from .assembly import StandardNode
 from .binding import (
     BindDecision,
     BindDevice,
@@ -116,7 +117,7 @@ from .dra import (
 )
 from .effects import Effect, Log
 from .errors import StatusCode, UsageError
-from .frontend import Frontend, World
+from .frontend import Frontend, Handler, Outcome, World
 from .host import (
     IOMMUFD_NODE,
     VFIO_DRIVER,
@@ -147,7 +148,8 @@ from .inventory import (
     container_allocation,
 )
 from .ledger import Holder, Ledger
-from .metrics import MetricFamily, Sample, collect
+from .metric import MetricFamily, Sample
+from .metrics import collect
 from .node import Node
 from .tally import Tally
 from .timing import Backoff, Timing
@@ -159,6 +161,8 @@ __all__ = [
     "ClaimRef",
     "DevicePluginFrontend",
     "Frontend",
+    "Handler",
+    "Outcome",
     "World",
     "Holder",
     "Ledger",
@@ -238,6 +242,7 @@ __all__ = [
     "MovesRecalled",
     "Naming",
     "Node",
+    "StandardNode",
     "OptionsRequested",
     "PciAddress",
     "PciDevice",

@@ -1,34 +1,34 @@
-"""What a front end is to the node: the protocol both front ends keep.
+"""What a front end is to the node: the protocol every front end keeps.
 
 A front end is one way pods get devices (the kubelet's device-plugin API,
-DRA). `Node` holds the host, the config, the one inventory, the binding plan
-and the one ledger; each front end holds only its own state. The node routes
-each input to the one front end that declares it (`handlers`) and tells every
-front end when the world changed (`world_changed`: a scan, a config, the
-binding plan) and when the ledger's holders of some IOMMU groups changed
-(`holders_changed`), whoever changed them. A front end that changes the
-ledger says so through the `Coordinator` the node gives it, and never calls
-another front end.
+DRA, or one of a plugin author's). `Node` holds the host, the config, the
+one inventory, the binding plan and the one ledger; each front end holds
+only its own state, and the node knows none by name.
+
+The seam runs one way, down: the node routes each input to the one front
+end that declares it (`handlers`), and the handler returns an `Outcome`:
+its effects, the IOMMU groups whose holder it changed, and whether it let
+holds go (binds put off while they held a group may go now). Only then,
+with the handler off the stack, does the node tell every front end of the
+new holders (`holders_changed`) and replan. A front end never calls the
+node, nor another front end; nothing in the core is re-entrant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
 from .config.config import Config, FrontendName
 from .host.snapshot import HostSnapshot
 from .inventory.resources import Inventory
+from .metric import MetricFamily
 
-__all__ = ["Coordinator", "Effects", "Frontend", "Handler", "World"]
+__all__ = ["Frontend", "Handler", "Outcome", "World"]
 
-#: Effects as they pass between the node and its front ends. Each is one of
-#: `dp_core.Effect`'s members; that union is made above the front ends whose
-#: effects it joins (`dp_core.effects`), so here a list of them is typed loosely.
-Effects = list[Any]
-Handler = Callable[[Any], Effects]
+E_co = TypeVar("E_co", covariant=True)
 
 
 @attrs.frozen
@@ -43,30 +43,35 @@ class World:
     now: float
 
 
-class Coordinator(Protocol):
-    """What a front end may ask of the node that holds it."""
-
-    @property
-    def now(self) -> float:
-        """The time of the input being handled (the node's clock)."""
-        ...
-
-    @property
-    def inventory(self) -> Inventory:
-        """The one inventory, as last built."""
-        ...
-
-    def holders_changed(self, groups: Collection[int]) -> Effects:
-        """These groups' holders changed: what every front end does about it."""
-        ...
-
-    def replan(self) -> Effects:
-        """Holds were let go: binds put off while they held a group may go now."""
-        ...
+def _groups(groups: Iterable[int]) -> frozenset[int]:
+    return groups if isinstance(groups, frozenset) else frozenset(groups)
 
 
-class Frontend(Protocol):
-    """One front end, as the node drives it."""
+@attrs.frozen
+class Outcome(Generic[E_co]):
+    """What one step of a front end did: its effects, in order, and what the
+    node must tell the others once the step has returned."""
+
+    effects: tuple[E_co, ...] = ()
+    #: The IOMMU groups whose holder in the ledger this step changed.
+    held: frozenset[int] = attrs.field(default=frozenset(), converter=_groups)
+    #: Holds were let go: binds and give-backs put off while they held a
+    #: group may go now (the node replans the binding, if it has one).
+    released: bool = False
+
+    @classmethod
+    def of(
+        cls, effects: Iterable[E_co], held: Iterable[int] = (), *, released: bool = False
+    ) -> Outcome[E_co]:
+        return cls(tuple(effects), held, released)
+
+
+Handler = Callable[[Any, float], Outcome[E_co]]
+"""A front end's handler of one input kind, given the input and the node's clock."""
+
+
+class Frontend(Protocol[E_co]):
+    """One front end, as the node drives it. `E_co` is the union of its effects."""
 
     @property
     def name(self) -> FrontendName:
@@ -79,27 +84,36 @@ class Frontend(Protocol):
         wait until every front end does."""
         ...
 
-    def handlers(self) -> Mapping[type, Handler]:
+    def handlers(self) -> Mapping[type, Handler[E_co]]:
         """The inputs it handles, each with its handler; no two front ends share one."""
         ...
 
-    def world_changed(self, world: World) -> Effects:
+    def world_changed(self, world: World) -> Outcome[E_co]:
         """The host, the config or the binding plan changed: take the inventory again."""
         ...
 
-    def holders_changed(self, groups: Collection[int]) -> Effects:
+    def holders_changed(self, groups: Collection[int]) -> Sequence[E_co]:
         """The ledger's holders of `groups` changed (whoever changed them)."""
         ...
 
-    def holders_wanted(self) -> Effects:
+    def holders_wanted(self) -> Sequence[E_co]:
         """Binds wait for `holders_known`: what it does to learn them sooner."""
         ...
 
-    def due(self, now: float) -> Effects:
+    def due(self, now: float) -> Sequence[E_co]:
         """After every input (a `Tick` among them): what its deadlines make due at `now`."""
         ...
 
     def next_deadline(self) -> float | None:
         """When something of its own falls due, should no input come first (then
         the shell sends a `Tick`)."""
+        ...
+
+    def observe(self, event: object, effects: Sequence[object]) -> None:
+        """Every input the node handled and all it answered, for its own
+        counters (each front end counts what concerns it)."""
+        ...
+
+    def metrics(self) -> Sequence[MetricFamily]:
+        """Its metric families (`metrics.collect` joins the node's and each front end's)."""
         ...

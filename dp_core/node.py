@@ -4,59 +4,57 @@
 order. The node holds what the front ends share: the host snapshot, the
 config, the one inventory (`build_inventory`, once per change), the binding
 plan and moves (`Binder`), and the one ledger of IOMMU groups (`Ledger`). It
-holds nothing of any front end. It handles the inputs that concern it whole
-(a scan, a config, a tick, the binding reports), routes every other input to
-the one front end that declares it, and tells every front end when the world
-or the ledger changed (`frontend.Frontend`). The shell feeds it and carries
+holds nothing of any front end and knows none by name: it is given a
+sequence of them (`frontend.Frontend`). It handles the inputs that concern
+it whole (a scan, a config, a tick, the binding reports) and routes every
+other input to the one front end that declares it. What a front end's
+handler changed comes back in its `Outcome`; once the handler has returned,
+the node tells every front end of the groups whose holders changed, and
+replans the binding when holds were let go. The shell feeds it and carries
 out what it returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from .binding.binder import Binder
 from .binding.book import BindingBook
 from .binding.events import BindingFinished, MovesChanged, MovesRecalled, UnbindingFinished
 from .binding.plan import BindDecision
 from .config.config import Config
-from .deviceplugin.endpoints import NAME_MAX
-from .deviceplugin.frontend import DevicePluginFrontend
-from .deviceplugin.registration import SocketMode
-from .dra.frontend import DraFrontend
 from .effects import Effect
 from .errors import UsageError
-from .frontend import Effects, Frontend, World
+from .frontend import Frontend, Outcome, World
 from .host.pci import PciAddress, PciId
 from .host.snapshot import HostSnapshot
 from .inputs import ConfigApplied, HostObserved, Input, Tick
 from .inventory.build import build_inventory
 from .ledger import Ledger
 from .tally import Tally
-from .timing import Timing
 
 __all__ = ["Node"]
 
+F = TypeVar("F")
+_Step = Callable[[Any, float], Outcome[Effect]]
+
 
 class Node:
-    """One node's state. Not thread-safe; one caller at a time."""
+    """One node's state. Not thread-safe; one caller at a time.
+
+    `frontends` share `ledger`, the one book of IOMMU groups: each was made
+    with it. They hear of every change in the order given.
+    """
 
     def __init__(
         self,
         config: Config,
+        frontends: Sequence[Frontend[Effect]],
         *,
-        socket_mode: SocketMode = SocketMode.SINGLE,
-        endpoint_prefix: str = "dp",
-        endpoint_max_length: int = NAME_MAX,
-        timing: Timing | None = None,
+        ledger: Ledger,
         pci_names: Mapping[PciId, str] | None = None,
-        cdi: bool = False,
-        node_name: str | None = None,
-        dra_partitionable: bool = True,
-        dra_device_taints: bool = True,
     ) -> None:
-        self.timing = timing or Timing()
         self.config = config
         self.pci_names: Mapping[PciId, str] = pci_names or {}
         self.snapshot = HostSnapshot()
@@ -65,34 +63,14 @@ class Node:
         self._now = 0.0
         # One ledger for every front end: one IOMMU group, one holder,
         # whichever front end it came through.
-        self.ledger = Ledger()
+        self.ledger = ledger
         self.binder = Binder(self.ledger)
         self.tally = Tally()
-        # The front ends, in the order they hear of every change. A new front
-        # end is one more entry here (and its module).
-        self.device_plugin = DevicePluginFrontend(
-            self,
-            self.ledger,
-            self.timing,
-            socket_mode=socket_mode,
-            endpoint_prefix=endpoint_prefix,
-            endpoint_max_length=endpoint_max_length,
-            cdi=cdi,
-        )
-        # The dra_* flags are what the config's "auto" assumes until the API
-        # server shows whether it has those features (DraFeaturesObserved).
-        self.dra = DraFrontend(
-            self,
-            self.ledger,
-            node_name or "",
-            partitionable=dra_partitionable,
-            device_taints=dra_device_taints,
-            health_resend=self.timing.health_resend,
-        )
-        self.frontends: tuple[Frontend, ...] = (self.device_plugin, self.dra)
-        self._owner = self.device_plugin.registrar.owner  # who a connection's RPCs count for
-        self._deferred: set[int] | None = None  # holders changed while the world changes
-        self._handlers: dict[type[Any], Callable[[Any], Effects]] = {
+        names = [frontend.name for frontend in frontends]
+        if len(set(names)) != len(names):
+            raise UsageError(f"two front ends have one name: {names}")
+        self.frontends: tuple[Frontend[Effect], ...] = tuple(frontends)
+        self._handlers: dict[type[Any], _Step] = {
             HostObserved: self._host_observed,
             ConfigApplied: self._config_applied,
             Tick: self._tick,
@@ -111,25 +89,34 @@ class Node:
     def handle(self, event: Input) -> list[Effect]:
         handler = self._handlers.get(type(event))
         if handler is None:
-            raise UsageError(f"{type(event).__name__} is not a dp_core input")
+            raise UsageError(f"{type(event).__name__} is not an input of this node")
         now = getattr(event, "now", None)
         if now is not None:
             if now < self._now:
                 raise UsageError(f"time went backwards: {now} after {self._now}")
             self._now = now
         moves_version = self.bind_book.moves_version
-        effects: list[Effect] = handler(event)
+        effects = self._follow(handler(event, self._now))
         if self.bind_book.moves_version != moves_version:
             effects.append(MovesChanged(self.bind_book.moves()))
         for frontend in self.frontends:
             effects.extend(frontend.due(self._now))
-        self.tally.observe(event, effects, self._owner)
+        self.tally.observe(event)
+        for frontend in self.frontends:
+            frontend.observe(event, effects)
         return effects
 
     def next_deadline(self) -> float | None:
         """When the shell should send a Tick if nothing else happens first."""
         deadlines = [frontend.next_deadline() for frontend in self.frontends]
         return min((d for d in deadlines if d is not None), default=None)
+
+    def frontend(self, kind: type[F]) -> F:
+        """The front end of class `kind`."""
+        for frontend in self.frontends:
+            if isinstance(frontend, kind):
+                return frontend
+        raise UsageError(f"this node has no {kind.__name__}")
 
     @property
     def now(self) -> float:
@@ -153,54 +140,57 @@ class Node:
         """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
         return self.binder.give_back_planned(address)
 
-    # -- what the front ends may ask (frontend.Coordinator) --------------------
+    # -- after a step: the one way news travels between front ends -------------
 
-    def holders_changed(self, groups: Collection[int]) -> Effects:
-        """Tell every front end that these groups' holders changed. While the
-        world changes, they hear of it once every front end has seen the new world."""
+    def _follow(self, outcome: Outcome[Effect]) -> list[Effect]:
+        """`outcome`'s effects, then what every front end does about the holders
+        it changed, then the binding replanned if it let holds go."""
+        effects = list(outcome.effects)
+        effects += self._tell_holders(outcome.held)
+        if outcome.released and self.config.binding is not None:
+            effects += self._follow(self._rebuild())
+        return effects
+
+    def _tell_holders(self, groups: Iterable[int]) -> list[Effect]:
+        groups = frozenset(groups)
         if not groups:
             return []
-        if self._deferred is not None:
-            self._deferred.update(groups)
-            return []
-        effects: Effects = []
+        effects: list[Effect] = []
         for frontend in self.frontends:
             effects.extend(frontend.holders_changed(groups))
         return effects
 
-    def replan(self) -> Effects:
-        """Holds were let go: binds and give-backs put off while they held a group may go."""
-        return self._rebuild() if self.config.binding is not None else []
-
     # -- the host, the config, the plan -----------------------------------------
 
-    def _host_observed(self, event: HostObserved) -> Effects:
+    def _host_observed(self, event: HostObserved, now: float) -> Outcome[Effect]:
         self.snapshot = event.snapshot
         self._scanned = True
         self.bind_book.observed(event.snapshot)
-        effects = self._rebuild()
+        rebuilt = self._rebuild()
         waiting = [frontend for frontend in self.frontends if not frontend.holders_known]
-        if waiting and any(d.binds for d in self.bindings.values()):
-            for frontend in waiting:
-                effects.extend(frontend.holders_wanted())
-        return effects
+        if not waiting or not any(d.binds for d in self.bindings.values()):
+            return rebuilt
+        wanted = [effect for frontend in waiting for effect in frontend.holders_wanted()]
+        return Outcome((*rebuilt.effects, *wanted), rebuilt.held)
 
-    def _config_applied(self, event: ConfigApplied) -> Effects:
+    def _config_applied(self, event: ConfigApplied, now: float) -> Outcome[Effect]:
         self.config = event.config
         self.pci_names = event.pci_names
         self.bind_book.retry_all(self.snapshot, self.config)
         return self._rebuild()
 
-    def _rebuild(self) -> Effects:
+    def _rebuild(self) -> Outcome[Effect]:
         start = all(frontend.holders_known for frontend in self.frontends)
-        effects: Effects = self.binder.replan(self.snapshot, self.config, start=start)
+        effects: list[Effect] = []
+        effects += self.binder.replan(self.snapshot, self.config, start=start)
         effects += self.binder.give_back_stranded()
-        effects += self._rebuild_inventory()
-        return effects
+        world = self._rebuild_inventory()
+        return Outcome((*effects, *world.effects), world.held)
 
-    def _rebuild_inventory(self) -> Effects:
+    def _rebuild_inventory(self) -> Outcome[Effect]:
         """The inventory again from the snapshot, plan and give-backs held now,
-        and every front end told of it."""
+        and every front end told of it (the holders they changed on the way
+        are told once every front end has seen the new world)."""
         self.inventory = build_inventory(
             self.snapshot,
             self.config,
@@ -210,27 +200,28 @@ class Node:
             self.bind_book.moving_groups,
         )
         world = World(self.snapshot, self.config, self.inventory, self._now)
-        effects: Effects = []
-        outer = self._deferred
-        deferred = self._deferred = outer if outer is not None else set()
-        try:
-            for frontend in self.frontends:
-                effects.extend(frontend.world_changed(world))
-        finally:
-            self._deferred = outer
-        if outer is None:
-            effects.extend(self.holders_changed(deferred))
-        return effects
+        effects: list[Effect] = []
+        held: set[int] = set()
+        for frontend in self.frontends:
+            outcome = frontend.world_changed(world)
+            effects.extend(outcome.effects)
+            held |= outcome.held
+        return Outcome(tuple(effects), frozenset(held))
 
-    def _tick(self, event: Tick) -> Effects:
-        return []  # what falls due, falls due after every input (`Frontend.due`)
+    def _tick(self, event: Tick, now: float) -> Outcome[Effect]:
+        return Outcome()  # what falls due, falls due after every input (`Frontend.due`)
 
-    def _binding_finished(self, event: BindingFinished) -> Effects:
+    def _binding_finished(self, event: BindingFinished, now: float) -> Outcome[Effect]:
         effects, rebuild = self.binder.finished(event, self.snapshot, self.config)
-        return effects + self._rebuild_inventory() if rebuild else list(effects)
+        if not rebuild:
+            return Outcome(tuple(effects))
+        world = self._rebuild_inventory()
+        return Outcome((*effects, *world.effects), world.held)
 
-    def _unbinding_finished(self, event: UnbindingFinished) -> Effects:
-        return self.binder.unbound(event) + self._rebuild_inventory()
+    def _unbinding_finished(self, event: UnbindingFinished, now: float) -> Outcome[Effect]:
+        effects = self.binder.unbound(event)
+        world = self._rebuild_inventory()
+        return Outcome((*effects, *world.effects), world.held)
 
-    def _moves_recalled(self, event: MovesRecalled) -> Effects:
-        return self.binder.recalled(event, scanned=self._scanned)
+    def _moves_recalled(self, event: MovesRecalled, now: float) -> Outcome[Effect]:
+        return Outcome(tuple(self.binder.recalled(event, scanned=self._scanned)))

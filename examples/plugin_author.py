@@ -23,7 +23,6 @@ from dp_core import (
     IommuGroup,
     KubeletStarted,
     Log,
-    Node,
     OptionsRequested,
     PciAddress,
     PciDevice,
@@ -36,6 +35,7 @@ from dp_core import (
     Reject,
     Reply,
     SharedDevice,
+    StandardNode,
     WatchStarted,
     collect,
 )
@@ -85,7 +85,7 @@ def main() -> None:
         ),
         shared_devices=(SharedDevice("devices.kubevirt.io/kvm", "/dev/kvm"),),
     )
-    node = Node(config)
+    node = StandardNode(config)
     now = 0.0
 
     show("host observed", node.handle(HostObserved(host, now)))

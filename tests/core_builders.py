@@ -28,7 +28,6 @@ from dp_core import (
     MdevType,
     MediatedDevice,
     Naming,
-    Node,
     OptionsRequested,
     PciAddress,
     PciDevice,
@@ -42,6 +41,7 @@ from dp_core import (
     RegistrationSucceeded,
     SharedDevice,
     SocketMode,
+    StandardNode,
     Tick,
     Timing,
     WatchEnded,
@@ -162,7 +162,7 @@ def qat_config(**kwargs: object) -> Config:
 
 
 # ---------------------------------------------------------------------------
-# Driving a Node
+# Driving a StandardNode
 
 
 def effects_of(effects: Iterable[Effect], kind: type[E]) -> list[E]:
@@ -187,13 +187,13 @@ def started_node(
     timing: Timing | None = None,
     now: float = 0.0,
     synced: bool = True,
-) -> tuple[Node, list[Effect]]:
-    """A Node that has seen the host and a running kubelet; returns its first effects.
+) -> tuple[StandardNode, list[Effect]]:
+    """A StandardNode that has seen the host and a running kubelet; returns its first effects.
 
     `synced`: the kubelet had been up long enough that its first PodResources
     answer (no pod holds anything) is trusted, as when dp starts under it.
     """
-    node = Node(
+    node = StandardNode(
         config if config is not None else gpu_config(shared_devices=()),
         socket_mode=mode,
         timing=timing,
@@ -212,7 +212,7 @@ class Kubelet:
     connections, calls and streams itself so the tests stay readable.
     """
 
-    def __init__(self, node: Node, now: float = 0.0) -> None:
+    def __init__(self, node: StandardNode, now: float = 0.0) -> None:
         self.node = node
         self.now = now
         self.next_id = 1000
@@ -263,8 +263,8 @@ def live_node(
     mode: SocketMode = SocketMode.SINGLE,
     timing: Timing | None = None,
     synced: bool = True,
-) -> tuple[Node, Kubelet]:
-    """A Node whose resources are all registered, bound and watched."""
+) -> tuple[StandardNode, Kubelet]:
+    """A StandardNode whose resources are all registered, bound and watched."""
     node, effects = started_node(config, host, mode=mode, timing=timing, synced=synced)
     kubelet = Kubelet(node)
     kubelet.register_all(effects)
@@ -364,7 +364,7 @@ def configs(draw: st.DrawFn) -> Config:
 
 
 # ---------------------------------------------------------------------------
-# Hypothesis: a kubelet (and host) doing random things to a Node
+# Hypothesis: a kubelet (and host) doing random things to a StandardNode
 
 RPC_INPUTS = (
     OptionsRequested,
@@ -398,7 +398,7 @@ ACTIONS = (
 
 
 class RandomKubelet:
-    """Feeds a Node inputs chosen from its current state, recording them.
+    """Feeds a StandardNode inputs chosen from its current state, recording them.
 
     Time only moves forward. `containers` is the largest number of container
     requests one Allocate carries (the kubelet sends one).
@@ -406,7 +406,7 @@ class RandomKubelet:
 
     def __init__(
         self,
-        node: Node,
+        node: StandardNode,
         host: HostSnapshot,
         data: st.DataObject,
         *,

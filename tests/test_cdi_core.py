@@ -21,9 +21,9 @@ from dp_core import (
     HostObserved,
     KubeletStarted,
     Log,
-    Node,
     Reply,
     SharedDevice,
+    StandardNode,
     UsageError,
     cdi_kind,
     collect,
@@ -155,7 +155,7 @@ def _config() -> Config:
 
 
 def _cdi_node(host=None, config=None):  # type: ignore[no-untyped-def]
-    node = Node(config or _config(), cdi=True)
+    node = StandardNode(config or _config(), cdi=True)
     effects = node.handle(HostObserved(host or two_gpus_and_vfs(), 0.0))
     effects += node.handle(KubeletStarted(0.0))
     return node, effects
@@ -204,7 +204,7 @@ def test_a_spec_per_resource_with_each_device_and_its_own_nodes() -> None:
 
 
 def test_without_cdi_no_spec_and_no_names() -> None:
-    node = Node(_config())
+    node = StandardNode(_config())
     effects = node.handle(HostObserved(two_gpus_and_vfs(), 0.0))
     effects += node.handle(KubeletStarted(0.0))
     assert effects_of(effects, CdiSpecsChanged) == []
@@ -254,7 +254,7 @@ def test_a_spec_reported_in_place_only_for_the_content_asked_for() -> None:
     assert _names(kubelet, VF_RESOURCE, "0000:3d:01.0") == ("intel.com/dp-qat_vf=0000:3d:01.0",)
 
 
-def _metric(node: Node, name: str) -> float:
+def _metric(node: StandardNode, name: str) -> float:
     (family,) = [f for f in collect(node) if f.name == name]
     return family.samples[0].value
 
@@ -318,7 +318,7 @@ def test_an_unhealthy_device_whose_nodes_exist_keeps_its_entry() -> None:
 def test_a_restarted_node_asks_once_even_with_nothing_to_keep() -> None:
     # The directory may hold specs of an earlier run: the first scan always asks,
     # so that the shell removes them.
-    node = Node(Config(shared_devices=()), cdi=True)
+    node = StandardNode(Config(shared_devices=()), cdi=True)
     (changed,) = effects_of(node.handle(HostObserved(snapshot([]), 0.0)), CdiSpecsChanged)
     assert changed.specs == ()
     node.handle(CdiSpecsWritten(()))

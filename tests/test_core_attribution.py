@@ -34,7 +34,6 @@ from dp_core import (
     HostObserved,
     Input,
     KubeletStarted,
-    Node,
     OptionsRequested,
     Publish,
     Register,
@@ -43,6 +42,7 @@ from dp_core import (
     Reject,
     Reply,
     SocketMode,
+    StandardNode,
     Tick,
     WatchStarted,
 )
@@ -70,7 +70,7 @@ class ModelKubelet:
     def __init__(self, generation: str, data: st.DataObject | None) -> None:
         self.generation = generation
         self.data = data
-        self.node = Node(gpu_config(), socket_mode=SocketMode.SINGLE)
+        self.node = StandardNode(gpu_config(), socket_mode=SocketMode.SINGLE)
         self.now = 0.0
         self.next_id = 0
         self.truth: dict[int, str] = {}  # connection -> the resource it belongs to

@@ -29,7 +29,6 @@ from dp_core import (
     Move,
     MovesChanged,
     MovesRecalled,
-    Node,
     PciAddress,
     PciDevice,
     PciHostDevice,
@@ -38,6 +37,7 @@ from dp_core import (
     RefreshAllocations,
     Reject,
     Reply,
+    StandardNode,
     UnbindDevice,
     UnbindingFinished,
     UsageError,
@@ -269,7 +269,7 @@ def test_inventory_without_a_plan_keeps_host_held_devices_out() -> None:
 
 
 # ---------------------------------------------------------------------------
-def gpu_beside_driverless_audio() -> tuple[Node, Kubelet, PciDevice]:
+def gpu_beside_driverless_audio() -> tuple[StandardNode, Kubelet, PciDevice]:
     """bindUnbound: a T4 on nouveau and its audio function on no driver, both
     to be moved; live, and PodResources has answered (binds may start)."""
     unbound_audio = pci("0000:d8:00.1", AUDIO, 216, driver=None, class_code=0x040300)
@@ -281,15 +281,15 @@ def gpu_beside_driverless_audio() -> tuple[Node, Kubelet, PciDevice]:
     return node, kubelet, unbound_audio
 
 
-def binding_node(config_: Config) -> Node:
-    """A Node that has heard from PodResources, so binds may start."""
-    node = Node(config_)
+def binding_node(config_: Config) -> StandardNode:
+    """A StandardNode that has heard from PodResources, so binds may start."""
+    node = StandardNode(config_)
     node.handle(KubeletStarted(0.0))
     node.handle(AllocationsObserved({}, 0.0))  # its checkpoint names nothing: trusted
     return node
 
 
-# The Node: BindDevice once, BindingFinished, failures until the config changes
+# The StandardNode: BindDevice once, BindingFinished, failures until the config changes
 
 
 def test_node_binds_once_and_reports_the_result() -> None:
@@ -681,7 +681,7 @@ def test_a_withdrawn_result_has_no_error(finished: type[BindingFinished]) -> Non
 
 def test_a_give_back_result_never_asked_for_is_a_caller_error() -> None:
     with pytest.raises(UsageError, match="no give-back of 0000:18:00.0 is in flight"):
-        Node(NIC_CONFIG).handle(UnbindingFinished(a("0000:18:00.0"), None, 1.0))
+        StandardNode(NIC_CONFIG).handle(UnbindingFinished(a("0000:18:00.0"), None, 1.0))
 
 
 def test_a_failed_bind_is_not_retried_until_the_config_changes() -> None:
@@ -712,7 +712,7 @@ def test_a_failed_device_that_leaves_and_returns_is_tried_again() -> None:
 
 def test_a_result_for_a_bind_never_asked_for_is_a_caller_error() -> None:
     with pytest.raises(UsageError, match="no bind of 0000:18:00.0 is in flight"):
-        Node(NIC_CONFIG).handle(BindingFinished(a("0000:18:00.0"), None, 1.0))
+        StandardNode(NIC_CONFIG).handle(BindingFinished(a("0000:18:00.0"), None, 1.0))
 
 
 # ---------------------------------------------------------------------------
@@ -925,7 +925,7 @@ def test_a_move_names_a_driver_a_config_could_name(driver: str) -> None:
 @pytest.mark.parametrize("first", ["allocations", "config"])
 def test_recalled_moves_wait_for_the_first_scan_whatever_comes_before_it(first: str) -> None:
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
-    node = Node(GPU_AND_AUDIO)
+    node = StandardNode(GPU_AND_AUDIO)
     node.handle(MovesRecalled((Move(gpu, "nouveau", 216),)))
     node.handle(KubeletStarted(0.4))
     if first == "allocations":

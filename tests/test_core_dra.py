@@ -14,12 +14,12 @@ from dp_core import (
     MdevDevice,
     MdevType,
     MediatedDevice,
-    Node,
     PciAddress,
     PciHostDevice,
     PciId,
     PermittedHostDevices,
     Reply,
+    StandardNode,
     UsageError,
 )
 from dp_core.config import Dra
@@ -89,8 +89,8 @@ def config(*, audio_frontend: str = "device-plugin", dra: bool = True) -> Config
     )
 
 
-def started(cfg: Config | None = None, **kwargs: object) -> tuple[Node, list[object]]:
-    node = Node(cfg or config(), node_name=NODE, **kwargs)  # type: ignore[arg-type]
+def started(cfg: Config | None = None, **kwargs: object) -> tuple[StandardNode, list[object]]:
+    node = StandardNode(cfg or config(), node_name=NODE, **kwargs)  # type: ignore[arg-type]
     effects: list[object] = list(node.handle(HostObserved(host(), 0.0)))
     effects += node.handle(KubeletStarted(0.0))
     effects += node.handle(AllocationsObserved({}, 0.0))  # a kubelet that had synced
@@ -102,17 +102,22 @@ CLAIM_B = ClaimRef("vms", "uid-b", "vm-b")
 
 
 def prepare(
-    node: Node, claim: ClaimRef, *devices: str, pool: str = NODE, call: int = 1, now: float = 1.0
+    node: StandardNode,
+    claim: ClaimRef,
+    *devices: str,
+    pool: str = NODE,
+    call: int = 1,
+    now: float = 1.0,
 ):
     results = [AllocatedDevice(f"req{i}", DRIVER, pool, name) for i, name in enumerate(devices)]
     return node.handle(ClaimPrepareRequested(call, claim, results, now))
 
 
-def unprepare(node: Node, claim: ClaimRef, call: int = 2, now: float = 2.0):
+def unprepare(node: StandardNode, claim: ClaimRef, call: int = 2, now: float = 2.0):
     return node.handle(ClaimUnprepareRequested(call, claim, now))
 
 
-def pool_names(node: Node) -> list[str]:
+def pool_names(node: StandardNode) -> list[str]:
     assert node.dra.pool is not None
     return [d.name for d in node.dra.pool.devices]
 
@@ -183,7 +188,7 @@ def test_attributes_of_a_pci_function_and_an_mdev() -> None:
 
 def test_a_vf_names_its_pf() -> None:
     vf = attrs.evolve(pci("0000:5e:01.0", NIC_PCI, 31), physfn=PciAddress.parse("0000:5e:00.0"))
-    node = Node(config(), node_name=NODE)
+    node = StandardNode(config(), node_name=NODE)
     node.handle(HostObserved(snapshot([vf]), 0.0))
     (device,) = node.dra.devices()
     assert dict(device.attributes)["pfPciBusID"] == "0000:5e:00.0"
@@ -230,7 +235,7 @@ def test_without_dra_there_is_no_pool() -> None:
         permitted_host_devices=PermittedHostDevices(pci_host_devices=(PciHostDevice(GPU),)),
         shared_devices=(),
     )
-    node = Node(cfg)
+    node = StandardNode(cfg)
     effects = node.handle(HostObserved(host(), 0.0))
     assert effects_of(effects, PoolChanged) == []
     assert node.dra.pool is None
@@ -350,7 +355,7 @@ def unhealthy_nic_host():
     )
 
 
-def features_node(partitionable: object = "auto", taints: object = "auto") -> Node:
+def features_node(partitionable: object = "auto", taints: object = "auto") -> StandardNode:
     cfg = attrs.evolve(
         config(audio_frontend="dra"),
         dra=Dra(DRIVER, partitionable_devices=partitionable, device_taints=taints),  # type: ignore[arg-type]
@@ -360,7 +365,7 @@ def features_node(partitionable: object = "auto", taints: object = "auto") -> No
     return node
 
 
-def pool_summary(node: Node) -> tuple[list[str], list[str], dict[str, list[str]]]:
+def pool_summary(node: StandardNode) -> tuple[list[str], list[str], dict[str, list[str]]]:
     """(device names but the NIC, counter sets, the NIC's taint keys or absent)."""
     pool = node.dra.pool
     assert pool is not None
@@ -651,7 +656,7 @@ def test_a_claim_on_a_group_with_a_counter_leaves_the_pool_as_it_is(taints: bool
 def test_a_group_held_through_the_device_plugin_is_marked_for_the_scheduler() -> None:
     """The scheduler cannot see a device-plugin allocation: the DRA members of a
     group it holds are tainted, though they consume the group's counter."""
-    node = Node(config(), node_name=NODE, dra_device_taints=True)
+    node = StandardNode(config(), node_name=NODE, dra_device_taints=True)
     # Group 20 gets a NIC beside its GPU (DRA) and audio (device plugin).
     third = pci("0000:af:00.2", NIC_PCI, 20, numa=1, class_code=0x020000)
     node.handle(HostObserved(snapshot([*host().pci_devices, third]), 0.0))
@@ -732,7 +737,7 @@ def test_a_restart_recalls_the_claims_and_an_unprepare_still_frees_the_group() -
     node, _ = started()
     prepare(node, CLAIM_A, "pci-0000-3b-00-0", f"mdev-{VGPU_UUID}")
     checkpoint = node.dra.prepared()
-    restarted = Node(config(), node_name=NODE)
+    restarted = StandardNode(config(), node_name=NODE)
     restarted.handle(ClaimsRecalled(checkpoint))
     effects = restarted.handle(HostObserved(host(), 0.0))
     held = {g: h.claim for g, h in restarted.ledger.held().items()}

@@ -19,11 +19,11 @@ from dp_core import (
     MdevDevice,
     MdevType,
     MediatedDevice,
-    Node,
     PciAddress,
     PciHostDevice,
     PermittedHostDevices,
     PublishHealth,
+    StandardNode,
     Tick,
     Timing,
     UsageError,
@@ -82,8 +82,8 @@ def config(*, gpus: bool = True) -> Config:
     )
 
 
-def started() -> Node:
-    node = Node(config(), node_name=NODE, timing=Timing(health_resend=RESEND))
+def started() -> StandardNode:
+    node = StandardNode(config(), node_name=NODE, timing=Timing(health_resend=RESEND))
     node.handle(HostObserved(host(), 0.0))
     node.handle(KubeletStarted(0.0))
     node.handle(AllocationsObserved({}, 0.0))  # the kubelet has synced: no PodResources polls due
@@ -228,7 +228,7 @@ def test_a_change_is_logged_once_and_the_reason_is_the_message() -> None:
     ] == [("info", {"device": GPU_B, "health": "Healthy", "reason": ""})]
 
 
-def prepare(node: Node, *devices: str, now: float = 2.0) -> list[Effect]:
+def prepare(node: StandardNode, *devices: str, now: float = 2.0) -> list[Effect]:
     results = [AllocatedDevice(f"req{i}", DRIVER, NODE, name) for i, name in enumerate(devices)]
     return node.handle(ClaimPrepareRequested(1, CLAIM, results, now))
 
@@ -298,7 +298,7 @@ def test_caller_errors() -> None:
 
 def test_without_dra_no_health_is_worked_out() -> None:
     plain = PermittedHostDevices(pci_host_devices=(PciHostDevice(AUDIO, "nvidia.com/audio"),))
-    node = Node(Config(permitted_host_devices=plain, dra=None), node_name=NODE)
+    node = StandardNode(Config(permitted_host_devices=plain, dra=None), node_name=NODE)
     node.handle(HostObserved(host(), 0.0))
     assert node.dra.health.devices == ()
     assert effects_of(node.handle(HealthWatchStarted(1, 1.0)), PublishHealth)[0].devices == ()

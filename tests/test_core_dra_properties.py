@@ -2,7 +2,7 @@
 
 Random interleavings of DRA prepare and unprepare, device-plugin Allocates,
 PodResources answers that release pods, health changes (a group's node gone
-and back) and restarts (a new Node given the checkpoint and what pods hold)
+and back) and restarts (a new StandardNode given the checkpoint and what pods hold)
 over generated hosts. Invariants: no IOMMU group is ever held by two holders,
 every prepared claim holds its groups, a restart rebuilds the same ledger, and
 the pool never offers, unmarked, a device the scheduler could give a second
@@ -23,10 +23,10 @@ from dp_core import (
     HostSnapshot,
     KubeletStarted,
     MediatedDevice,
-    Node,
     PciHostDevice,
     PermittedHostDevices,
     Reply,
+    StandardNode,
 )
 from dp_core.config import Dra
 from dp_core.dra.claims import ClaimRef
@@ -68,7 +68,7 @@ def split_configs(draw: st.DrawFn) -> Config:
     return Config(PermittedHostDevices(pci_entries, mdevs), shared_devices=(), dra=Dra(DRIVER))
 
 
-def ledger(node: Node) -> dict[int, tuple[str, str]]:
+def ledger(node: StandardNode) -> dict[int, tuple[str, str]]:
     """Group -> who holds it: ("claim", UID) or ("pod", resource)."""
     found = {}
     for group, holder in node.ledger.held().items():
@@ -77,7 +77,7 @@ def ledger(node: Node) -> dict[int, tuple[str, str]]:
     return found
 
 
-def check_one_holder_per_group(node: Node) -> None:
+def check_one_holder_per_group(node: StandardNode) -> None:
     reserved = node.ledger.held()
     holders = [*node.device_plugin.allocations.all(), *node.dra.holds()]
     seen: dict[int, object] = {}
@@ -91,7 +91,7 @@ def check_one_holder_per_group(node: Node) -> None:
     assert {h.claim.uid for h in node.dra.holds()} == set(prepared)
 
 
-def check_the_pool_never_offers_a_split(node: Node) -> None:
+def check_the_pool_never_offers_a_split(node: StandardNode) -> None:
     """Each device the pool offers without a NoSchedule taint can be allocated
     without splitting a held group, as the scheduler sees it: its group is
     free, or held through it, or held by a claim through a member that
@@ -120,7 +120,7 @@ def check_the_pool_never_offers_a_split(node: Node) -> None:
         assert sets & consumed, f"{device.name}: group {group} held by a claim, unmarked"
 
 
-def check_the_pool_is_as_worked_out_afresh(node: Node) -> None:
+def check_the_pool_is_as_worked_out_afresh(node: StandardNode) -> None:
     """The front end works the pool out again only for groups whose holder
     changed; it must be what the whole pool worked out from scratch is."""
     if node.dra.pool is None:
@@ -143,7 +143,7 @@ class World:
         self.start(recall=False)
 
     def start(self, *, recall: bool) -> None:
-        self.node = Node(self.config, node_name=NODE, dra_partitionable=self.partitionable)
+        self.node = StandardNode(self.config, node_name=NODE, dra_partitionable=self.partitionable)
         if recall:
             self.node.handle(ClaimsRecalled(self.checkpoint))  # type: ignore[arg-type]
         effects = self.node.handle(HostObserved(self.host, self.now))

@@ -24,11 +24,11 @@ from dp_core import (
     KubeletCheckpointObserved,
     KubeletStarted,
     Log,
-    Node,
     Publish,
     RefreshAllocations,
     Reject,
     Reply,
+    StandardNode,
     StatusCode,
     SyncPhase,
     Tick,
@@ -55,11 +55,13 @@ def checkpoint(*devices: str, pod: str = POD) -> KubeletCheckpoint:
     return KubeletCheckpoint((CheckpointEntry(pod, "compute", QAT_RESOURCE, devices),))
 
 
-def health(node: Node) -> dict[str, bool]:
+def health(node: StandardNode) -> dict[str, bool]:
     return {device.id: device.healthy for device in node.device_plugin.advertised(QAT_RESOURCE)}
 
 
-def young_node(cp: KubeletCheckpoint, now: float = 0.0) -> tuple[Node, Kubelet, list[object]]:
+def young_node(
+    cp: KubeletCheckpoint, now: float = 0.0
+) -> tuple[StandardNode, Kubelet, list[object]]:
     """dp up, its resources registered, and a kubelet that has just started with `cp`."""
     node, kubelet = live_node(qat_config(shared_devices=()), shared_group_host(), timing=TIMING)
     effects = node.handle(KubeletStarted(now, cp))
@@ -267,7 +269,7 @@ def test_a_kubelet_restart_starts_over() -> None:
 
 
 def test_binds_wait_until_the_answer_can_be_trusted() -> None:
-    node = Node(qat_config(shared_devices=()))
+    node = StandardNode(qat_config(shared_devices=()))
     node.handle(HostObserved(shared_group_host(), 0.0))
     assert not node.device_plugin.sync.rules.binds
     # Before kubelet.sock, an answer lets binds start (dp started before the
@@ -349,9 +351,9 @@ class World:
         self.uids = (f"pod-{n}" for n in itertools.count())
         self.node, self.driver = self._dp()
 
-    def _dp(self) -> tuple[Node, Kubelet]:
+    def _dp(self) -> tuple[StandardNode, Kubelet]:
         """A dp process starting: it registers once it sees kubelet.sock (`start_kubelet`)."""
-        node = Node(qat_config(shared_devices=()), timing=TIMING)
+        node = StandardNode(qat_config(shared_devices=()), timing=TIMING)
         node.handle(HostObserved(shared_group_host(), self.now))
         return node, Kubelet(node, self.now)
 
@@ -447,7 +449,7 @@ def test_no_group_is_ever_split_whatever_the_order_of_starts_and_answers(
 def test_metrics_show_the_sync_phase_and_the_groups_held_for_unlisted_pods() -> None:
     from dp_core import collect
 
-    def gauges(node: Node) -> dict[str, object]:
+    def gauges(node: StandardNode) -> dict[str, object]:
         families = {family.name: family for family in collect(node)}
         phase = families["dp_kubelet_sync_phase"]
         (held,) = families["dp_iommu_groups_held_for_unlisted_pods"].samples

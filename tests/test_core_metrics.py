@@ -16,7 +16,6 @@ from dp_core import (
     HostSnapshot,
     KubeletStarted,
     MetricFamily,
-    Node,
     OptionsRequested,
     PciAddress,
     PciHostDevice,
@@ -24,6 +23,7 @@ from dp_core import (
     PermittedHostDevices,
     RegistrationFailed,
     Sample,
+    StandardNode,
     UnbindingFinished,
     WatchStarted,
     collect,
@@ -47,7 +47,7 @@ from core_builders import (
 )
 
 
-def values(node: Node) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def values(node: StandardNode) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (family.name, sample.labels): sample.value
         for family in collect(node)
@@ -148,7 +148,7 @@ def test_binds_in_flight_failed_and_done_are_reported() -> None:
         shared_devices=(),
         binding=Binding(("i40e",)),
     )
-    node = Node(config)
+    node = StandardNode(config)
     node.handle(KubeletStarted(0.0))
     node.handle(AllocationsObserved({}, 0.0))  # PodResources answered: binds may start
     node.handle(HostObserved(nics("i40e", "i40e"), 1.0))
@@ -173,7 +173,7 @@ def test_functions_being_given_back_are_reported() -> None:
         binding=Binding(("i40e",)),
     )
     devices = [pci(f"0000:18:00.{n}", NIC, 18, driver="i40e", class_code=0x020000) for n in (0, 1)]
-    node = Node(config)
+    node = StandardNode(config)
     node.handle(KubeletStarted(0.0))
     node.handle(AllocationsObserved({}, 0.0))
     node.handle(

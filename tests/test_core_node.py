@@ -1,4 +1,4 @@
-"""The Node as a whole: streams, publishing, health reports and its contract."""
+"""The StandardNode as a whole: streams, publishing, health reports and its contract."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from dp_core import (
     HealthChanged,
     HostObserved,
     Log,
-    Node,
     OptionsRequested,
     PluginOptions,
     PreferredAllocationRequested,
@@ -22,6 +21,7 @@ from dp_core import (
     Publish,
     Reject,
     Reply,
+    StandardNode,
     StatusCode,
     Tick,
     UsageError,
@@ -124,7 +124,7 @@ def test_many_devices_turning_unhealthy_for_one_reason_are_one_log_line() -> Non
     from dp_core import Config, SharedDevice
 
     vhost = SharedDevice("devices.kubevirt.io/vhost-net", "/dev/vhost-net")
-    node = Node(Config(shared_devices=(vhost,)))
+    node = StandardNode(Config(shared_devices=(vhost,)))
     present = attrs.evolve(two_gpus_and_vfs(), dev_nodes={"/dev/vhost-net"})
     node.handle(HostObserved(present, 0.0))
     effects = node.handle(HostObserved(attrs.evolve(present, dev_nodes=set()), 1.0))
@@ -328,7 +328,7 @@ def test_unknown_input_is_a_usage_error() -> None:
 
 
 def test_a_node_before_any_scan_advertises_only_what_config_allows() -> None:
-    node = Node(gpu_config(shared_devices=()))
+    node = StandardNode(gpu_config(shared_devices=()))
     assert node.device_plugin.resource_names() == ()
     assert node.next_deadline() is None
     effects = node.handle(HostObserved(two_gpus_and_vfs(), 0.0))

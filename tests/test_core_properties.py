@@ -29,7 +29,6 @@ from dp_core import (
     Input,
     KubeletStarted,
     MediatedDevice,
-    Node,
     PciAddress,
     PciHostDevice,
     PermittedHostDevices,
@@ -40,12 +39,13 @@ from dp_core import (
     Reply,
     SharedDevice,
     SocketMode,
+    StandardNode,
     Vfio,
     WatchStarted,
     build_inventory,
 )
 from dp_core.config.names import resource_name_error
-from dp_core.tally import RPC_METHODS
+from dp_core.deviceplugin.tally import RPC_METHODS
 
 from core_builders import (
     PCI_NAMES,
@@ -141,12 +141,12 @@ def test_every_selectable_device_is_advertised_or_skipped(
 def test_same_inputs_give_same_effects(
     host: HostSnapshot, config: Config, mode: SocketMode, data: st.DataObject
 ) -> None:
-    first = Node(config, socket_mode=mode, pci_names=PCI_NAMES)
+    first = StandardNode(config, socket_mode=mode, pci_names=PCI_NAMES)
     kubelet = RandomKubelet(first, host, data)
     recorded: list[list[Effect]] = [effects for _, effects in kubelet.start()]
     for _ in range(data.draw(st.integers(0, 40))):
         recorded += [effects for _, effects in kubelet.step()]
-    second = Node(config, socket_mode=mode, pci_names=PCI_NAMES)
+    second = StandardNode(config, socket_mode=mode, pci_names=PCI_NAMES)
     replayed = [second.handle(event) for event in kubelet.inputs]
     assert replayed == recorded
     assert second.next_deadline() == first.next_deadline()
@@ -160,7 +160,7 @@ def test_same_inputs_give_same_effects(
 class Invariants:
     """Checks that hold after every input, and across the inputs seen so far."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: StandardNode) -> None:
         self.node = node
         self.bound: dict[int, str] = {}  # connection -> resource, since the last restart
         self.calls: Counter[tuple[str, bool]] = Counter()  # (method, answered) -> count
@@ -207,7 +207,7 @@ class Invariants:
 
     def tally_agrees(self) -> None:
         """After a batch of inputs: the tally matches the count kept here, and only grew."""
-        tally = self.node.tally
+        tally = self.node.device_plugin.tally
         by_method: Counter[tuple[str, bool]] = Counter()
         for (method, resource, code), count in tally.rpcs.items():
             by_method[method, code == "OK"] += count
@@ -297,7 +297,7 @@ class Invariants:
 def run_invariants(
     host: HostSnapshot, config: Config, mode: SocketMode, data: st.DataObject, containers: int
 ) -> RandomKubelet:
-    node = Node(config, socket_mode=mode, pci_names=PCI_NAMES)
+    node = StandardNode(config, socket_mode=mode, pci_names=PCI_NAMES)
     kubelet = RandomKubelet(node, host, data, containers=containers)
     invariants = Invariants(node)
     for event, effects in kubelet.start():

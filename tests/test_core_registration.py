@@ -23,7 +23,6 @@ from dp_core import (
     KubeletStarted,
     KubeletStopped,
     Log,
-    Node,
     OptionsRequested,
     Phase,
     PluginOptions,
@@ -36,6 +35,7 @@ from dp_core import (
     Reply,
     SharedDevice,
     SocketMode,
+    StandardNode,
     StatusCode,
     Tick,
     Timing,
@@ -361,7 +361,7 @@ def test_backoff_delays(failures: int, delay: float) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Through Node: inputs -> effects
+# Through StandardNode: inputs -> effects
 
 A, B = VF_RESOURCE, GPU_RESOURCE  # "intel.com/qat_vf" sorts first
 
@@ -371,7 +371,7 @@ def registers(effects: list[object]) -> list[tuple[str, int]]:
 
 
 def test_node_registers_nothing_until_the_kubelet_is_there() -> None:
-    node = Node(gpu_config(shared_devices=()))
+    node = StandardNode(gpu_config(shared_devices=()))
     effects = node.handle(HostObserved(two_gpus_and_vfs(), 0.0))
     effects += node.handle(Tick(1.0))
     assert effects_of(effects, Register) == []
@@ -559,7 +559,7 @@ def test_a_stale_unbound_attempt_holds_the_socket_until_it_ends() -> None:
     assert node.device_plugin.registrar.phases()[A] is Phase.REGISTERING
 
 
-def make_live(node: Node, resource: str, attempt: int, connection: int, now: float) -> None:
+def make_live(node: StandardNode, resource: str, attempt: int, connection: int, now: float) -> None:
     node.handle(ConnectionOpened(connection, now))
     node.handle(OptionsRequested(connection, connection, now))
     node.handle(RegistrationSucceeded(resource, attempt, now))
@@ -678,7 +678,7 @@ def test_per_resource_connection_binds_on_accept() -> None:
     assert node.device_plugin.registrar.phases() == {A: Phase.REGISTERING, B: Phase.LIVE}
 
 
-def registered_through_options() -> Node:
+def registered_through_options() -> StandardNode:
     """A and B registered on connections 1 and 2, each opened with the options
     call inside its Register: a kubelet from 1.25 on."""
     node, _ = started_node()
@@ -879,7 +879,7 @@ def test_a_name_limit_shorter_than_any_name_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="at least 16"):
         endpoint_name("dp", "nvidia.com/T4", 15)
     with pytest.raises(UsageError, match="at least 16"):
-        Node(Config(), endpoint_max_length=15)
+        StandardNode(Config(), endpoint_max_length=15)
 
 
 def test_new_resource_registers_when_it_appears() -> None:

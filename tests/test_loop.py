@@ -18,11 +18,11 @@ from dp_core import (
     HostObserved,
     HostSnapshot,
     Log,
-    Node,
     OptionsRequested,
     Reject,
     Reply,
     SharedDevice,
+    StandardNode,
     Tick,
 )
 from dp_core.config import Dra
@@ -59,7 +59,7 @@ async def test_every_effect_of_the_core_has_exactly_one_handler(short_dir: Path)
 
 
 def _loop(record: typing.Callable[[object], None]) -> Loop:
-    loop = Loop(Node(Config(shared_devices=(KVM,))), clock=lambda: 1.0)
+    loop = Loop(StandardNode(Config(shared_devices=(KVM,))), clock=lambda: 1.0)
     for kind in typing.get_args(Effect):
         if kind not in (Reply, Reject):
             loop.on(kind, record)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dp_core import Phase
-from dp_core.tally import OK, RPC_METHODS
+from dp_core.deviceplugin.tally import OK, RPC_METHODS
 from dp_server.monitoring.probes import runtime_families
 
 from core_builders import live_node

@@ -7,31 +7,36 @@ last published, the answers to the kubelet's calls (`calls`), its holds on
 the ledger (`AllocationBook`), whether PodResources can be trusted yet
 (`KubeletSync`), and, with `cdi`, a CDI spec per resource (`CdiKeeper`).
 The node routes its inputs to it (`handlers`) and tells it of every change
-of the world and of the ledger, whoever made it.
+of the world and of the ledger, whoever made it; what its own handlers change
+in the ledger they return (`Outcome.held`), and the node tells every front
+end once they have returned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from ..cdi.resources import CdiKeeper
-from ..cdi.spec import CdiSpecsWritten
+from ..cdi.spec import CdiSpecsChanged, CdiSpecsWritten
 from ..config.config import DEVICE_PLUGIN, FrontendName
 from ..errors import StatusCode, UsageError
-from ..frontend import Coordinator, Effects, Handler, World
+from ..frontend import Handler, Outcome, World
 from ..inventory.advertised import AdvertisedDevice
 from ..inventory.build import shared_groups
 from ..inventory.resources import Inventory, Resource
 from ..ledger import Holder, Ledger
 from ..log import Log
+from ..metric import MetricFamily
 from ..timing import Timing
 from . import calls
 from .allocations import AllocationBook, as_advertised
 from .answers import Answer, PluginOptions, PreStartAnswer
 from .effects import (
     AttributeConnection,
+    DevicePluginEffect,
     EndStream,
     Publish,
     RefreshAllocations,
@@ -39,7 +44,7 @@ from .effects import (
     Reject,
     Reply,
 )
-from .endpoints import check_endpoint_room, endpoint_name
+from .endpoints import NAME_MAX, check_endpoint_room, endpoint_name
 from .health import health_changes
 from .inputs import (
     AllocateRequested,
@@ -57,10 +62,17 @@ from .inputs import (
     WatchEnded,
     WatchStarted,
 )
+from .metrics import families
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
+from .tally import RpcTally
 
-__all__ = ["DevicePluginFrontend"]
+__all__ = ["DevicePluginFrontend", "DevicePluginEffects"]
+
+#: What the device-plugin front end asks of the shell.
+DevicePluginEffects = DevicePluginEffect | CdiSpecsChanged | Log
+Effects = list[DevicePluginEffects]
+Done = Outcome[DevicePluginEffects]
 
 _BINDS_WAIT = (
     "moves to vfio-pci wait until the kubelet's PodResources API can be trusted to say "
@@ -73,17 +85,18 @@ class DevicePluginFrontend:
 
     def __init__(
         self,
-        coordinator: Coordinator,
         ledger: Ledger,
-        timing: Timing,
+        timing: Timing | None = None,
         *,
-        socket_mode: SocketMode,
-        endpoint_prefix: str,
-        endpoint_max_length: int,
-        cdi: bool,
+        socket_mode: SocketMode = SocketMode.SINGLE,
+        endpoint_prefix: str = "dp",
+        endpoint_max_length: int = NAME_MAX,
+        cdi: bool = False,
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
-        self._coordinator = coordinator
+        timing = timing or Timing()
+        self._inventory = Inventory()  # its part of the world's inventory, as last told
+        self._now = 0.0  # the node's clock at the step being handled
         self._held: Mapping[int, Holder] = ledger.held()
         self.socket_mode = socket_mode
         self.endpoint_prefix = endpoint_prefix
@@ -109,6 +122,7 @@ class DevicePluginFrontend:
         )
         # With `cdi`, a CDI spec per resource (`cdi.resources`).
         self.cdi = CdiKeeper() if cdi else None
+        self.tally = RpcTally()
         self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
         self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
         self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
@@ -129,8 +143,8 @@ class DevicePluginFrontend:
     def holders_known(self) -> bool:
         return self.sync.rules.binds
 
-    def handlers(self) -> Mapping[type, Handler]:
-        return {
+    def handlers(self) -> Mapping[type, Handler[DevicePluginEffects]]:
+        steps: dict[type, Callable[[Any], Done]] = {
             KubeletStarted: self._kubelet_started,
             KubeletCheckpointObserved: self._kubelet_checkpoint_observed,
             KubeletStopped: self._kubelet_stopped,
@@ -147,10 +161,19 @@ class DevicePluginFrontend:
             AllocationsObserved: self._allocations_observed,
             CdiSpecsWritten: self._cdi_written,
         }
+        return {kind: self._clocked(step) for kind, step in steps.items()}
 
-    def world_changed(self, world: World) -> Effects:
+    def _clocked(self, step: Callable[[Any], Done]) -> Handler[DevicePluginEffects]:
+        def handle(event: Any, now: float) -> Done:
+            self._now = now
+            return step(event)
+
+        return handle
+
+    def world_changed(self, world: World) -> Done:
         """Take its resources from the inventory again (after a scan, a config, a move)."""
-        inventory = world.inventory.offered_by(DEVICE_PLUGIN)
+        self._now = world.now
+        inventory = self._inventory = world.inventory.offered_by(DEVICE_PLUGIN)
         self._by_name = {r.name: r for r in inventory.resources}
         self._inventory_ids = {r.name: {d.id: d for d in r.devices} for r in inventory.resources}
         effects = self._refresh()
@@ -166,9 +189,10 @@ class DevicePluginFrontend:
             if device.iommu_group is not None
         }
         self._group_members = shared_groups(inventory.resources, also=elsewhere)
-        if self.sync.rules.holds_unlisted:  # which devices share a group may have changed
-            effects.extend(self._settle_sync())
-        return effects
+        if not self.sync.rules.holds_unlisted:
+            return Outcome(tuple(effects))
+        settled = self._settle_sync()  # which devices share a group may have changed
+        return Outcome((*effects, *settled.effects), settled.held)
 
     def holders_changed(self, groups: Collection[int]) -> Effects:
         return self._refresh_groups(groups)
@@ -181,13 +205,20 @@ class DevicePluginFrontend:
         return effects
 
     def due(self, now: float) -> Effects:
-        effects: Effects = self.sync.poll_due(now)
+        effects: Effects = [*self.sync.poll_due(now)]
         effects.extend(self._start_due_registrations(now))
         return effects
 
     def next_deadline(self) -> float | None:
         deadlines = (self.registrar.next_deadline(), self.sync.next_poll)
         return min((d for d in deadlines if d is not None), default=None)
+
+    def observe(self, event: object, effects: Sequence[object]) -> None:
+        # By now the node's answer has attributed the connection, when it could be.
+        self.tally.observe(event, effects, self.registrar.owner)
+
+    def metrics(self) -> Sequence[MetricFamily]:
+        return families(self)
 
     # -- what it exposes ---------------------------------------------------------
 
@@ -197,6 +228,11 @@ class DevicePluginFrontend:
         it changes (`KubeletCheckpointObserved`): while the kubelet syncs and
         something it wrote could matter (`KubeletSync.wants_checkpoint`)."""
         return self.sync.wants_checkpoint
+
+    @property
+    def offered(self) -> Inventory:
+        """Its part of the inventory, as the node last told it (before reservations)."""
+        return self._inventory
 
     def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
         """The device list (health included) last published for `resource`."""
@@ -210,7 +246,7 @@ class DevicePluginFrontend:
 
     def describe(self) -> Inventory:
         """Its part of the inventory with reservations applied, as last published."""
-        inventory = self._coordinator.inventory.offered_by(DEVICE_PLUGIN)
+        inventory = self._inventory
         return Inventory(
             tuple(
                 attrs.evolve(r, devices=self._published.get(r.name, r.devices))
@@ -221,10 +257,10 @@ class DevicePluginFrontend:
 
     # -- what it publishes ---------------------------------------------------------
 
-    def _settle_sync(self) -> Effects:
+    def _settle_sync(self) -> Done:
         """Hold and free the groups the kubelet's sync leaves in doubt (`KubeletSync.settle`)."""
-        settled = self.sync.settle(self._coordinator.now)
-        return list(settled.effects) + self._coordinator.holders_changed(settled.touched)
+        settled = self.sync.settle(self._now)
+        return Outcome(tuple(settled.effects), settled.touched)
 
     def _effective(
         self, resource: Resource, reserved: Mapping[int, Holder]
@@ -265,7 +301,7 @@ class DevicePluginFrontend:
             # empty list: the kubelet has no way to unregister one.
             for name in self._published:
                 current.setdefault(name, ())
-            added = self.registrar.track(sorted(current), self._coordinator.now)
+            added = self.registrar.track(sorted(current), self._now)
             for name in added:
                 effects.append(Log.info("resource-discovered", resource=name))
         for name, devices in sorted(current.items()):
@@ -315,7 +351,7 @@ class DevicePluginFrontend:
             )
         return effects
 
-    def _kubelet_started(self, event: KubeletStarted) -> Effects:
+    def _kubelet_started(self, event: KubeletStarted) -> Done:
         self.registrar.kubelet_started(event.now)
         self.sync.started(event.checkpoint, event.now)
         effects: Effects = [
@@ -328,65 +364,72 @@ class DevicePluginFrontend:
             # after them): their groups are reserved once PodResources says so.
             RefreshAllocations("the kubelet started: which pods hold devices"),
         ]
-        return effects + self._settle_sync()
+        settled = self._settle_sync()
+        return Outcome((*effects, *settled.effects), settled.held)
 
-    def _kubelet_checkpoint_observed(self, event: KubeletCheckpointObserved) -> Effects:
+    def _kubelet_checkpoint_observed(self, event: KubeletCheckpointObserved) -> Done:
         self.sync.read(event.checkpoint)
         return self._settle_sync()
 
-    def _kubelet_stopped(self, event: KubeletStopped) -> Effects:
+    def _kubelet_stopped(self, event: KubeletStopped) -> Done:
         self.registrar.kubelet_stopped()
-        return [Log.warning("kubelet-stopped")]
+        return Outcome((Log.warning("kubelet-stopped"),))
 
-    def _registration_succeeded(self, event: RegistrationSucceeded) -> Effects:
+    def _registration_succeeded(self, event: RegistrationSucceeded) -> Done:
         if not self.registrar.succeeded(event.resource, event.attempt, event.now):
-            return []
+            return Outcome()
         phase = self.registrar.get(event.resource).phase
-        return [Log.info("registered", resource=event.resource, phase=phase.value)]
+        return Outcome((Log.info("registered", resource=event.resource, phase=phase.value),))
 
-    def _registration_failed(self, event: RegistrationFailed) -> Effects:
+    def _registration_failed(self, event: RegistrationFailed) -> Done:
         if not self.registrar.failed(
             event.resource, event.attempt, event.now, unanswered=event.unanswered
         ):
-            return []
+            return Outcome()
         reg = self.registrar.get(event.resource)
-        return [
-            Log.warning(
-                "registration-failed",
-                resource=event.resource,
-                reason=event.reason,
-                retry_in=round(max(reg.next_attempt_at, self.registrar.quiet_until) - event.now, 3),
-            )
-        ]
+        return Outcome.of(
+            [
+                Log.warning(
+                    "registration-failed",
+                    resource=event.resource,
+                    reason=event.reason,
+                    retry_in=round(
+                        max(reg.next_attempt_at, self.registrar.quiet_until) - event.now, 3
+                    ),
+                )
+            ]
+        )
 
-    def _connection_opened(self, event: ConnectionOpened) -> Effects:
+    def _connection_opened(self, event: ConnectionOpened) -> Done:
         if event.listener is not None and event.listener not in self._published:
             raise UsageError(f"connection on a socket for unknown resource {event.listener!r}")
         self.registrar.opened(event.connection, event.listener, event.now)
         if event.listener is None:
-            return []
-        return [AttributeConnection(event.connection, event.listener)]
+            return Outcome()
+        return Outcome((AttributeConnection(event.connection, event.listener),))
 
-    def _connection_closed(self, event: ConnectionClosed) -> Effects:
+    def _connection_closed(self, event: ConnectionClosed) -> Done:
         for stream, (connection, _) in list(self._streams.items()):
             if connection == event.connection:
                 del self._streams[stream]
         lost = self.registrar.closed(event.connection, event.now)
         if lost is None:
-            return []
+            return Outcome()
         reg = self.registrar.get(lost)
-        return [
-            Log.warning(
-                "connection-lost",
-                resource=lost,
-                reregister_in=round(reg.next_attempt_at - event.now, 3),
-            )
-        ]
+        return Outcome.of(
+            [
+                Log.warning(
+                    "connection-lost",
+                    resource=lost,
+                    reregister_in=round(reg.next_attempt_at - event.now, 3),
+                )
+            ]
+        )
 
     def _resource_for(self, connection: int, rpc: str) -> tuple[str, Effects]:
         """The resource an RPC on `connection` serves, or a calls.Rejection."""
         registrar = self.registrar
-        now = self._coordinator.now
+        now = self._now
         known = registrar.owner(connection) is not None
         resource = registrar.attribute(connection, now, rpc=rpc)
         if resource is not None:
@@ -412,43 +455,48 @@ class DevicePluginFrontend:
         effects.append(Reply(call, answer))
         return effects
 
+    def _answered(
+        self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
+    ) -> Done:
+        return Outcome(tuple(self._answer(rpc, call, connection, work)))
+
     def _rejected(self, rpc: str, connection: int, rejection: calls.Rejection) -> Log:
         owner = self.registrar.owner(connection) or ""
         status, reason = rejection.status.name, rejection.message
         return Log.warning("rejected", rpc=rpc, resource=owner, status=status, reason=reason)
 
-    def _options_requested(self, event: OptionsRequested) -> Effects:
-        return self._answer(
+    def _options_requested(self, event: OptionsRequested) -> Done:
+        return self._answered(
             "GetDevicePluginOptions", event.call, event.connection, self._options_for
         )
 
-    def _watch_started(self, event: WatchStarted) -> Effects:
+    def _watch_started(self, event: WatchStarted) -> Done:
         try:
             resource, effects = self._resource_for(event.connection, "ListAndWatch")
         except calls.Rejection as rejection:
             end = EndStream(event.stream, rejection.message)
-            return [end, self._rejected("ListAndWatch", event.connection, rejection)]
+            return Outcome((end, self._rejected("ListAndWatch", event.connection, rejection)))
         self._streams[event.stream] = (event.connection, resource)
         effects.append(Publish(event.stream, resource, self._published.get(resource, ())))
-        return effects
+        return Outcome(tuple(effects))
 
-    def _watch_ended(self, event: WatchEnded) -> Effects:
+    def _watch_ended(self, event: WatchEnded) -> Done:
         self._streams.pop(event.stream, None)
-        return []
+        return Outcome()
 
     # -- allocation -------------------------------------------------------------
 
     def _lookup(self, resource: str, device_ids: Sequence[str]) -> list[AdvertisedDevice]:
         return calls.lookup(self._published_ids.get(resource, {}), resource, device_ids)
 
-    def _preferred_requested(self, event: PreferredAllocationRequested) -> Effects:
+    def _preferred_requested(self, event: PreferredAllocationRequested) -> Done:
         def work(resource: str) -> Answer:
             published = self._published_ids.get(resource, {})
             return calls.preferred(published, resource, event.containers)
 
-        return self._answer("GetPreferredAllocation", event.call, event.connection, work)
+        return self._answered("GetPreferredAllocation", event.call, event.connection, work)
 
-    def _allocate_requested(self, event: AllocateRequested) -> Effects:
+    def _allocate_requested(self, event: AllocateRequested) -> Done:
         logs: list[calls.Effect] = []
         touched: set[int] = set()
 
@@ -470,28 +518,26 @@ class DevicePluginFrontend:
 
         effects = self._answer("Allocate", event.call, event.connection, work)
         effects.extend(logs)
-        if any(isinstance(e, Reply) for e in effects):
-            effects.extend(self._coordinator.holders_changed(touched))
-        return effects
+        return Outcome(tuple(effects), touched)
 
-    def _prestart_requested(self, event: PreStartRequested) -> Effects:
+    def _prestart_requested(self, event: PreStartRequested) -> Done:
         def work(resource: str) -> Answer:
             self._lookup(resource, event.device_ids)
             return PreStartAnswer()
 
-        return self._answer("PreStartContainer", event.call, event.connection, work)
+        return self._answered("PreStartContainer", event.call, event.connection, work)
 
-    def _allocations_observed(self, event: AllocationsObserved) -> Effects:
+    def _allocations_observed(self, event: AllocationsObserved) -> Done:
         binds_before = self.sync.rules.binds
         answered = self.sync.answered(event.held, event.now)
-        effects = list(answered.effects) + self._coordinator.holders_changed(answered.touched)
         first = self.sync.rules.binds and not binds_before
-        if answered.released or first:
+        return Outcome(
+            (*answered.effects, *self._nudge()),
+            answered.touched,
             # Binds waiting for a trusted answer, and binds and give-backs put
             # off while an allocation held the group, can go now.
-            effects += self._coordinator.replan()
-        effects.extend(self._nudge())
-        return effects
+            released=bool(answered.released) or first,
+        )
 
     def _nudge(self) -> Effects:
         """While a device the kubelet's checkpoint names is neither listed nor
@@ -505,7 +551,7 @@ class DevicePluginFrontend:
             return [Publish(stream, name, self._published.get(name, ()))]
         return []
 
-    def _cdi_written(self, event: CdiSpecsWritten) -> Effects:
+    def _cdi_written(self, event: CdiSpecsWritten) -> Done:
         if self.cdi is None:
             raise UsageError("CdiSpecsWritten for a node made without cdi=True")
-        return list(self.cdi.written(event))
+        return Outcome(tuple(self.cdi.written(event)))

@@ -30,19 +30,21 @@ for the shell's mistakes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from ..config.config import DRA, Dra, FrontendName
 from ..errors import UsageError
-from ..frontend import Coordinator, Effects, Handler, World
+from ..frontend import Handler, Outcome, World
 from ..host.snapshot import HostSnapshot
 from ..inventory.advertised import AdvertisedDevice
 from ..inventory.edits import ContainerAllocation, DeviceSpec, container_allocation
 from ..inventory.resources import Inventory, Resource
 from ..ledger import Ledger
 from ..log import Log
+from ..metric import MetricFamily, family
 from .claims import ClaimHold, ClaimRef
 from .effects import (
     ClaimAnswered,
@@ -50,6 +52,7 @@ from .effects import (
     ClaimRefused,
     ClaimsChanged,
     ClaimUnprepared,
+    DraEffect,
     PoolChanged,
 )
 from .features import Features
@@ -69,7 +72,12 @@ from .prepared import ClaimDevice, PreparedClaim
 from .slices import PoolContent
 from .watch import HealthWatch, device_health
 
-__all__ = ["DraFrontend"]
+__all__ = ["DraEffects", "DraFrontend"]
+
+#: What the DRA front end asks of the shell.
+DraEffects = DraEffect | Log
+Effects = list[DraEffects]
+Done = Outcome[DraEffects]
 
 
 class _Refusal(Exception):
@@ -101,15 +109,14 @@ class DraFrontend:
 
     def __init__(
         self,
-        coordinator: Coordinator,
         ledger: Ledger,
-        node_name: str,
+        node_name: str = "",
         *,
         partitionable: bool = True,
         device_taints: bool = True,
         health_resend: float = 10.0,
     ) -> None:
-        self._coordinator = coordinator
+        self._now = 0.0  # the node's clock at the step being handled
         self._ledger = ledger
         self.node_name = node_name
         self.features = Features(partitionable, device_taints)
@@ -136,8 +143,8 @@ class DraFrontend:
     def holders_known(self) -> bool:
         return True  # its holds are its prepared claims, recalled before it serves
 
-    def handlers(self) -> Mapping[type, Handler]:
-        return {
+    def handlers(self) -> Mapping[type, Handler[DraEffects]]:
+        steps: dict[type, Callable[[Any], Done]] = {
             ClaimPrepareRequested: self._prepare,
             ClaimFilesWritten: self._files_written,
             ClaimUnprepareRequested: self._unprepare,
@@ -147,16 +154,27 @@ class DraFrontend:
             HealthWatchStarted: self._health_watch_started,
             HealthWatchEnded: self._health_watch_ended,
         }
+        return {kind: self._clocked(step) for kind, step in steps.items()}
 
-    def world_changed(self, world: World) -> Effects:
+    def _clocked(self, step: Callable[[Any], Done]) -> Handler[DraEffects]:
+        def handle(event: Any, now: float) -> Done:
+            self._now = now
+            return step(event)
+
+        return handle
+
+    def world_changed(self, world: World) -> Done:
         """Take its devices from the inventory again (after a scan or a config)."""
+        self._now = world.now
         config = world.config
         if config.dra is None or config.permitted_host_devices is None:
-            return self._rebuild(None, Inventory(), world.snapshot, None, world.now)
+            return Outcome(tuple(self._rebuild(None, Inventory(), world.snapshot, None, world.now)))
         if not self.node_name:
             raise UsageError("the config turns DRA on, but the Node was made without node_name")
-        return self._rebuild(
-            config.dra.driver_name, world.inventory, world.snapshot, config.dra, world.now
+        return Outcome.of(
+            self._rebuild(
+                config.dra.driver_name, world.inventory, world.snapshot, config.dra, world.now
+            )
         )
 
     def holders_changed(self, groups: Collection[int]) -> Effects:
@@ -168,11 +186,33 @@ class DraFrontend:
     def holders_wanted(self) -> Effects:
         return []
 
-    def due(self, now: float) -> Effects:
+    def due(self, now: float) -> Sequence[DraEffects]:
         return self.health.tick(now)
 
     def next_deadline(self) -> float | None:
         return self.health.next_deadline()
+
+    def observe(self, event: object, effects: Sequence[object]) -> None:
+        pass  # what it counts is its state: `metrics`
+
+    def metrics(self) -> Sequence[MetricFamily]:
+        if self.driver is None:
+            return ()
+        driver = (("driver", self.driver),)
+        return (
+            family(
+                "gauge",
+                "dp_dra_prepared_claims",
+                "Claims prepared on this node and not unprepared since.",
+                [(driver, len(self._prepared))],
+            ),
+            family(
+                "gauge",
+                "dp_dra_devices",
+                "Devices in the driver's pool (a whole IOMMU group's device counts once).",
+                [(driver, len(self._devices))],
+            ),
+        )
 
     # -- what it offers --------------------------------------------------------
 
@@ -252,18 +292,16 @@ class DraFrontend:
         self._published = content
         return [PoolChanged(content)]
 
-    def _features_observed(self, event: DraFeaturesObserved) -> Effects:
+    def _features_observed(self, event: DraFeaturesObserved) -> Done:
         """Follow what the API server showed of its features: a log once per finding,
         and `PoolChanged` when the pool must change with it."""
-        effects: Effects = list(self.features.observed(event))
-        effects.extend(self.refresh())
-        return effects
+        return Outcome((*self.features.observed(event), *self.refresh()))
 
-    def _health_watch_started(self, event: HealthWatchStarted) -> Effects:
-        return list(self.health.started(event))
+    def _health_watch_started(self, event: HealthWatchStarted) -> Done:
+        return Outcome(tuple(self.health.started(event)))
 
-    def _health_watch_ended(self, event: HealthWatchEnded) -> Effects:
-        return list(self.health.ended(event))
+    def _health_watch_ended(self, event: HealthWatchEnded) -> Done:
+        return Outcome(tuple(self.health.ended(event)))
 
     # -- claims ------------------------------------------------------------------
 
@@ -278,26 +316,28 @@ class DraFrontend:
         """Every prepared claim's hold on the ledger."""
         return tuple(self._holds.values())
 
-    def _prepare(self, event: ClaimPrepareRequested) -> Effects:
+    def _prepare(self, event: ClaimPrepareRequested) -> Done:
         """Prepare one claim: hold its groups and ask for its files (`ClaimPrepared`)."""
         claim = event.claim
         known = self._prepared.get(claim.uid)
         if known is not None:
             self._waiting[event.call] = _Waiting(claim, removing=False)
-            return [ClaimPrepared(event.call, known)]
+            return Outcome((ClaimPrepared(event.call, known),))
         try:
             devices = self._claim_devices(event)
         except _Refusal as refusal:
             message = str(refusal)
-            return [
-                ClaimRefused(event.call, claim, message, refusal.reason),
-                Log.warning(
-                    "claim-refused",
-                    claim=f"{claim.namespace}/{claim.name}",
-                    uid=claim.uid,
-                    reason=message,
-                ),
-            ]
+            return Outcome.of(
+                [
+                    ClaimRefused(event.call, claim, message, refusal.reason),
+                    Log.warning(
+                        "claim-refused",
+                        claim=f"{claim.namespace}/{claim.name}",
+                        uid=claim.uid,
+                        reason=message,
+                    ),
+                ]
+            )
         prepared = PreparedClaim(claim, devices, event.pod_claim_name)
         names = tuple(device.name for device in devices)
         hold = ClaimHold(claim, names, prepared.groups)
@@ -317,10 +357,9 @@ class DraFrontend:
             ClaimsChanged(self.prepared()),
         ]
         # Its devices are all offered (else it was refused): no device's health changed.
-        effects += self._coordinator.holders_changed(prepared.groups)
-        return effects
+        return Outcome(tuple(effects), prepared.groups)
 
-    def _files_written(self, event: ClaimFilesWritten) -> Effects:
+    def _files_written(self, event: ClaimFilesWritten) -> Done:
         """The shell's report on `ClaimPrepared`: the answer, or the claim let go."""
         waiting = self._take(event.call, removing=False, what="ClaimFilesWritten")
         claim = waiting.claim
@@ -329,15 +368,15 @@ class DraFrontend:
             if prepared is None:
                 raise UsageError(f"ClaimFilesWritten for claim {claim.uid}, unprepared since")
             devices = prepared_devices(self.driver or "", prepared)
-            return [ClaimAnswered(event.call, claim, devices)]
+            return Outcome((ClaimAnswered(event.call, claim, devices),))
         error = f"claim {_show(claim)}: its CDI files could not be written: {event.problem}"
         if not waiting.fresh:
-            return [ClaimAnswered(event.call, claim, error=error)]
+            return Outcome((ClaimAnswered(event.call, claim, error=error),))
         # Nothing may stay held for a claim the kubelet is told failed: its
         # files go, and it is answered once they have.
-        effects = self._release(claim, event.call, self._coordinator.now)
+        released = self._release(claim, event.call, self._now)
         self._waiting[event.call] = _Waiting(claim, removing=True, error=error)
-        return effects
+        return released
 
     def _claim_devices(self, event: ClaimPrepareRequested) -> tuple[ClaimDevice, ...]:
         driver = self.driver
@@ -410,14 +449,14 @@ class DraFrontend:
             specs.update((spec.container_path, spec) for spec in one.devices)
         return ContainerAllocation(envs=tuple(envs), devices=tuple(specs.values()))
 
-    def _unprepare(self, event: ClaimUnprepareRequested) -> Effects:
+    def _unprepare(self, event: ClaimUnprepareRequested) -> Done:
         """Unprepare one claim, known or not: free its groups, and ask for its
         files to go (`ClaimUnprepared`)."""
-        effects = self._release(event.claim, event.call, event.now)
+        released = self._release(event.claim, event.call, event.now)
         self._waiting[event.call] = _Waiting(event.claim, removing=True)
-        return effects
+        return released
 
-    def _files_removed(self, event: ClaimFilesRemoved) -> Effects:
+    def _files_removed(self, event: ClaimFilesRemoved) -> Done:
         """The shell's report on `ClaimUnprepared`: the answer."""
         waiting = self._take(event.call, removing=True, what="ClaimFilesRemoved")
         error = waiting.error
@@ -425,7 +464,7 @@ class DraFrontend:
             # The group is free already; the kubelet asks again, and the files go then.
             claim = waiting.claim
             error = f"claim {_show(claim)}: its CDI files could not be removed: {event.problem}"
-        return [ClaimAnswered(event.call, waiting.claim, error=error)]
+        return Outcome((ClaimAnswered(event.call, waiting.claim, error=error),))
 
     def _take(self, call: int, *, removing: bool, what: str) -> _Waiting:
         waiting = self._waiting.get(call)
@@ -434,7 +473,7 @@ class DraFrontend:
         del self._waiting[call]
         return waiting
 
-    def _release(self, claim: ClaimRef, call: int, now: float) -> Effects:
+    def _release(self, claim: ClaimRef, call: int, now: float) -> Done:
         """Let `claim` go: its groups at once, its files through `ClaimUnprepared`."""
         hold = self._holds.pop(claim.uid, None)
         if hold is not None:
@@ -442,7 +481,7 @@ class DraFrontend:
         prepared = self._prepared.pop(claim.uid, None)
         effects: Effects = [ClaimUnprepared(call, claim, prepared)]
         if prepared is None:
-            return effects
+            return Outcome(tuple(effects))
         effects += [
             Log.info(
                 "claim-unprepared",
@@ -455,12 +494,10 @@ class DraFrontend:
         if any(device.name not in self._devices for device in prepared.devices):
             # Held but no longer offered: reported for the claim's sake until now.
             effects.extend(self._health(now))
-        effects += self._coordinator.holders_changed(prepared.groups)
-        if prepared.groups:
-            effects += self._coordinator.replan()  # binds put off while the claim held a group
-        return effects
+        # Binds put off while the claim held a group may go now.
+        return Outcome(tuple(effects), prepared.groups, released=bool(prepared.groups))
 
-    def _recalled(self, event: ClaimsRecalled) -> Effects:
+    def _recalled(self, event: ClaimsRecalled) -> Done:
         """Hold again what the checkpoint says was prepared; report groups found held."""
         if self._prepared:
             raise UsageError("ClaimsRecalled after claims were prepared: recall them first")
@@ -486,9 +523,8 @@ class DraFrontend:
             touched.update(free)
         if event.prepared:
             effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
-        effects.extend(self._health(self._coordinator.now))
-        effects += self._coordinator.holders_changed(touched)
-        return effects
+        effects.extend(self._health(self._now))
+        return Outcome(tuple(effects), touched)
 
 
 def _free_groups(ledger: Ledger, groups: Iterable[int]) -> tuple[list[int], list[int]]:

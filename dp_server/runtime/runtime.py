@@ -34,8 +34,8 @@ from dp_core import (
     HostObserved,
     Input,
     Log,
-    Node,
     PciId,
+    StandardNode,
     Tick,
 )
 from dp_server.binding.binder import Binder
@@ -82,7 +82,7 @@ class Runtime:
                 "the config's dra section turns the DRA front end on, which needs this "
                 "node's name: --node-name or the NODE_NAME environment variable"
             )
-        self.node = Node(
+        self.node = StandardNode(
             config,
             socket_mode=settings.socket_mode,
             endpoint_prefix=prefix,
