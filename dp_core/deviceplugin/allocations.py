@@ -11,8 +11,7 @@ puts each into the node's one `Ledger`, which holds DRA's claims too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import overload
 
 import attrs
@@ -43,6 +42,10 @@ class Allocation:
     at: float
 
     @property
+    def key(self) -> Hashable:
+        return ("allocation", self.serial)
+
+    @property
     def owner(self) -> str:
         return self.resource
 
@@ -62,6 +65,10 @@ class UnlistedHold:
     at: float
 
     @property
+    def key(self) -> Hashable:
+        return _unlisted_key(self.group)
+
+    @property
     def owner(self) -> str:
         return self.resource
 
@@ -71,6 +78,10 @@ class UnlistedHold:
 
     def describe(self) -> str:
         return self.why
+
+
+def _unlisted_key(group: int) -> Hashable:
+    return ("unlisted", group)
 
 
 def allocation_log(event: str, allocation: Allocation) -> Log:
@@ -125,57 +136,58 @@ class _AllocationFields(Sequence[tuple[str, object]]):
 
 
 class AllocationBook:
-    """Live allocations and the groups held while the kubelet syncs.
+    """The device plugin's holds on the ledger: live allocations, and the
+    groups held while the kubelet syncs.
 
-    Indexed by device so that an Allocate costs the same with ten
-    allocations in force as with ten thousand.
+    Each hold is booked once, in the ledger; the book derives its answers
+    from it, with one index by device so that an Allocate costs the same
+    with ten allocations in force as with ten thousand.
     """
 
     def __init__(self, ledger: Ledger, release_grace: float = 30.0) -> None:
         self._ledger = ledger
         # A pod that was just admitted may not be listed by PodResources yet.
         self.release_grace = release_grace
-        self._allocations: dict[int, Allocation] = {}  # by serial, oldest first
-        # resource -> device ID -> serial. Thousands of allocations may be held,
-        # so no per-entry key tuple: nested dicts share the resource's name.
+        # resource -> device ID -> the serial of the allocation holding it.
+        # Thousands of allocations may be held, so no per-entry key tuple:
+        # nested dicts share the resource's name.
         self._by_device: dict[str, dict[str, int]] = {}
         self._serial = 0
-        self.last_replaced: tuple[Allocation, ...] = ()
-        # Groups held while the kubelet syncs, by group (sync): a pod it has
-        # not listed yet may hold them. An Allocate or a PodResources answer
-        # naming one of the held devices takes the group over.
-        self._unlisted: dict[int, UnlistedHold] = {}
+        self._count = 0  # allocations held: asked after every input (the poll's schedule)
 
     def __len__(self) -> int:
-        return len(self._allocations)
+        return self._count
+
+    def _allocations(self) -> Iterator[Allocation]:
+        return (h for h in self._ledger.holders() if isinstance(h, Allocation))
 
     def all(self) -> tuple[Allocation, ...]:
-        return tuple(self._allocations.values())
+        """Every live allocation, oldest first."""
+        return tuple(self._allocations())
+
+    def _holding(self, serial: int) -> Allocation:
+        allocation = self._ledger.holding(("allocation", serial))
+        if not isinstance(allocation, Allocation):
+            raise UsageError(f"allocation #{serial} is not held")
+        return allocation
 
     def conflict(self, resource: str, devices: Sequence[AdvertisedDevice]) -> str | None:
         """Why giving `devices` to one container would split a held group."""
-        wanted = {device.id for device in devices}
-        ledger = self._ledger
-        for device in devices:
-            if device.iommu_group is None:
-                continue
-            holder = ledger.holder(device.iommu_group)
-            if holder is None:
-                continue
-            same_owner = holder.owner == resource and wanted & set(holder.device_ids)
-            if not same_owner:
-                return (
-                    f"IOMMU group {device.iommu_group} of device {device.id} is held by "
-                    f"{holder.describe()}; VFIO cannot split a group between containers"
-                )
-        return None
+        refusal = self._ledger.refusal(
+            resource, ((d.id, d.iommu_group) for d in devices), takes_over=True
+        )
+        if refusal is None:
+            return None
+        return f"{refusal}; VFIO cannot split a group between containers"
 
-    def record(self, resource: str, devices: Sequence[AdvertisedDevice], now: float) -> Allocation:
-        """Record an allocation, replacing any older one of the same devices.
+    def record(
+        self, resource: str, devices: Sequence[AdvertisedDevice], now: float
+    ) -> tuple[Allocation, tuple[Allocation, ...]]:
+        """Record an allocation, replacing any older one of the same devices;
+        returns it and the allocations it replaced.
 
         The kubelet only hands out devices it considers free, so an older
         allocation naming one of them belongs to a container that is gone.
-        The replaced allocations are left in `last_replaced`.
         """
         ids = tuple(device.id for device in devices)
         replaced = {
@@ -183,39 +195,39 @@ class AllocationBook:
             for device_id in ids
             if (serial := self._by_device.get(resource, {}).get(device_id)) is not None
         }
-        self.last_replaced = tuple(self._remove(serial) for serial in sorted(replaced))
+        gone = tuple(self._remove(self._holding(serial)) for serial in sorted(replaced))
         self._serial += 1
         groups = tuple(sorted({d.iommu_group for d in devices if d.iommu_group is not None}))
         allocation = Allocation(self._serial, resource, ids, groups, now)
         if groups:
-            if self._unlisted:
-                for group in groups:
-                    # The kubelet gave a device the hold names: it holds it no more.
-                    self.release_unlisted(group)
+            for group in groups:
+                # The kubelet gave a device the hold names: it holds it no more.
+                self.release_unlisted(group)
             self._ledger.hold(allocation)
-            self._allocations[allocation.serial] = allocation
+            self._count += 1
+            by_id = self._by_device.setdefault(resource, {})
             for device_id in ids:
-                self._by_device.setdefault(resource, {})[device_id] = allocation.serial
-        return allocation
+                by_id[device_id] = allocation.serial
+        return allocation, gone
 
-    def _remove(self, serial: int) -> Allocation:
-        allocation = self._allocations.pop(serial)
+    def _remove(self, allocation: Allocation) -> Allocation:
         self._ledger.release(allocation)
+        self._count -= 1
+        by_id = self._by_device.get(allocation.resource, {})
         for device_id in allocation.device_ids:
-            by_id = self._by_device.get(allocation.resource, {})
-            if by_id.get(device_id) == serial:
+            if by_id.get(device_id) == allocation.serial:
                 del by_id[device_id]
         return allocation
 
     def release_unheld(self, held: Mapping[str, frozenset[str]], now: float) -> list[Allocation]:
         """Drop allocations none of whose devices any active pod holds."""
         released = []
-        for serial, allocation in list(self._allocations.items()):
+        for allocation in self._allocations():
             if now - allocation.at < self.release_grace:
                 break  # oldest first: every later one is younger still
             still_held = held.get(allocation.resource, frozenset())
-            if not still_held & set(allocation.device_ids):
-                released.append(self._remove(serial))
+            if still_held.isdisjoint(allocation.device_ids):
+                released.append(self._remove(allocation))
         return released
 
     def adopt(
@@ -227,7 +239,7 @@ class AllocationBook:
         not know it: dp restarted since the pod was admitted. Unheld, their
         groups' siblings would be handed to the next VM. One allocation per
         group; a group another holder has is split already, and is
-        reported (second list) rather than papered over.
+        reported (`Ledger.split_report`, second list) rather than papered over.
         """
         by_device = self._by_device.get(resource, {})
         by_group: dict[int, list[AdvertisedDevice]] = {}
@@ -236,18 +248,13 @@ class AllocationBook:
                 by_group.setdefault(device.iommu_group, []).append(device)
         adopted, split = [], []
         for group, members in sorted(by_group.items()):
-            holder = self._ledger.holder(group)
-            if holder is not None and holder is self._unlisted.get(group):
-                self.release_unlisted(group)  # the pod it was held for is listed now
-                holder = None
-            if holder is not None:
-                ids = ", ".join(device.id for device in members)
-                split.append(
-                    f"IOMMU group {group} is split: a pod holds {ids} of {resource}, "
-                    f"and {holder.describe()} holds the group"
-                )
+            self.release_unlisted(group)  # the pod it was held for is listed now
+            ids = ", ".join(device.id for device in members)
+            report = self._ledger.split_report(group, f"a pod holds {ids} of {resource}")
+            if report is not None:
+                split.append(report)
                 continue
-            adopted.append(self.record(resource, members, now))
+            adopted.append(self.record(resource, members, now)[0])
         return adopted, split
 
     def hold_unlisted(
@@ -259,22 +266,22 @@ class AllocationBook:
         if self._ledger.holder(group) is not None:
             raise UsageError(f"IOMMU group {group} cannot be held as unlisted: held already")
         hold = UnlistedHold(group, resource, tuple(device_ids), why, now)
-        self._unlisted[group] = hold
         self._ledger.hold(hold)
         return hold
 
     def release_unlisted(self, group: int) -> UnlistedHold | None:
-        hold = self._unlisted.pop(group, None)
-        if hold is not None:
-            self._ledger.release(hold)
+        hold = self._ledger.holding(_unlisted_key(group))
+        if not isinstance(hold, UnlistedHold):
+            return None
+        self._ledger.release(hold)
         return hold
 
     def unlisted_holds(self) -> Mapping[int, UnlistedHold]:
-        """Group -> its hold while the kubelet syncs; a read-only view."""
-        return MappingProxyType(self._unlisted)
+        """Group -> its hold while the kubelet syncs."""
+        return {h.group: h for h in self._ledger.holders() if isinstance(h, UnlistedHold)}
 
     def next_release_check(self) -> float | None:
-        for allocation in self._allocations.values():
+        for allocation in self._allocations():
             return allocation.at + self.release_grace
         return None
 

@@ -33,12 +33,14 @@ _SHOWN_ID_LENGTH = 64
 
 
 class Rejection(Exception):
-    """A call the node refuses: `status` and `message` go to the caller."""
+    """A call the node refuses: `status` and `message` go to the caller;
+    `effects` go out all the same."""
 
-    def __init__(self, status: StatusCode, message: str) -> None:
+    def __init__(self, status: StatusCode, message: str, effects: Sequence[Effect] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.effects = tuple(effects)
 
 
 def _show(device_id: str) -> str:
@@ -102,15 +104,14 @@ def allocate(
     allocations: AllocationBook,
     cdi: CdiKeeper | None,
     now: float,
-    effects: list[Effect],
 ) -> Allocated:
     """Allocate `containers`' devices of resource `name`, or raise Rejection.
 
     Nothing is recorded unless every container can have its devices: a
     device Unhealthy in the inventory, a group another holder has, or a group
-    two containers of this call ask for refuses the whole call. `effects`
-    gets what must go out even when the call is refused (a refused split
-    asks PodResources at once: the holder may be gone).
+    two containers of this call ask for refuses the whole call. A refused
+    split asks PodResources at once (the holder may be gone): the
+    rejection's `effects`.
     """
     if resource is None:
         raise Rejection(
@@ -131,8 +132,9 @@ def allocate(
                 )
         conflict = allocations.conflict(name, inventory_devices)
         if conflict is not None:
-            effects.append(RefreshAllocations(conflict))
-            raise Rejection(StatusCode.FAILED_PRECONDITION, conflict)
+            raise Rejection(
+                StatusCode.FAILED_PRECONDITION, conflict, (RefreshAllocations(conflict),)
+            )
         groups = {d.iommu_group: d.id for d in inventory_devices if d.iommu_group is not None}
         for group, device_id in groups.items():
             if group in groups_in_call:
@@ -148,10 +150,10 @@ def allocate(
     logs: list[Effect] = []
     touched: set[int] = set()
     for devices in planned:
-        allocation = allocations.record(name, devices, now)
+        allocation, replaced = allocations.record(name, devices, now)
         touched.update(allocation.groups)
-        for replaced in allocations.last_replaced:
-            touched.update(replaced.groups)
+        for gone in replaced:
+            touched.update(gone.groups)
         answer = container_allocation(resource, devices)
         if cdi is not None:
             answer = attrs.evolve(answer, cdi_devices=cdi.names(name, devices))

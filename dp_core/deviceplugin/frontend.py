@@ -451,7 +451,7 @@ class DevicePluginFrontend:
             answer = work(resource)
         except calls.Rejection as rejection:
             reject = Reject(call, rejection.status, rejection.message)
-            return [reject, self._rejected(rpc, connection, rejection)]
+            return [reject, self._rejected(rpc, connection, rejection), *rejection.effects]
         effects.append(Reply(call, answer))
         return effects
 
@@ -497,8 +497,7 @@ class DevicePluginFrontend:
         return self._answered("GetPreferredAllocation", event.call, event.connection, work)
 
     def _allocate_requested(self, event: AllocateRequested) -> Done:
-        logs: list[calls.Effect] = []
-        touched: set[int] = set()
+        done: list[calls.Allocated] = []
 
         def work(name: str) -> Answer:
             allocated = calls.allocate(
@@ -510,15 +509,14 @@ class DevicePluginFrontend:
                 allocations=self.allocations,
                 cdi=self.cdi,
                 now=event.now,
-                effects=logs,
             )
-            logs.extend(allocated.effects)
-            touched.update(allocated.touched)
+            done.append(allocated)
             return allocated.answer
 
         effects = self._answer("Allocate", event.call, event.connection, work)
-        effects.extend(logs)
-        return Outcome(tuple(effects), touched)
+        for allocated in done:
+            return Outcome((*effects, *allocated.effects), allocated.touched)
+        return Outcome(tuple(effects))
 
     def _prestart_requested(self, event: PreStartRequested) -> Done:
         def work(resource: str) -> Answer:

@@ -10,6 +10,8 @@ is unprepared.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import attrs
 
 from ..config.config import DRA
@@ -47,6 +49,15 @@ class ClaimHold:
     claim: ClaimRef
     device_ids: tuple[str, ...]
     groups: tuple[int, ...]  # sorted, each once
+
+    @property
+    def key(self) -> Hashable:
+        return ClaimHold.key_of(self.claim)
+
+    @staticmethod
+    def key_of(claim: ClaimRef) -> Hashable:
+        """The ledger's key of `claim`'s hold."""
+        return ("claim", claim.uid)
 
     @property
     def owner(self) -> str:

@@ -30,7 +30,7 @@ for the shell's mistakes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -126,7 +126,6 @@ class DraFrontend:
         self._groups: frozenset[int] = frozenset()  # the IOMMU groups of its devices
         self._resources: dict[str, Resource] = {}
         self._prepared: dict[str, PreparedClaim] = {}
-        self._holds: dict[str, ClaimHold] = {}  # by claim UID
         self._waiting: dict[int, _Waiting] = {}  # by call
         self._published: PoolContent | None = None
         self._problems: set[str] = set()
@@ -314,7 +313,7 @@ class DraFrontend:
 
     def holds(self) -> tuple[ClaimHold, ...]:
         """Every prepared claim's hold on the ledger."""
-        return tuple(self._holds.values())
+        return tuple(h for h in self._ledger.holders() if isinstance(h, ClaimHold))
 
     def _prepare(self, event: ClaimPrepareRequested) -> Done:
         """Prepare one claim: hold its groups and ask for its files (`ClaimPrepared`)."""
@@ -342,7 +341,6 @@ class DraFrontend:
         names = tuple(device.name for device in devices)
         hold = ClaimHold(claim, names, prepared.groups)
         self._ledger.hold(hold)
-        self._holds[claim.uid] = hold
         self._prepared[claim.uid] = prepared
         self._waiting[event.call] = _Waiting(claim, removing=False, fresh=True)
         effects: Effects = [
@@ -412,13 +410,13 @@ class DraFrontend:
                     "its claim allocated again",
                 )
             group = device.iommu_group
-            holder = self._ledger.holder(group) if group is not None else None
-            if holder is not None:
+            refusal = self._ledger.refusal(DRA, [(name, group)], takes_over=False)
+            if refusal is not None:
                 raise _Refusal(
                     "IOMMUGroupHeld",
-                    f"IOMMU group {group} of device {name} is held by {holder.describe()}; "
-                    "VFIO cannot split a group between holders; the kubelet retries until "
-                    "that holder lets go, or delete the pod to have its claim allocated again",
+                    f"{refusal}; VFIO cannot split a group between holders; the kubelet "
+                    "retries until that holder lets go, or delete the pod to have its claim "
+                    "allocated again",
                 )
             edits = self._edits(device)
             devices.append(
@@ -475,7 +473,7 @@ class DraFrontend:
 
     def _release(self, claim: ClaimRef, call: int, now: float) -> Done:
         """Let `claim` go: its groups at once, its files through `ClaimUnprepared`."""
-        hold = self._holds.pop(claim.uid, None)
+        hold = self._ledger.holding(ClaimHold.key_of(claim))
         if hold is not None:
             self._ledger.release(hold)
         prepared = self._prepared.pop(claim.uid, None)
@@ -504,32 +502,20 @@ class DraFrontend:
         effects: Effects = []
         touched: set[int] = set()
         for prepared in event.prepared:
-            free, split = _free_groups(self._ledger, prepared.groups)
-            for group in split:
-                holder = self._ledger.holder(group)
-                held_by = holder.describe() if holder is not None else "another holder"
-                effects.append(
-                    Log.error(
-                        "group-split",
-                        detail=f"IOMMU group {group} is split: {prepared.describe()} was "
-                        f"prepared with it, and {held_by} holds it",
-                    )
-                )
+            free = []
+            for group in prepared.groups:
+                claimant = f"{prepared.describe()} was prepared with it"
+                report = self._ledger.split_report(group, claimant)
+                if report is None:
+                    free.append(group)
+                else:
+                    effects.append(Log.error("group-split", detail=report))
             names = tuple(device.name for device in prepared.devices)
             hold = ClaimHold(prepared.claim, names, tuple(sorted(set(free))))
             self._ledger.hold(hold)
-            self._holds[prepared.claim.uid] = hold
             self._prepared[prepared.claim.uid] = prepared
             touched.update(free)
         if event.prepared:
             effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
         effects.extend(self._health(self._now))
         return Outcome(tuple(effects), touched)
-
-
-def _free_groups(ledger: Ledger, groups: Iterable[int]) -> tuple[list[int], list[int]]:
-    free: list[int] = []
-    held: list[int] = []
-    for group in groups:
-        (held if ledger.holder(group) is not None else free).append(group)
-    return free, held
