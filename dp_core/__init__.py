@@ -39,6 +39,8 @@ from .cdi import (
 )
 from .config import (
     DEFAULT_SHARED_DEVICES,
+    DEVICE_PLUGIN,
+    DRA,
     Binding,
     Config,
     ConfigError,
@@ -155,6 +157,8 @@ from .tally import Tally
 from .timing import Backoff, Timing
 
 __all__ = [
+    "DEVICE_PLUGIN",
+    "DRA",
     "ClaimAnswered",
     "ClaimFilesRemoved",
     "ClaimFilesWritten",

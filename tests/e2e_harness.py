@@ -6,7 +6,7 @@ import asyncio
 import gc
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from dp_server.binding.binder import Binder
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.cli.main import load_settings
 from dp_server.config.loader import parse_config
+from dp_server.runtime.frontends import FRONTENDS, Plug
 from dp_server.runtime.runtime import Runtime, Settings
 from dp_testing.emulator import KubeletEmulator
 from dp_testing.topology import fixture_topology, write_sysfs
@@ -75,11 +76,12 @@ class Harness:
         config: Config | None = None,
         socket_mode: SocketMode = SocketMode.SINGLE,
         binder: Binder | None = None,
+        frontends: Sequence[Plug] = FRONTENDS,
         **overrides: Any,
     ) -> Runtime:
         config = config or parse_config(DEMO_CONFIG, "<demo>")
         settings = self.settings(socket_mode=socket_mode, **overrides)
-        self.runtime = Runtime(settings, config, binder=binder)
+        self.runtime = Runtime(settings, config, binder=binder, frontends=frontends)
         self._serving = asyncio.create_task(self.runtime.run())
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
         return self.runtime

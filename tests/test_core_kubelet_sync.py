@@ -255,7 +255,10 @@ def test_dp_asks_again_at_the_sync_pace_until_it_can_trust_the_answer() -> None:
     node.handle(Tick(41.0))
     assert node.next_deadline() == pytest.approx(43.0)
     node.handle(AllocationsObserved({QAT_RESOURCE: frozenset({QAT_0})}, 43.0))
-    assert node.next_deadline() is None
+    # Synced: no more asks at the sync's pace; the allocation it adopted is
+    # asked about once its release grace is over (HeldPolls).
+    assert node.next_deadline() == pytest.approx(43.0 + TIMING.release_grace)
+    assert node.device_plugin.polls.next_at() == node.next_deadline()
 
 
 def test_a_kubelet_restart_starts_over() -> None:

@@ -22,6 +22,7 @@ import grpc
 import httpx2
 import pytest
 
+from dp_core import DevicePluginFrontend
 from dp_server.cli.main import main
 from dp_server.config.loader import parse_config
 from dp_server.monitoring.probes import runtime_families, runtime_readiness
@@ -96,7 +97,7 @@ class Dra:
         self.runtime = Runtime(settings, parse_config(config, "<dra>"))
         self._serving = asyncio.create_task(self.runtime.run())
         await asyncio.wait_for(self.runtime.ready.wait(), 5)
-        names = self.runtime.node.device_plugin.resource_names()
+        names = self.runtime.node.frontend(DevicePluginFrontend).resource_names()
         assert await self.harness.registered(names)
         return self.runtime
 

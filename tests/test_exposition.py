@@ -116,7 +116,7 @@ def test_a_whole_node_and_this_process_parse() -> None:
         last_rescan=(0.0, 0.01),
         rescan_failures=0,
         now=lambda: 1.0,
-        dra=None,
+        frontends=(),
         essential_tasks=lambda: {"timer-loop": ""},
     )
     text = generate_latest(metrics_registry(lambda: runtime_families(view)))  # type: ignore[arg-type]

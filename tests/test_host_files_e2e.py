@@ -26,6 +26,7 @@ import pytest
 from dp_core import KubeletCheckpoint, KubeletStarted
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.deviceplugin.kubelet import KubeletFollower
+from dp_server.deviceplugin.runtime import DevicePluginRuntime
 from dp_server.loop.memory import CollectionPolicy
 
 from e2e_harness import ALL, GPU, KVM, NVME, QAT, Harness
@@ -76,7 +77,7 @@ async def test_our_socket_file_changing_keeps_the_kubelets_streams(
     emulator = harness.emulator
     assert emulator is not None
     registrations = {name: emulator.registration_count(name) for name in ALL}
-    socket = runtime.socket_paths[0]
+    socket = runtime.frontend(DevicePluginRuntime).socket_paths[0]
     identity = (socket.stat().st_ino, socket.stat().st_mtime_ns)
     change(socket)
     await asyncio.sleep(0.5)  # the watcher's batch, and whatever the server does with it
@@ -86,7 +87,7 @@ async def test_our_socket_file_changing_keeps_the_kubelets_streams(
     await _changes_still_reach_the_kubelet(harness)
     # The kubelet did not restart: nothing registers again.
     assert {name: emulator.registration_count(name) for name in ALL} == registrations
-    assert runtime.open_streams == len(ALL)
+    assert runtime.frontend(DevicePluginRuntime).open_streams == len(ALL)
 
 
 async def test_a_chmod_of_kubelet_sock_is_not_a_kubelet_restart(harness: Harness) -> None:
@@ -97,7 +98,7 @@ async def test_a_chmod_of_kubelet_sock_is_not_a_kubelet_restart(harness: Harness
     os.chmod(harness.plugin_dir / "kubelet.sock", 0o600)
     await asyncio.sleep(0.5)
     assert {name: emulator.registration_count(name) for name in ALL} == registrations
-    assert runtime.open_streams == len(ALL)
+    assert runtime.frontend(DevicePluginRuntime).open_streams == len(ALL)
     await _changes_still_reach_the_kubelet(harness)
 
 
@@ -110,7 +111,9 @@ async def test_a_device_plugin_directory_made_again_is_watched_again(harness: Ha
     await asyncio.sleep(0.5)
     harness.plugin_dir.mkdir()
     await asyncio.sleep(1.5)  # the watcher's recheck finds the new directory
-    assert harness.sockets() == [runtime.socket_paths[0].name]  # listening there again
+    assert harness.sockets() == [
+        runtime.frontend(DevicePluginRuntime).socket_paths[0].name
+    ]  # listening there again
     harness.start_kubelet()
     assert await harness.registered(timeout=5)
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
@@ -133,7 +136,7 @@ async def test_while_the_device_plugin_directory_is_gone_open_connections_are_se
     assert harness.runtime is not None and harness.runtime.failure is None
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
     assert response.envs["PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"] == "0000:5e:01.0"
-    assert runtime.open_streams == len(ALL)
+    assert runtime.frontend(DevicePluginRuntime).open_streams == len(ALL)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem needs root (CI runs as root)")

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from dp_core import SyncPhase
+from dp_core import DevicePluginFrontend, SyncPhase
 from dp_testing.emulator import CHECKPOINT_FILE, AdmissionError, KubeletEmulator, Startup
 
 from e2e_harness import GPU, NVME, QAT, Harness
@@ -75,16 +75,18 @@ async def test_dp_and_the_kubelet_restarted_together_split_no_group(harness: Har
     assert devices[held].healthy and not devices[sibling].healthy
     # ...and nothing that cannot split a group is: the other T4 and the QAT VFs.
     assert emulator.allocatable()[GPU] == 2 and emulator.allocatable()[QAT] == 3
-    assert runtime.node.device_plugin.sync.phase is SyncPhase.SYNCING
+    assert runtime.node.frontend(DevicePluginFrontend).sync.phase is SyncPhase.SYNCING
     await admit_vm_b(harness, held)
     # Once the kubelet lists the VM, dp trusts it and holds the group for it.
     for _ in range(100):
-        if runtime.node.device_plugin.sync.trusted:
+        if runtime.node.frontend(DevicePluginFrontend).sync.trusted:
             break
         await asyncio.sleep(0.05)
-    assert runtime.node.device_plugin.sync.trusted
+    assert runtime.node.frontend(DevicePluginFrontend).sync.trusted
     assert [
-        a.device_ids for a in runtime.node.device_plugin.allocations.all() if NVME == a.resource
+        a.device_ids
+        for a in runtime.node.frontend(DevicePluginFrontend).allocations.all()
+        if NVME == a.resource
     ] == [(held,)]
     assert not emulator.resources()[NVME].devices[sibling].healthy
 
@@ -133,7 +135,7 @@ async def test_a_vm_deleted_while_the_kubelet_was_down_frees_its_group_once_it_h
         lambda e: all(d.healthy for d in e.resources()[NVME].devices.values())
     )
     assert time.monotonic() >= emulator.synced_at
-    assert runtime.node.device_plugin.sync.trusted
+    assert runtime.node.frontend(DevicePluginFrontend).sync.trusted
     entries = json.loads((harness.plugin_dir / CHECKPOINT_FILE).read_bytes())["Data"]
     assert entries["PodDeviceEntries"] is None  # the kubelet dropped vm-a
     await harness.kubelet("admit", "vm-c", "compute", {NVME: 2})

@@ -26,6 +26,7 @@ from dp_core import (
     Tick,
 )
 from dp_core.config import Dra
+from dp_server.dra.runtime import DraRuntime
 from dp_server.loop import CollectionPolicy, Loop
 from dp_server.runtime.runtime import Runtime, Settings
 
@@ -54,8 +55,8 @@ async def test_every_effect_of_the_core_has_exactly_one_handler(short_dir: Path)
             with pytest.raises(ValueError, match="has a handler already"):
                 runtime.loop.on(kind, lambda effect: None)
     finally:
-        assert runtime.dra is not None
-        await runtime.dra.close_api()
+        assert runtime.frontend(DraRuntime) is not None
+        await runtime.frontend(DraRuntime).closed()
 
 
 def _loop(record: typing.Callable[[object], None]) -> Loop:

@@ -48,7 +48,7 @@ def exported() -> dict[str, set[str]]:
         last_rescan=(0.0, 0.01),
         rescan_failures=0,
         now=lambda: 1.0,
-        dra=None,
+        frontends=(),
         essential_tasks=lambda: {"timer-loop": ""},
     )
     return {

@@ -19,11 +19,12 @@ import h2.events
 import pytest
 from grpclib.metadata import decode_timeout
 
-from dp_core import Backoff, Config, PciId, SocketMode
+from dp_core import Backoff, Config, DevicePluginFrontend, PciId, SocketMode
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.cli.main import load_settings
 from dp_server.config.loader import parse_config
 from dp_server.deviceplugin import wire
+from dp_server.deviceplugin.runtime import DevicePluginRuntime
 from dp_server.runtime.runtime import Runtime
 from dp_testing.emulator._rpc import dp
 
@@ -67,20 +68,20 @@ async def test_every_resource_registers_through_one_socket(harness: Harness) -> 
 
 async def test_socket_name_changes_with_each_start(harness: Harness) -> None:
     first = await harness.serve()
-    name = first.socket_paths[0].name
+    name = first.frontend(DevicePluginRuntime).socket_paths[0].name
     first.stop()
     assert harness._serving is not None
     await harness._serving
     assert name not in harness.sockets()
     second = await harness.start_server()
     assert await harness.registered()
-    assert second.socket_paths[0].name != name
+    assert second.frontend(DevicePluginRuntime).socket_paths[0].name != name
 
 
 async def test_per_resource_mode_uses_one_socket_each_on_one_loop(harness: Harness) -> None:
     runtime = await harness.serve(socket_mode=SocketMode.PER_RESOURCE)
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
-    assert len(ours) == len(ALL) == len(runtime.socket_paths)
+    assert len(ours) == len(ALL) == len(runtime.frontend(DevicePluginRuntime).socket_paths)
     assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
     response = await harness.kubelet("allocate", GPU, ["0000:af:00.0"])
     assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0"
@@ -94,8 +95,8 @@ async def test_per_resource_socket_names_are_cut_to_fit_a_long_directory(
     harness.plugin_dir = harness.root / ("p" * (76 - len(str(harness.root)) - 1))
     runtime = await harness.serve(socket_mode=SocketMode.PER_RESOURCE)
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
-    assert len(ours) == len(ALL) == len(runtime.socket_paths)
-    assert max(len(str(path)) for path in runtime.socket_paths) == 107
+    assert len(ours) == len(ALL) == len(runtime.frontend(DevicePluginRuntime).socket_paths)
+    assert max(len(str(path)) for path in runtime.frontend(DevicePluginRuntime).socket_paths) == 107
     assert device_ids(harness, NVME) == ["0000:5e:00.0", "0000:5e:01.0"]
     response = await harness.kubelet("allocate", GPU, ["0000:af:00.0"])
     assert response.envs["PCI_RESOURCE_NVIDIA_COM_TU104GL_TESLA_T4"] == "0000:af:00.0"
@@ -113,7 +114,7 @@ async def test_socket_names_leave_room_for_the_directory(
 ) -> None:
     config = parse_config(DEMO_CONFIG, "<demo>")
     runtime = Runtime(harness.settings(device_plugin_dir=directory), config)
-    assert runtime.node.device_plugin.endpoint_max_length == room
+    assert runtime.node.frontend(DevicePluginFrontend).endpoint_max_length == room
 
 
 async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
@@ -128,7 +129,7 @@ async def test_old_kubelet_that_dials_after_replying(harness: Harness) -> None:
 async def test_unattributed_connection_is_refused_with_unavailable(harness: Harness) -> None:
     runtime = await harness.serve()
     assert runtime is not None
-    target = f"unix://{runtime.socket_paths[0]}"
+    target = f"unix://{runtime.frontend(DevicePluginRuntime).socket_paths[0]}"
     with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
         options = ch.unary_unary(
             "/v1beta1.DevicePlugin/GetDevicePluginOptions",
@@ -170,7 +171,7 @@ async def test_a_reconnection_during_the_next_register_is_not_attributed_to_it(
     assert await asyncio.to_thread(held.wait, 10)
 
     def reconnect_and_watch() -> grpc.RpcError:
-        target = f"unix://{runtime.socket_paths[0]}"
+        target = f"unix://{runtime.frontend(DevicePluginRuntime).socket_paths[0]}"
         with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
             watch = ch.unary_stream(
                 "/v1beta1.DevicePlugin/ListAndWatch",
@@ -228,7 +229,7 @@ async def test_the_late_dial_of_a_register_that_timed_out_is_not_taken_for_the_n
     assert emulator.events_of("dial-failed", order[0])  # the late dial, refused
     for name, state in emulator.resources().items():
         assert sorted(state.devices) == sorted(
-            d.id for d in runtime.node.device_plugin.advertised(name)
+            d.id for d in runtime.node.frontend(DevicePluginFrontend).advertised(name)
         ), name
 
 
@@ -282,7 +283,7 @@ async def test_a_register_a_grpc_go_kubelet_would_reset_at_its_deadline_quiets_t
     )
     try:
         runtime = await harness.start_server(register_timeout=10.9)
-        registrar = runtime.node.device_plugin.registrar
+        registrar = runtime.node.frontend(DevicePluginFrontend).registrar
         async with asyncio.timeout(15):
             while not registrar.quiet_until and len(registers) < 2:
                 await asyncio.sleep(0.05)
@@ -313,7 +314,7 @@ async def test_kubelet_restart_reregisters_everything(harness: Harness) -> None:
     assert {n: emulator.registration_count(n) - before[n] for n in ALL} == dict.fromkeys(ALL, 1)
     # The old kubelet's connections are gone: one connection per registration.
     assert harness.runtime is not None
-    assert harness.runtime.kubelet.connections == len(ALL)
+    assert harness.runtime.frontend(DevicePluginRuntime).kubelet.connections == len(ALL)
     ours = [name for name in harness.sockets() if name != "kubelet.sock"]
     assert len(ours) == 1  # the deleted socket was created again
     response = await harness.kubelet("allocate", NVME, ["0000:5e:01.0"])
@@ -507,10 +508,12 @@ async def test_a_restarted_server_reserves_the_groups_running_pods_hold(
     runtime = await harness.start_server()
     assert await harness.registered()
     for _ in range(100):
-        if len(runtime.node.device_plugin.allocations):
+        if len(runtime.node.frontend(DevicePluginFrontend).allocations):
             break
         await asyncio.sleep(0.05)
-    assert [a.device_ids for a in runtime.node.device_plugin.allocations.all()] == [(held,)]
+    assert [
+        a.device_ids for a in runtime.node.frontend(DevicePluginFrontend).allocations.all()
+    ] == [(held,)]
     assert await harness.wait(
         lambda e: (
             e.resources()[NVME].devices[held].healthy
@@ -561,7 +564,7 @@ async def test_a_garbled_pod_resources_answer_keeps_group_reservations(
                 break
             await asyncio.sleep(0.05)
         assert answers >= seen + 4
-        assert len(runtime.node.device_plugin.allocations) == 1
+        assert len(runtime.node.frontend(DevicePluginFrontend).allocations) == 1
         with pytest.raises(grpc.RpcError) as caught:
             await harness.kubelet("allocate", NVME, [sibling])
         assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
@@ -583,7 +586,7 @@ async def test_garbage_bytes_on_the_plugin_socket(harness: Harness) -> None:
 
     def send_garbage() -> None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
-            raw.connect(str(runtime.socket_paths[0]))
+            raw.connect(str(runtime.frontend(DevicePluginRuntime).socket_paths[0]))
             raw.sendall(os.urandom(4096) + b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(512))
             raw.settimeout(2)
             try:
@@ -615,8 +618,11 @@ async def test_client_that_disconnects_mid_stream(harness: Harness) -> None:
 async def test_kubelet_socket_missing_keeps_the_server_up(harness: Harness) -> None:
     runtime = await harness.start_server()
     await asyncio.sleep(0.3)
-    assert runtime.node.device_plugin.registrar.kubelet_present is False
-    assert runtime.socket_paths and runtime.socket_paths[0].exists()
+    assert runtime.node.frontend(DevicePluginFrontend).registrar.kubelet_present is False
+    assert (
+        runtime.frontend(DevicePluginRuntime).socket_paths
+        and runtime.frontend(DevicePluginRuntime).socket_paths[0].exists()
+    )
     harness.start_kubelet()
     assert await harness.registered()
 

@@ -135,7 +135,7 @@ class StoppedTimer:
         self.last_rescan = view.last_rescan
         self.rescan_failures = view.rescan_failures
         self.now = view.now
-        self.dra = view.dra
+        self.frontends = view.frontends
         self.essential_tasks = view.essential_tasks
 
     def timer_stopped(self) -> bool:

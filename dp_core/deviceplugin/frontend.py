@@ -63,6 +63,7 @@ from .inputs import (
     WatchStarted,
 )
 from .metrics import families
+from .polls import HeldPolls
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
 from .tally import RpcTally
@@ -92,6 +93,7 @@ class DevicePluginFrontend:
         endpoint_prefix: str = "dp",
         endpoint_max_length: int = NAME_MAX,
         cdi: bool = False,
+        pod_resources_interval: float = 10.0,
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
         timing = timing or Timing()
@@ -110,6 +112,7 @@ class DevicePluginFrontend:
             backoff=timing.backoff,
         )
         self.allocations = AllocationBook(ledger, timing.release_grace)
+        self.polls = HeldPolls(self.allocations, pod_resources_interval)
         # Whether PodResources can be trusted yet (a kubelet that has just
         # started lists no pods); binds wait for it too: until then a group a
         # running VM uses (dp restarted under it) would look free.
@@ -205,12 +208,12 @@ class DevicePluginFrontend:
         return effects
 
     def due(self, now: float) -> Effects:
-        effects: Effects = [*self.sync.poll_due(now)]
+        effects: Effects = [*self.sync.poll_due(now), *self.polls.due(now)]
         effects.extend(self._start_due_registrations(now))
         return effects
 
     def next_deadline(self) -> float | None:
-        deadlines = (self.registrar.next_deadline(), self.sync.next_poll)
+        deadlines = (self.registrar.next_deadline(), self.sync.next_poll, self.polls.next_at())
         return min((d for d in deadlines if d is not None), default=None)
 
     def observe(self, event: object, effects: Sequence[object]) -> None:
@@ -277,7 +280,14 @@ class DevicePluginFrontend:
         reserved = self._held
         changed = set()
         for group in groups:
-            for name, index in self._group_members.get(group, ()):
+            members = self._group_members.get(group)
+            if members is None:
+                holder = reserved.get(group)
+                if holder is None or holder.owner in self._by_name:
+                    continue  # alone in its group, and its own allocations leave it as it is
+                # A holder of another front end's has a device alone in its group here.
+                members = self._group_members[group] = self._members_of(group)
+            for name, index in members:
                 published = self._published.get(name, ())
                 device = self._by_name[name].devices[index]
                 if index >= len(published) or published[index] != as_advertised(
@@ -285,6 +295,14 @@ class DevicePluginFrontend:
                 ):
                     changed.add(name)
         return self._refresh(changed) if changed else []
+
+    def _members_of(self, group: int) -> list[tuple[str, int]]:
+        return [
+            (name, index)
+            for name, resource in self._by_name.items()
+            for index, device in enumerate(resource.devices)
+            if device.iommu_group == group
+        ]
 
     def _refresh(self, only: Iterable[str] | None = None) -> Effects:
         """Publish every resource whose advertised list changed, and only those.
@@ -527,6 +545,7 @@ class DevicePluginFrontend:
 
     def _allocations_observed(self, event: AllocationsObserved) -> Done:
         binds_before = self.sync.rules.binds
+        self.polls.answered(event.now)
         answered = self.sync.answered(event.held, event.now)
         first = self.sync.rules.binds and not binds_before
         return Outcome(

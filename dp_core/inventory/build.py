@@ -86,10 +86,11 @@ def shared_groups(
 ) -> dict[int, list[tuple[str, int]]]:
     """IOMMU group -> (resource, index) of each advertised member, for groups of two or more.
 
-    A device alone in its group is only ever held by its own allocations,
+    A device alone in its group is mostly held by its own allocations,
     which leave it as it is; most groups are such, and there are thousands.
     Groups in `also` are kept with one member: another front end offers a
-    sibling, whose holder changes how this member is advertised.
+    sibling, whose holder changes how this member is advertised. (A front
+    end that holds a device it does not offer adds its group when it does.)
     """
     members: dict[int, list[tuple[str, int]]] = {}
     for resource in resources:

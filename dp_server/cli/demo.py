@@ -31,6 +31,7 @@ from dp_core import (
     DEFAULT_SHARED_DEVICES,
     Config,
     DeviceClass,
+    DevicePluginFrontend,
     PciDevice,
     PciId,
     Resource,
@@ -49,6 +50,7 @@ from dp_server.config.loader import (
     parse_config_file,
     read_config_file,
 )
+from dp_server.deviceplugin.runtime import DevicePluginRuntime
 from dp_server.host.scanner import scan_host
 from dp_testing.topology import fixture_topology, write_sysfs
 
@@ -163,7 +165,7 @@ def _until_unhealthy(served: Served, devices: Iterable[tuple[str, str]]) -> None
 def _group_siblings(served: Served, responses: dict[str, Any]) -> list[tuple[str, str]]:
     """The other advertised members of the IOMMU groups an admitted container holds."""
     chosen = {(name, i) for name, response in responses.items() for i in _env_ids(response)}
-    published = served.runtime.node.device_plugin.describe().resources
+    published = served.runtime.node.frontend(DevicePluginFrontend).describe().resources
     held = {d.iommu_group for r in published for d in r.devices if (r.name, d.id) in chosen}
     return [
         (r.name, d.id)
@@ -215,7 +217,7 @@ def _held_group_lines(served: Served) -> list[str]:
     """For each IOMMU group a sample pod holds, its other members: Unhealthy, and refused."""
     held: dict[int, tuple[str, str]] = {}  # group -> (pod, device)
     taken: set[tuple[str, str]] = set()
-    published = served.runtime.node.device_plugin.describe().resources
+    published = served.runtime.node.frontend(DevicePluginFrontend).describe().resources
     groups = {
         (r.name, d.id): d.iommu_group
         for r in published
@@ -256,12 +258,12 @@ def device_plugin_lines(served: Served, config: Config) -> list[str]:
     """What the device-plugin half shows: the node, unhealthy devices, sample pods."""
     resources = [
         r
-        for r in served.runtime.node.device_plugin.describe().resources
+        for r in served.runtime.node.frontend(DevicePluginFrontend).describe().resources
         if r.name in served.kubelet.capacity()
     ]
     if not resources:
         return ["The config serves nothing on this node through the device-plugin API."]
-    sockets = sorted(p.name for p in served.runtime.socket_paths)
+    sockets = sorted(p.name for p in served.runtime.frontend(DevicePluginRuntime).socket_paths)
     lines = [
         f"{len(resources)} resources registered with the emulated kubelet (its kubelet.sock) "
         f"through dp's {'socket' if len(sockets) == 1 else f'{len(sockets)} sockets'} "
@@ -270,7 +272,7 @@ def device_plugin_lines(served: Served, config: Config) -> list[str]:
     ]
     lines += _node_description(served, config)
     lines += _unhealthy_lines(resources)
-    skipped = served.runtime.node.device_plugin.describe().skipped
+    skipped = served.runtime.node.frontend(DevicePluginFrontend).describe().skipped
     if skipped:
         lines += ["", "Selected but not advertised, and why:"]
         lines += [f"  {s.id} ({s.resource_name}): {s.reason}" for s in skipped]

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from dp_core import Config
+from dp_core import Config, DevicePluginFrontend
 from dp_server.cli.demo_node import NODE, Served
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.dra_kubelet import Claim
@@ -115,7 +115,7 @@ def _prepared_lines(
 
 def _sibling(served: Served, group: object) -> tuple[str, str] | None:
     """A device-plugin device in IOMMU group `group`: (resource, device ID)."""
-    for resource in served.runtime.node.device_plugin.describe().resources:
+    for resource in served.runtime.node.frontend(DevicePluginFrontend).describe().resources:
         for device in resource.devices:
             if device.iommu_group == group and device.iommu_group is not None:
                 return resource.name, device.id

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from dp_core import Config, PciId, SocketMode
+from dp_core import Config, DevicePluginFrontend, PciId, SocketMode
 from dp_server.files.sockets import SOCKET_PATH_MAX
 from dp_server.runtime.runtime import Runtime, Settings
 from dp_testing.apiserver import ApiServerEmulator
@@ -110,7 +110,7 @@ async def serving(
     running = asyncio.create_task(runtime.run())
     try:
         await runtime.ready.wait()
-        wanted = runtime.node.device_plugin.resource_names()
+        wanted = runtime.node.frontend(DevicePluginFrontend).resource_names()
         if not await asyncio.to_thread(kubelet.wait_registered, wanted, 10.0, listed=True):
             raise RuntimeError("the emulated kubelet did not see every resource register")
         yield Served(runtime, kubelet, plugin_dir, root, api, dra_kubelet)

@@ -1,9 +1,9 @@
-"""When and how the server asks the kubelet's PodResources API what is held.
+"""How the server asks the kubelet's PodResources API what is held.
 
-The core decides what a reservation is and when one may be released; this
-module only keeps the polling schedule (a regular poll while anything is
-reserved, an early one when the core asks, never two within the minimum gap)
-and makes the call.
+The core decides what a reservation is, when one may be released and when
+to ask (`RefreshAllocations`, regular while anything is held: the core's
+`HeldPolls`); this module makes the call as soon as it is asked, never two
+within the minimum gap.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import cast
 from grpclib.client import Channel, UnaryUnaryMethod
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from dp_core import AllocationBook
 from dp_server.deviceplugin import wire
 from dp_server.proto import v1 as podresources
 
@@ -28,9 +27,8 @@ LIST_METHOD = "/v1.PodResourcesLister/List"
 
 
 class PodResourcesPoller:
-    def __init__(self, socket: str, interval: float, min_gap: float) -> None:
+    def __init__(self, socket: str, min_gap: float) -> None:
         self.socket = socket
-        self.interval = interval
         self.min_gap = min_gap
         self.last_poll = -1e9
         self._requested: float | None = None
@@ -40,15 +38,9 @@ class PodResourcesPoller:
         """Poll as soon as the minimum gap allows (the core sent RefreshAllocations)."""
         self._requested = max(now, self.last_poll + self.min_gap)
 
-    def due_at(self, allocations: AllocationBook, now: float) -> float | None:
-        """When to poll next; None while nothing is reserved and nothing was asked."""
-        candidates = []
-        if len(allocations):
-            release = allocations.next_release_check() or now
-            candidates.append(max(release, self.last_poll + self.interval))
-        if self._requested is not None:
-            candidates.append(self._requested)
-        return min(candidates) if candidates else None
+    def due_at(self) -> float | None:
+        """When to poll next; None while the core has not asked."""
+        return self._requested
 
     def may_poll(self, now: float) -> bool:
         return now - self.last_poll >= self.min_gap

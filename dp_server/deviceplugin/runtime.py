@@ -2,31 +2,38 @@
 kubelet's connections, Register calls, ListAndWatch streams, PodResources
 polls and the CDI spec per resource.
 
-`DevicePluginRuntime` wires them onto the loop: it registers the handler of
-each of the front end's effects, serves the device plugin's calls through
-`Loop.call` (`NodeCalls`), and follows the kubelet (`KubeletFollower`), whose
-connections and restarts it feeds to the core. What is served is the core's
-decision; nothing here decides.
+`DevicePluginRuntime` is the front end's `FrontendRuntime`: it makes the
+core's `DevicePluginFrontend`, then wires it onto the loop: it registers the
+handler of each of the front end's effects, serves the device plugin's calls
+through `Loop.call` (`NodeCalls`), and follows the kubelet
+(`KubeletFollower`), whose connections and restarts it feeds to the core.
+What is served is the core's decision; nothing here decides.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from dp_core import (
+    DEVICE_PLUGIN,
     AllocationsObserved,
     AttributeConnection,
     CdiSpecsChanged,
     CdiSpecsWritten,
+    Config,
+    DevicePluginFrontend,
     EndStream,
     HealthChanged,
     KubeletCheckpointObserved,
+    Ledger,
+    MetricFamily,
+    Phase,
     Publish,
     RefreshAllocations,
     Register,
@@ -38,7 +45,7 @@ from dp_core import (
     endpoint_name,
 )
 from dp_server.cdi import SpecDirectory
-from dp_server.config.settings import Settings
+from dp_server.config.settings import Settings, socket_name_room
 from dp_server.deviceplugin.kubelet import KubeletFollower
 from dp_server.deviceplugin.kubelet_checkpoint import CheckpointFile
 from dp_server.deviceplugin.pod_resources import PodResourcesPoller
@@ -46,7 +53,7 @@ from dp_server.deviceplugin.register_client import RegisterClient
 from dp_server.deviceplugin.service import DevicePluginService, MakeInput
 from dp_server.deviceplugin.sockets import PluginSockets
 from dp_server.deviceplugin.streams import Streams
-from dp_server.loop import CallbackTimer, CollectionPolicy, Loop, Timer
+from dp_server.loop import CallbackTimer, Loop, Readiness, Services, Timer
 
 __all__ = ["KUBELET_SOCKET", "DevicePluginRuntime"]
 
@@ -54,35 +61,54 @@ KUBELET_SOCKET = "kubelet.sock"
 
 _log = logging.getLogger("dp.runtime")
 _SHUTTING_DOWN = "the device plugin is shutting down"
+_CLOSE_TIMEOUT = 2.0  # for the kubelet's calls under way when dp stops
 
 
 class DevicePluginRuntime:
-    """The device-plugin front end of one server, wired onto `loop`."""
+    """The device-plugin front end of one server: made with the node's
+    ledger, then attached to the loop (`FrontendRuntime`)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        loop: Loop,
-        *,
-        spawn: Callable[[Coroutine[Any, Any, None]], Any],
-        memory: CollectionPolicy,
-        stopping: Callable[[], bool],
-    ) -> None:
-        self._loop = loop
-        self._core = loop.node.device_plugin
-        self._spawn = spawn
-        self._memory = memory
-        self._stopping = stopping
+    def __init__(self, settings: Settings, config: Config, ledger: Ledger) -> None:
+        self._settings = settings
         self.socket_mode = settings.socket_mode
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
+        self.frontend = DevicePluginFrontend(
+            ledger,
+            settings.timing,
+            socket_mode=settings.socket_mode,
+            endpoint_prefix=prefix,
+            endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
+            cdi=settings.cdi_spec_dir is not None,
+            pod_resources_interval=settings.pod_resources_interval,
+        )
+        self._core = self.frontend
         self._checkpoint = CheckpointFile(self.plugin_dir)
         self._streams = Streams()
         self._pods = PodResourcesPoller(
-            settings.pod_resources_socket,
-            settings.pod_resources_interval,
-            settings.pod_resources_min_gap,
+            settings.pod_resources_socket, settings.pod_resources_min_gap
         )
+        self._cdi = SpecDirectory(settings.cdi_spec_dir) if settings.cdi_spec_dir else None
+        self._present = False  # whether the kubelet's directory was there at the start
+
+    # -- as a front end's wiring (FrontendRuntime) ----------------------------------
+
+    @property
+    def name(self) -> str:
+        return DEVICE_PLUGIN
+
+    @property
+    def core(self) -> DevicePluginFrontend:
+        return self.frontend
+
+    def attach(self, loop: Loop, services: Services) -> None:
+        settings = self._settings
+        spawn, memory, stopping = services.spawn, services.memory, services.stopping
+        self._loop = loop
+        self._spawn = spawn
+        self._memory = memory
+        self._stopping = stopping
         self.kubelet = KubeletFollower(
             self.kubelet_socket,
             # Another channel to kubelet.sock for the Registers that follow.
@@ -99,7 +125,6 @@ class DevicePluginRuntime:
         self._registers = RegisterClient(
             self.kubelet_socket, settings.register_timeout, self._sockets, loop.feed, loop.now
         )
-        self._cdi = SpecDirectory(settings.cdi_spec_dir) if settings.cdi_spec_dir else None
         loop.on(Publish, self._publish)
         loop.on(EndStream, self._end_stream)
         loop.on(Register, self._register)
@@ -110,13 +135,10 @@ class DevicePluginRuntime:
         loop.answers(Reply, Reject)
         loop.after_input(lambda: memory.after_input(self._core.registrar.settled()))
 
-    def timers(self) -> list[Timer]:
-        """PodResources polls: regular while anything is held, sooner when the core asks."""
-        return [
-            CallbackTimer(
-                lambda now: self._pods.due_at(self._core.allocations, now), self._poll_due
-            )
-        ]
+    def timers(self) -> Sequence[Timer]:
+        """PodResources polls, as the core asks for them (`RefreshAllocations`),
+        spaced by the minimum gap."""
+        return [CallbackTimer(lambda now: self._pods.due_at(), self._poll_due)]
 
     # -- NodeCalls (DevicePluginService) -------------------------------------------
 
@@ -143,45 +165,72 @@ class DevicePluginRuntime:
 
     # -- life cycle ---------------------------------------------------------------
 
-    def clear(self) -> bool:
-        """Remove sockets an earlier run left; whether the kubelet's directory is there.
+    def watched(self) -> Sequence[Path]:
+        return (self.plugin_dir,)
+
+    def recall(self) -> None:
+        """Remove sockets an earlier run left, if the kubelet's directory is there.
 
         The directory is the kubelet's: it makes it, and dp listens there once it
         exists (each Register makes dp's socket first)."""
-        present = self.plugin_dir.is_dir()
-        if present:
+        self._present = self.plugin_dir.is_dir()
+        if self._present:
             self._sockets.remove_stale()
-        return present
 
-    async def listen(self) -> None:
+    async def start(self) -> None:
         """In single-socket mode, listen on the one socket before any Register."""
-        if self.socket_mode is SocketMode.SINGLE:
+        if self._present and self.socket_mode is SocketMode.SINGLE:
             await self._sockets.ensure(endpoint_name(self._core.endpoint_prefix, None), None)
 
     async def restore(self) -> None:
-        """Listen again on sockets the kubelet deleted; PluginDirectoryLost if it can't."""
+        """Listen again on sockets the kubelet deleted (PluginDirectoryLost if it
+        can't); look at kubelet.sock, and at the kubelet's checkpoint while it
+        syncs: each write of it may drop what the pods it has not listed were
+        given; until kubelet.sock is there, keep looking for it."""
         await self._sockets.restore()
-
-    def look(self) -> None:
-        """Look at kubelet.sock, and at the kubelet's checkpoint while it syncs:
-        each write of it may drop what the pods it has not listed were given."""
         self.kubelet.probe()
         if self._core.wants_kubelet_checkpoint and self._checkpoint.changed():
             self._loop.feed(KubeletCheckpointObserved(self._checkpoint.read(), self._loop.now()))
-
-    def follow(self) -> None:
-        """Until kubelet.sock is there, keep looking for it."""
         if not self.kubelet.present:
             self.kubelet.follow(fast=False)
 
-    async def close(self, timeout: float) -> None:
+    async def close(self) -> None:
         """End every stream, stop registering, and close and remove the sockets."""
         self._streams.end_all(_SHUTTING_DOWN)
         self._registers.retire()
-        await self._sockets.close(timeout=timeout)
+        await self._sockets.close(timeout=_CLOSE_TIMEOUT)
 
-    def close_channels(self) -> None:
+    async def closed(self) -> None:
         self._registers.close()
+
+    # -- what monitoring reads --------------------------------------------------------
+
+    def readiness(self) -> Readiness:
+        phases = self._core.registrar.phases()
+        pending = sorted(name for name, phase in phases.items() if phase is not Phase.LIVE)
+        if not pending:
+            return Readiness(True, f"{len(phases)} resources")
+        shown = ", ".join(f"{name} ({phases[name].value})" for name in pending[:8])
+        more = f" and {len(pending) - 8} more" if len(pending) > 8 else ""
+        return Readiness(
+            False, f"{len(pending)} of {len(phases)} resources not registered: {shown}{more}"
+        )
+
+    def remarks(self) -> Sequence[str]:
+        # CDI specs that cannot be written do not fail /healthz: a restart would
+        # not make the directory writable, and Allocate works without them.
+        cdi = self._core.cdi
+        return (f"CDI specs not in place: {cdi.problem}",) if cdi and cdi.problem else ()
+
+    def families(self) -> Iterable[MetricFamily]:
+        return ()  # the core front end's are all there is (`dp_core.collect`)
+
+    def serving(self) -> Mapping[str, object]:
+        return {
+            "resources": len(self._core.resource_names()),
+            "directory": str(self.plugin_dir),
+            "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
+        }
 
     @property
     def open_streams(self) -> int:

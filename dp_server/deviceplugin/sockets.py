@@ -22,6 +22,7 @@ import attrs
 from dp_server.deviceplugin import wire
 from dp_server.deviceplugin.connections import ConnectionEvents, ConnectionServer
 from dp_server.files.sockets import listened_on, socket_identity
+from dp_server.loop import FrontendLost
 
 if TYPE_CHECKING:
     from dp_server.deviceplugin.service import DevicePluginService
@@ -31,7 +32,7 @@ __all__ = ["PluginDirectoryLost", "PluginSockets"]
 _log = logging.getLogger("dp")
 
 
-class PluginDirectoryLost(RuntimeError):
+class PluginDirectoryLost(FrontendLost):
     """The device-plugin directory is now one the kubelet cannot be using."""
 
 

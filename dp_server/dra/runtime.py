@@ -1,6 +1,8 @@
 """The DRA front end in the running server: claims, their files, the checkpoint, the slices.
 
-`DraRuntime` is the `ClaimPreparer` behind the DRA sockets (`DraEndpoints`).
+`DraRuntime` is the front end's `FrontendRuntime`: it makes the core's
+`DraFrontend` with the node's ledger, and is the `ClaimPreparer` behind the
+DRA sockets (`DraEndpoints`).
 A Prepare reads the claim from the API server (`claims`), checks its UID,
 and hands its allocation results to the same `Node` the device-plugin front
 end feeds, on the same loop; the node judges them against its one ledger.
@@ -29,11 +31,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dp_core import (
+    DRA,
     AllocatedDevice,
     ClaimAnswered,
     ClaimFilesRemoved,
@@ -46,8 +49,11 @@ from dp_core import (
     ClaimsRecalled,
     ClaimUnprepared,
     ClaimUnprepareRequested,
+    Config,
+    DraFrontend,
     HealthWatchEnded,
     HealthWatchStarted,
+    Ledger,
     MetricFamily,
     PoolChanged,
     PublishHealth,
@@ -64,7 +70,7 @@ from dp_server.dra.health import health_message
 from dp_server.dra.metrics import wiring_families
 from dp_server.dra.preparer import Prepared, PrepareFailed, PrepareOutcome
 from dp_server.dra.slices import SlicePublisher
-from dp_server.loop import Loop
+from dp_server.loop import Loop, Readiness, Services, Spawn, Timer
 from dp_server.rpc import StreamSlot
 
 __all__ = ["DraRuntime"]
@@ -92,9 +98,18 @@ def connect_api(settings: Settings) -> KubeApi:
 
 
 class DraRuntime:
-    """The DRA front end of one `Runtime`: `driver`'s sockets, API calls and files."""
+    """The DRA front end of one `Runtime`, with the config's `dra`: the driver's
+    sockets, API calls and files (`FrontendRuntime`)."""
 
-    def __init__(self, settings: Settings, driver: str, loop: Loop) -> None:
+    def __init__(self, settings: Settings, config: Config, ledger: Ledger) -> None:
+        if config.dra is None:
+            raise SettingsError("the DRA front end needs the config's dra section")
+        driver = config.dra.driver_name
+        if not settings.node_name:
+            raise SettingsError(
+                "the config's dra section turns the DRA front end on, which needs this "
+                "node's name: --node-name or the NODE_NAME environment variable"
+            )
         if settings.cdi_spec_dir is None:
             raise SettingsError("the DRA front end needs --cdi-spec-dir (default /var/run/cdi)")
         if settings.state_dir is None:
@@ -109,21 +124,19 @@ class DraRuntime:
                 "name claim specs like the device-plugin front end's, which it removes"
             )
         self.driver = driver
-        self._loop = loop
-        self._core = loop.node.dra
+        self.frontend = DraFrontend(
+            ledger, settings.node_name, health_resend=settings.timing.health_resend
+        )
+        self._core = self.frontend
         self.files = ClaimFiles(
             driver, Path(settings.cdi_spec_dir), Path(settings.plugins_dir) / driver / METADATA_DIR
         )
         self.checkpoint = ClaimsStore(settings.state_dir)
         self.api = connect_api(settings)
-        # What a slice write shows of the cluster's DRA features goes to the
-        # core, which publishes the pool the cluster can keep (DraFeaturesObserved).
-        self.publisher = SlicePublisher(
-            self.api, watch_period=settings.slice_watch_period, on_features=loop.feed
-        )
+        self._watch_period = settings.slice_watch_period
         # An Event on each claim dp refuses: its pod stays bound while the kubelet retries.
         self.events = ClaimEvents(self.api, driver, self._core.node_name)
-        self._spawn: Callable[..., object] | None = None
+        self._spawn: Spawn | None = None
         try:
             self.endpoints = DraEndpoints(
                 driver,
@@ -137,6 +150,25 @@ class DraRuntime:
         self.file_failures = 0  # claims whose files could not be written or removed
         self._health: dict[int, StreamSlot[Any]] = {}  # health stream -> its next message
         self._closing = False
+
+    # -- as a front end's wiring (FrontendRuntime) ----------------------------------
+
+    @property
+    def name(self) -> str:
+        return DRA
+
+    @property
+    def core(self) -> DraFrontend:
+        return self.frontend
+
+    def attach(self, loop: Loop, services: Services) -> None:
+        self._loop = loop
+        self._services = services
+        # What a slice write shows of the cluster's DRA features goes to the
+        # core, which publishes the pool the cluster can keep (DraFeaturesObserved).
+        self.publisher = SlicePublisher(
+            self.api, watch_period=self._watch_period, on_features=loop.feed
+        )
         loop.on(ClaimPrepared, self._write_files)
         loop.on(ClaimUnprepared, self._remove_files)
         loop.on(ClaimsChanged, self._keep_claims)
@@ -152,12 +184,23 @@ class DraRuntime:
         if recalled:
             self._loop.feed(ClaimsRecalled(recalled))
 
-    async def start(self, spawn: Callable[..., object]) -> None:
+    def timers(self) -> Sequence[Timer]:
+        return ()
+
+    def watched(self) -> Sequence[Path]:
+        """The sockets' directories: the plugin watcher registers a new socket."""
+        endpoints = self.endpoints
+        return tuple(
+            p.parent.absolute()
+            for p in (endpoints.registration_socket_path, endpoints.dra_socket_path)
+        )
+
+    async def start(self) -> None:
         try:
             await self.endpoints.start()
         except OSError as error:
             raise SettingsError(f"the DRA sockets: {error}") from error
-        self._spawn = spawn
+        self._spawn = spawn = self._services.spawn
         spawn(self.publisher.run(), essential="dra-slice-publisher")
 
     async def restore(self) -> None:
@@ -175,7 +218,7 @@ class DraRuntime:
             slot.end(_SHUTTING_DOWN)
         await self.endpoints.close(timeout=2.0)
 
-    async def close_api(self) -> None:
+    async def closed(self) -> None:
         await self.api.close()
 
     # -- HealthWatcher -----------------------------------------------------------------
@@ -319,6 +362,25 @@ class DraRuntime:
     @property
     def ready(self) -> bool:
         return self.endpoints.ready
+
+    def readiness(self) -> Readiness:
+        if self.ready:
+            return Readiness(True, f"DRA driver {self.driver}")
+        said = self.registration()
+        why = (
+            "the kubelet has not said it registered it"
+            if said is None
+            else (
+                f"the kubelet said: {said[1]}" if not said[0] else "its sockets are not listening"
+            )
+        )
+        return Readiness(False, f"DRA driver {self.driver} not registered: {why}")
+
+    def remarks(self) -> Sequence[str]:
+        return ()
+
+    def serving(self) -> Mapping[str, object]:
+        return {"dra_driver": self.driver}
 
     def families(self) -> Iterable[MetricFamily]:
         yield from self.publisher.families()

@@ -3,8 +3,9 @@
 `/healthz` (liveness) fails only on what a restart can mend: the timer loop
 or a task dp cannot work without has ended. `/readyz` (readiness, which makes
 a DaemonSet rollout wait for each node) passes once every resource is
-registered with the kubelet, and the DRA driver, with the config's `dra`. Each
-is a pure function of a `ServerView`; the HTTP server is `endpoint`.
+registered with the kubelet, and the DRA driver, with the config's `dra`:
+once every front end says it is ready. Each is a pure function of a
+`ServerView`; the HTTP server is `endpoint`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import importlib.metadata
 
 import attrs
 
-from dp_core import MetricFamily, Phase, Sample, collect
-from dp_server.monitoring.view import DraView, ServerView
+from dp_core import MetricFamily, Sample, collect
+from dp_server.monitoring.view import ServerView
 
 __all__ = ["Check", "build_info", "runtime_families", "runtime_health", "runtime_readiness"]
 
@@ -55,10 +56,10 @@ def runtime_health(view: ServerView) -> Check:
     if ended:
         shown = "; ".join(f"{name} ({why})" for name, why in sorted(ended.items()))
         return Check(False, f"a task dp cannot work without has ended: {shown}")
-    # CDI specs that cannot be written do not fail it either: a restart would
-    # not make the directory writable, and Allocate works without them.
-    cdi = view.node.device_plugin.cdi
-    specs = f"; CDI specs not in place: {cdi.problem}" if cdi is not None and cdi.problem else ""
+    # What a front end remarks on does not fail it either (CDI specs that
+    # cannot be written: a restart would not make the directory writable).
+    remarks = [remark for frontend in view.frontends for remark in frontend.remarks()]
+    specs = "".join(f"; {remark}" for remark in remarks)
     if view.last_rescan is None:
         return Check(True, f"ok: starting{specs}")
     age = view.now() - view.last_rescan[0]
@@ -66,36 +67,16 @@ def runtime_health(view: ServerView) -> Check:
     return Check(True, f"ok: last host scan {age:.1f} s ago{failing}{specs}")
 
 
-def _dra(view: ServerView) -> DraView | None:
-    return view.dra
-
-
-def _dra_readiness(view: ServerView) -> str | None:
-    """Why the DRA front end is not ready, or None when it is (or is off)."""
-    dra = _dra(view)
-    if dra is None or dra.ready:
-        return None
-    said = dra.registration()
-    if said is None:
-        return f"DRA driver {dra.driver} not registered: the kubelet has not said it registered it"
-    if not said[0]:
-        return f"DRA driver {dra.driver} not registered: the kubelet said: {said[1]}"
-    return f"DRA driver {dra.driver} not registered: its sockets are not listening"
-
-
 def runtime_readiness(view: ServerView) -> Check:
-    phases = view.node.device_plugin.registrar.phases()
-    pending = sorted(name for name, phase in phases.items() if phase is not Phase.LIVE)
-    dra = _dra_readiness(view)
-    if dra is not None:
-        return Check(False, dra)
-    if not pending:
-        on = _dra(view)
-        driver = f" and DRA driver {on.driver}" if on is not None else ""
-        return Check(True, f"ok: {len(phases)} resources{driver} registered with the kubelet")
-    shown = ", ".join(f"{name} ({phases[name].value})" for name in pending[:8])
-    more = f" and {len(pending) - 8} more" if len(pending) > 8 else ""
-    return Check(False, f"{len(pending)} of {len(phases)} resources not registered: {shown}{more}")
+    """Ready once every front end is; else the last one's reason that is not
+    (DRA's, when both wait: its driver registers once, resources often)."""
+    parts = [frontend.readiness() for frontend in view.frontends]
+    waiting = [part.detail for part in parts if not part.ready]
+    if waiting:
+        return Check(False, waiting[-1])
+    return Check(
+        True, f"ok: {' and '.join(part.detail for part in parts)} registered with the kubelet"
+    )
 
 
 def runtime_families(view: ServerView) -> list[MetricFamily]:
@@ -144,6 +125,5 @@ def runtime_families(view: ServerView) -> list[MetricFamily]:
                 ),
             )
         )
-    on = _dra(view)
-    dra = list(on.families()) if on is not None else []
-    return [*collect(view.node), *shell, *dra, build_info()]
+    wiring = [family for frontend in view.frontends for family in frontend.families()]
+    return [*collect(view.node), *shell, *wiring, build_info()]

@@ -2,37 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Protocol
 
-from dp_core import MetricFamily, Node
+from dp_core import Node
+from dp_server.loop import FrontendRuntime
 
-__all__ = ["DraView", "ServerView"]
-
-
-class DraView(Protocol):
-    """The DRA front end, with the config's `dra`."""
-
-    driver: str
-
-    @property
-    def ready(self) -> bool:
-        """Its sockets are ours and the kubelet said it registered the driver."""
-        ...
-
-    def registration(self) -> tuple[bool, str] | None:
-        """What the kubelet last said: (registered, error); None: nothing yet."""
-        ...
-
-    def families(self) -> Iterable[MetricFamily]:
-        """Its metrics: API requests, the slice publisher's state, its files."""
-        ...
+__all__ = ["ServerView"]
 
 
 class ServerView(Protocol):
     """The serving process as /metrics, /healthz and /readyz see it.
 
-    The runtime satisfies it; monitoring never imports the runtime.
+    The runtime satisfies it; monitoring never imports the runtime, and asks
+    every front end alike (`FrontendRuntime`: its readiness, its remarks,
+    its families).
     """
 
     node: Node
@@ -40,8 +24,8 @@ class ServerView(Protocol):
     rescan_failures: int  # host scans that raised, since start
 
     @property
-    def dra(self) -> DraView | None:
-        """The DRA front end; None without the config's `dra`."""
+    def frontends(self) -> Sequence[FrontendRuntime]:
+        """Every front end the server runs, in the node's order."""
         ...
 
     def now(self) -> float:

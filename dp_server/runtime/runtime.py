@@ -3,10 +3,10 @@
 `Runtime` puts the sub-systems together around one `dp_core.Node` on one
 `Loop` (feed, call, the effect handlers each sub-system registers):
 
-- `DevicePluginRuntime` (deviceplugin): the plugin sockets, the kubelet and
-  its connections, Registers, streams, PodResources, the CDI spec directory;
-- `DraRuntime` (dra), with the config's `dra`: the DRA sockets, claims and
-  their files, the checkpoint, the ResourceSlices;
+- the front ends' wiring (`FrontendRuntime`, one entry each in
+  `frontends.FRONTENDS`: the device plugin's sockets, kubelet and
+  PodResources; DRA's sockets, claims and slices), each made with the
+  node's one ledger and driven alike, by none's name;
 - `BindingRuntime` (binding): moves to vfio-pci and back, the moves file;
 - `TimerLoop` wakes the server at its deadlines, `CollectionPolicy` decides
   when to run the garbage collector, `Tasks` keeps the background tasks;
@@ -24,37 +24,47 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from dp_core import (
     Config,
     ConfigApplied,
     HostObserved,
     Input,
+    Ledger,
     Log,
+    Node,
     PciId,
-    StandardNode,
     Tick,
 )
 from dp_server.binding.binder import Binder
 from dp_server.binding.runtime import BindingRuntime
-from dp_server.config.settings import Settings, SettingsError, socket_name_room
-from dp_server.deviceplugin.runtime import KUBELET_SOCKET, DevicePluginRuntime
-from dp_server.deviceplugin.sockets import PluginDirectoryLost
+from dp_server.config.settings import Settings, SettingsError
+from dp_server.deviceplugin.runtime import KUBELET_SOCKET
 from dp_server.host.scanner import scan_host
 from dp_server.host.uevents import UeventMonitor
 from dp_server.host.watcher import DirectoryWatcher, FileVersion
-from dp_server.loop import CallbackTimer, CollectionPolicy, Loop, Tasks, TimerLoop
+from dp_server.loop import (
+    CallbackTimer,
+    CollectionPolicy,
+    FrontendLost,
+    FrontendRuntime,
+    Loop,
+    Services,
+    Tasks,
+    TimerLoop,
+)
 from dp_server.monitoring.logs import emit
+from dp_server.runtime.frontends import FRONTENDS, Plug
 
 if TYPE_CHECKING:
-    from dp_server.deviceplugin.kubelet import KubeletFollower
-    from dp_server.dra.runtime import DraRuntime
     from dp_server.monitoring.endpoint import StatusEndpoint
 
 __all__ = ["KUBELET_SOCKET", "Runtime", "Settings"]
+
+W = TypeVar("W")
 
 _log = logging.getLogger("dp.runtime")
 _CONFIG_SETTLE = 1.0  # a changed config file is read once it stayed the same this long
@@ -72,25 +82,17 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
         reload: Callable[[], tuple[Config, dict[PciId, str]]] | None = None,
         binder: Binder | None = None,
+        frontends: Sequence[Plug] = FRONTENDS,
     ) -> None:
         self.settings = settings
         self.config = config
         self._reload = reload
-        prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
-        if config.dra is not None and not settings.node_name:
-            raise SettingsError(
-                "the config's dra section turns the DRA front end on, which needs this "
-                "node's name: --node-name or the NODE_NAME environment variable"
-            )
-        self.node = StandardNode(
-            config,
-            socket_mode=settings.socket_mode,
-            endpoint_prefix=prefix,
-            endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
-            timing=settings.timing,
-            pci_names=pci_names,
-            cdi=settings.cdi_spec_dir is not None,
-            node_name=settings.node_name,
+        # One ledger for every front end, made with it (frontends.FRONTENDS).
+        ledger = Ledger()
+        made = (plug(settings, config, ledger) for plug in frontends)
+        self.frontends: tuple[FrontendRuntime, ...] = tuple(f for f in made if f is not None)
+        self.node = Node(
+            config, [f.core for f in self.frontends], ledger=ledger, pci_names=pci_names
         )
         self.loop = Loop(self.node, clock)
         self.loop.on(Log, emit)  # every part of the core logs
@@ -110,15 +112,9 @@ class Runtime:
 
         self._tasks = Tasks(self.stopping)
         self._memory = CollectionPolicy()
-        self.device_plugin = DevicePluginRuntime(
-            settings,
-            self.loop,
-            spawn=self._tasks.spawn,
-            memory=self._memory,
-            stopping=self.stopping,
-        )
-        self.plugin_dir = self.device_plugin.plugin_dir
-        self.kubelet_socket = self.device_plugin.kubelet_socket
+        services = Services(self._tasks.spawn, self._memory, self.stopping)
+        for frontend in self.frontends:
+            frontend.attach(self.loop, services)
         self.binding = BindingRuntime(
             self.loop,
             binder or Binder(settings.sysfs),
@@ -127,18 +123,11 @@ class Runtime:
             stopping=self.stopping,
             rescan=self.try_rescan,
         )
-        self.dra: DraRuntime | None = None
-        if config.dra is not None:
-            # Only with the config's dra section: the Kubernetes client
-            # (lightkube, httpx, anyio) is no part of a device plugin's memory.
-            from dp_server.dra.runtime import DraRuntime
-
-            self.dra = DraRuntime(settings, config.dra.driver_name, self.loop)
         self._timers = TimerLoop(
             [
                 CallbackTimer(lambda now: self.node.next_deadline(), self._tick),
                 CallbackTimer(lambda now: self._next_rescan, self._rescan_due),
-                *self.device_plugin.timers(),
+                *(timer for frontend in self.frontends for timer in frontend.timers()),
                 CallbackTimer(self._config_due_at, self._config_settled),
             ],
             self.now,
@@ -157,22 +146,24 @@ class Runtime:
         """Hand `event` to the core, and carry out what it answers (`Loop.feed`)."""
         self.loop.feed(event)
 
-    @property
-    def kubelet(self) -> KubeletFollower:
-        return self.device_plugin.kubelet
+    def frontend(self, kind: type[W]) -> W:
+        """The front end's wiring of class `kind`."""
+        for frontend in self.frontends:
+            if isinstance(frontend, kind):
+                return frontend
+        raise LookupError(f"this server runs no {kind.__name__}")
 
     # -- sockets -----------------------------------------------------------------------
 
-    async def _check_sockets(self) -> None:
-        """React to the kubelet (re)creating kubelet.sock or deleting our sockets."""
-        try:
-            await self.device_plugin.restore()
-        except PluginDirectoryLost as error:
-            self.fail(str(error))
-            return
-        if self.dra is not None:
-            await self.dra.restore()
-        self.device_plugin.look()
+    async def _restore(self, frontends: Sequence[FrontendRuntime]) -> None:
+        """React to what changed outside dp's hands: the kubelet (re)creating its
+        socket, our sockets deleted."""
+        for frontend in frontends:
+            try:
+                await frontend.restore()
+            except FrontendLost as error:
+                self.fail(str(error))
+                return
 
     # -- the host ----------------------------------------------------------------------
 
@@ -210,7 +201,7 @@ class Runtime:
     def _rescan_due(self, now: float) -> None:
         self.try_rescan()
         # Should a file event ever be missed, the periodic look catches it.
-        self._tasks.spawn(self._check_sockets())
+        self._tasks.spawn(self._restore(self.frontends))
         self._notice_config()
 
     def _config_due_at(self, now: float) -> float | None:
@@ -245,7 +236,8 @@ class Runtime:
         if config == self.config:
             return
         if config.dra != self.config.dra:
-            # The DRA sockets, the API client and the pool are made for one driver.
+            # The front ends are made for one config's dra (the DRA sockets,
+            # the API client and the pool are made for one driver).
             _log.error(
                 "config-rejected",
                 extra={
@@ -265,20 +257,17 @@ class Runtime:
 
     async def _watch_files(self) -> None:
         # watchfiles reports absolute paths, whatever the flags said.
-        plugin_dir, vfio = self.plugin_dir.absolute(), Path(self.settings.dev).absolute() / "vfio"
+        vfio = Path(self.settings.dev).absolute() / "vfio"
         # The VFIO character devices live one level down, and the watch is
         # not recursive. (/dev/iommu comes and goes only with the iommufd
         # module: the periodic rescan sees it.)
         cdevs = vfio / "devices"
         config = self._config_version.path.parent if self._config_version else None
-        dra_dirs: tuple[Path, ...] = ()
-        if self.dra is not None:
-            endpoints = self.dra.endpoints
-            dra_dirs = tuple(
-                p.parent.absolute()
-                for p in (endpoints.registration_socket_path, endpoints.dra_socket_path)
-            )
-        watched = (plugin_dir, vfio, cdevs, config, *dra_dirs)
+        fronts = {
+            frontend: {path.absolute() for path in frontend.watched()}
+            for frontend in self.frontends
+        }
+        watched = (vfio, cdevs, config, *(d for dirs in fronts.values() for d in dirs))
         directories = list(dict.fromkeys(d for d in watched if d is not None))
         # A removed /dev/vfio node is a device turning Unhealthy: the watch
         # reports it 20-40 ms after it happens (at 50 ms steps, 50-100 ms),
@@ -289,17 +278,15 @@ class Runtime:
             # nothing: the watch is in place now, and kubelet.sock or the config
             # may have changed before it was.
             touched: set[Path | None] = {*changed, *(path.parent for path in changed)}
-            if not changed:
-                touched = {plugin_dir, config}
+            everything = not changed
             try:
-                if plugin_dir in touched:
-                    await self._check_sockets()
+                await self._restore(
+                    [f for f, dirs in fronts.items() if everything or not dirs.isdisjoint(touched)]
+                )
                 if vfio in touched or cdevs in touched:
                     self.try_rescan()
-                if config in touched:
+                if everything or config in touched:
                     self._notice_config()
-                if self.dra is not None and any(d in touched for d in dra_dirs):
-                    await self.dra.restore()  # the plugin watcher registers a new socket
             except Exception:  # noqa: BLE001 - the next change must still be seen
                 _log.exception("watch-event-failed")
 
@@ -337,37 +324,32 @@ class Runtime:
                 message = f"--metrics-address {host or ''}:{port}: cannot listen: {reason}"
                 raise SettingsError(message) from error
         try:
-            plugin_dir_present = self.device_plugin.clear()
             self.binding.recall()
             # Listening before the first scan: no device that comes meanwhile is missed.
             uevents = self._open_uevents()
             self.rescan()
-            if self.dra is not None:
-                self.dra.recall()  # before the DRA sockets serve a Prepare
-            if plugin_dir_present:
-                await self.device_plugin.listen()
+            for frontend in self.frontends:
+                frontend.recall()  # before it serves anything
+            for frontend in self.frontends:
+                await frontend.start()
             self._tasks.spawn(self._watch_files(), essential="file-watch")
             if uevents is not None:
                 self._tasks.spawn(self._follow_uevents(uevents))
             self._tasks.spawn(self._timers.run(), essential="timer-loop")
-            await self._check_sockets()
-            self.device_plugin.follow()
-            if self.dra is not None:
-                await self.dra.start(self._tasks.spawn)
+            await self._restore(self.frontends)
         except BaseException:
             if self._status is not None:
                 await self._status.close()
-            if self.dra is not None:
-                await self.dra.close()
-                await self._tasks.cancel_all()
-                await self.dra.close_api()
+            for frontend in self.frontends:
+                await frontend.close()
+            await self._tasks.cancel_all()
+            for frontend in self.frontends:
+                await frontend.closed()
             raise
         self.ready.set()
-        serving: dict[str, object] = {
-            "resources": len(self.node.device_plugin.resource_names()),
-            "directory": str(self.plugin_dir),
-            "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
-        }
+        serving: dict[str, object] = {}
+        for frontend in self.frontends:
+            serving.update(frontend.serving())
         if self.settings.config_path or self._reload is not None:
             serving["config"] = self.settings.config_path or "none (the defaults)"
         _log.info("serving", extra={"dp_fields": serving})
@@ -391,13 +373,11 @@ class Runtime:
 
     async def _shutdown(self) -> None:
         self._stopping = True
-        await self.device_plugin.close(timeout=2.0)
-        if self.dra is not None:
-            await self.dra.close()  # the claim files and the checkpoint stay
+        for frontend in self.frontends:
+            await frontend.close()  # DRA's claim files and checkpoint stay
         await self._tasks.cancel_all()
-        if self.dra is not None:
-            await self.dra.close_api()
-        self.device_plugin.close_channels()
+        for frontend in self.frontends:
+            await frontend.closed()
         if self._watcher is not None:
             self._watcher.stop()
         if self._status is not None:
@@ -413,11 +393,6 @@ class Runtime:
         return dict(self._tasks.essential)
 
     @property
-    def open_streams(self) -> int:
-        """How many ListAndWatch streams are being served."""
-        return self.device_plugin.open_streams
-
-    @property
     def config_change_due(self) -> float | None:
         """When a change to the config file that was noticed will be read
         (once it has stayed the same for a second); None: none is waiting."""
@@ -427,7 +402,3 @@ class Runtime:
     def status_address(self) -> tuple[str, int] | None:
         """Where /metrics is served, once `run()` has started it (port 0 resolved)."""
         return self._status.address if self._status is not None else None
-
-    @property
-    def socket_paths(self) -> list[Path]:
-        return self.device_plugin.socket_paths
