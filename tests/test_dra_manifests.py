@@ -472,6 +472,7 @@ def test_rbac_is_what_the_driver_does(variant: dict[tuple[str, str], Object]) ->
         ),
         ("resource.k8s.io", "resourceclaims"): ["get"],
         ("", "nodes"): ["get", "list", "watch"],
+        ("", "pods"): ["get"],
         ("events.k8s.io", "events"): ["create"],
     }
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])

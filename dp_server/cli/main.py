@@ -138,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=("table", "json"), default="table", help="(default: table)"
     )
 
+    classes = commands.add_parser(
+        "device-classes",
+        help="print the DeviceClass of each resource the config serves through DRA (YAML)",
+    )
+    classes.add_argument(
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="YAML config file: dp's own or a KubeVirt CR",
+    )
+    _kubevirt_resources_argument(classes)
+
     serve = commands.add_parser("serve", help="serve the kubelet")
     _host_arguments(serve)
     serve.add_argument(
@@ -277,6 +289,21 @@ def _scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_classes(args: argparse.Namespace) -> int:
+    from dp_core.dra.deviceclasses import device_classes
+    from dp_server.cli.deviceclasses import render
+
+    loaded = read_config_file(args.config, args.kubevirt_resources)
+    names, _ = pci_names(loaded.config)
+    classes, problems = device_classes(loaded.config, names)
+    if problems:
+        for problem in problems:
+            say_error(f"{args.config}: {problem}")
+        return EXIT_CONFIG
+    print(render(classes), end="")
+    return 0
+
+
 async def _serve_until_signalled(args: argparse.Namespace) -> int:
     from dp_server.runtime.runtime import Runtime, Settings, SettingsError
 
@@ -370,6 +397,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "scan":
             code = _scan(args)
             sys.stdout.flush()  # a reader that left is found here, not at exit
+            return code
+        if args.command == "device-classes":
+            code = _device_classes(args)
+            sys.stdout.flush()
             return code
         if args.command == "serve":
             code = asyncio.run(_serve_until_signalled(args))
