@@ -32,6 +32,7 @@ from .host.pci import PciAddress, PciId
 from .host.snapshot import HostSnapshot
 from .inputs import ConfigApplied, HostObserved, Input, Tick
 from .inventory.build import build_inventory
+from .inventory.moves import FrontendMoves
 from .ledger import Ledger
 from .tally import Tally
 from .timing import Timing
@@ -66,6 +67,7 @@ class Node:
         # One ledger for every front end: one IOMMU group, one holder,
         # whichever front end it came through.
         self.ledger = Ledger()
+        self.moves = FrontendMoves(self.inventory)  # a resource changing front ends, logged
         self.binder = Binder(self.ledger)
         self.tally = Tally()
         # The front ends, in the order they hear of every change. A new front
@@ -119,6 +121,7 @@ class Node:
             self._now = now
         moves_version = self.bind_book.moves_version
         effects: list[Effect] = handler(event)
+        effects.extend(self.moves.observe(self.inventory, self.ledger))
         if self.bind_book.moves_version != moves_version:
             effects.append(MovesChanged(self.bind_book.moves()))
         for frontend in self.frontends:
