@@ -9,6 +9,7 @@ extendedResourceName, the name the device plugin would advertise for them.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,44 @@ def test_a_config_without_dra_has_no_class(tmp_path: Path) -> None:
     result = command(config)
     assert result.returncode == 2
     assert "no dra section" in result.stderr
+
+
+def test_scan_says_who_serves_each_resource_and_the_class_dra_needs(tmp_path: Path) -> None:
+    from dp_testing.topology import fixture_topology, write_sysfs
+
+    sysfs, dev = write_sysfs(fixture_topology(), tmp_path / "host")
+    config = tmp_path / "config.yaml"
+    config.write_text(deploy_config())
+    result = subprocess.run(
+        [sys.executable, "-m", "dp_server", "scan", "--format", "json"]
+        + ["--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {r["resource"]: r for r in json.loads(result.stdout)["frontends"]}
+    assert rows["devices.kubevirt.io/kvm"] == {
+        "resource": "devices.kubevirt.io/kvm",
+        "frontend": "device-plugin",
+    }
+    shipped = {
+        c["spec"]["extendedResourceName"]: c["metadata"]["name"]
+        for c in yaml.safe_load_all(SHIPPED[0].read_text())
+    }
+    on_dra = {name: row["device_class"] for name, row in rows.items() if row["frontend"] == "dra"}
+    # The fixture host has T4s and their audio functions, and no T4 vGPU.
+    assert on_dra == {k: v for k, v in shipped.items() if k != "nvidia.com/GRID_T4-1Q"}
+    table = subprocess.run(
+        [sys.executable, "-m", "dp_server", "scan"]
+        + ["--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    assert (
+        "  nvidia.com/TU104GL_Tesla_T4: dra, DeviceClass "
+        "tu104gl-tesla-t4.nvidia.com.vfio.dp.example.com"
+    ) in table.splitlines()

@@ -269,7 +269,7 @@ def _scan(args: argparse.Namespace) -> int:
     import json
 
     from dp_server.cli.explain import explain
-    from dp_server.cli.report import inventory_document, inventory_table
+    from dp_server.cli.report import frontend_rows, inventory_document, inventory_table
 
     loaded = read_config_file(args.config, args.kubevirt_resources)
     config = loaded.config
@@ -279,13 +279,16 @@ def _scan(args: argparse.Namespace) -> int:
     # What `serve` would bind, shown and never done: scan writes nothing.
     plan = plan_bindings(snapshot, config)
     # The device-plugin API's view: a device DRA offers is listed as skipped, saying so.
-    inventory = build_inventory(snapshot, config, names, plan).offered_by(DEVICE_PLUGIN)
+    whole = build_inventory(snapshot, config, names, plan)
+    inventory = whole.offered_by(DEVICE_PLUGIN)
     explained = explain(loaded, snapshot, args.sysfs, [missing] if missing else [])
+    driver = config.dra.driver_name if config.dra is not None else None
+    frontends = frontend_rows(whole, driver)
     if args.format == "json":
-        document = inventory_document(inventory, snapshot, plan, explained)
+        document = inventory_document(inventory, snapshot, plan, explained, frontends)
         print(json.dumps(document, indent=2))
     else:
-        print(inventory_table(inventory, snapshot, plan, explained))
+        print(inventory_table(inventory, snapshot, plan, explained, frontends))
     return 0
 
 
