@@ -14,7 +14,9 @@ the container's devices.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +24,9 @@ import yaml
 
 from dp_core.dra.deviceclasses import device_classes
 from dp_server.cli.deviceclasses import render
+from dp_server.cli.main import load_settings
 from dp_server.config.loader import parse_config
+from dp_server.runtime.runtime import Runtime
 from dp_testing.apiserver import Scheduler
 from dp_testing.dra_kubelet import Claim
 from tests.cdi_reader import Edits, read_dir, resolve
@@ -95,7 +99,10 @@ class Cluster:
         return created
 
     async def bound(self, name: str) -> dict[str, Any]:
-        await until(lambda: bool(self.pod(name)["spec"].get("nodeName")))
+        return await self.bound_within(name, 10.0)
+
+    async def bound_within(self, name: str, timeout: float) -> dict[str, Any]:
+        await until(lambda: bool(self.pod(name)["spec"].get("nodeName")), timeout)
         return self.pod(name)
 
     def pod(self, name: str) -> dict[str, Any]:
@@ -307,3 +314,95 @@ async def test_the_device_plugin_serves_where_the_node_offers_the_name(cluster: 
         "cannot fit resource example.com/none"
     )
     await asyncio.sleep(0)
+
+
+# -- a live node moving its NVMe pair from the device plugin to DRA ------------------------
+
+NVME_ON_DP = CONFIG
+NVME_ON_DRA = CONFIG.replace(
+    f"resourceName: {NVME}\n", f"resourceName: {NVME}\n      frontend: dra\n"
+)
+NVME_A, NVME_B = "pci-0000-5e-00-0", "pci-0000-5e-01-0"  # both in IOMMU group 93
+
+
+def fields(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
+    return [dict(getattr(r, "dp_fields", {})) for r in caplog.records if r.getMessage() == event]
+
+
+@pytest.fixture
+async def moving(tmp_path: Path) -> AsyncIterator[tuple[Cluster, Path]]:
+    """The cluster, with dp serving a config file it watches, as `serve --config` does."""
+    dra = Dra()
+    dra.harness.start_kubelet()
+    dra.kubelet.start()
+    scheduler = Scheduler(dra.api)
+    path = dra.harness.root / "config.yaml"
+    path.write_text(NVME_ON_DP)
+    try:
+        await dra.start_api()
+        settings = dra.harness.settings(
+            cdi_spec_dir=str(dra.cdi),
+            state_dir=str(dra.state),
+            node_name=NODE,
+            plugins_registry_dir=str(dra.registry),
+            plugins_dir=str(dra.plugins),
+            kube_api_server=f"http://127.0.0.1:{dra.port}",
+            slice_watch_period=(0.5, 1.0),
+            config_path=str(path),
+        )
+        config, _ = load_settings(str(path))
+        dra.runtime = Runtime(settings, config, reload=lambda: load_settings(str(path)))
+        dra._serving = asyncio.create_task(dra.runtime.run())
+        await asyncio.wait_for(dra.runtime.ready.wait(), 5)
+        await dra.registered()
+        yield Cluster(dra, scheduler), path
+    finally:
+        scheduler.close()
+        await dra.close()
+
+
+async def test_moving_a_held_pair_to_dra_never_serves_the_name_twice_and_waits_for_the_holder(
+    moving: tuple[Cluster, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dp")
+    cluster, path = moving
+    dra = cluster.dra
+    harness = dra.harness
+    assert await harness.wait(lambda e: e.allocatable().get(NVME) == 2)
+    # A running VM holds one drive of group 93 through the device plugin.
+    await harness.kubelet("admit", "virt-launcher-old", "compute", {NVME: 1})
+    held = next(iter(harness.emulator.pods()["default/virt-launcher-old"].containers.values()))
+    cluster.apply_device_classes(NVME_ON_DRA)
+
+    path.write_text(NVME_ON_DRA)
+    # One server at a time: the kubelet keeps the name, at 0 allocatable,
+    # while the pool publishes both drives; the VM keeps its drive.
+    assert await harness.wait(lambda e: e.allocatable().get(NVME) == 0, timeout=10)
+    assert NVME in harness.emulator.resources()
+    await until(lambda: {NVME_A, NVME_B} <= dra.pool())
+    assert "default/virt-launcher-old" in harness.emulator.pods()
+    (started_move,) = fields(caplog, "frontend-move-started")
+    assert started_move["resource"] == NVME
+    assert (started_move["from"], started_move["to"]) == ("device-plugin", "dra")
+    assert started_move["held_groups"] == "93"
+    assert fields(caplog, "frontend-move-finished") == []
+
+    # A new VM asking by limits is served through DRA, and waits: the drive
+    # left free shares the held group.
+    cluster.report_allocatable()
+    cluster.launcher_pod("virt-launcher-new", {"compute": {NVME: 1}})
+    await until(lambda: ("default", "virt-launcher-new") in cluster.scheduler.unschedulable)
+    assert not cluster.pod("virt-launcher-new")["spec"].get("nodeName")
+
+    # The old VM goes: the group is let go, the move finishes, the new VM runs.
+    await harness.kubelet("remove_pod", "virt-launcher-old")
+    pod = await cluster.bound_within("virt-launcher-new", 15.0)
+    assert (
+        pod["status"]["extendedResourceClaimStatus"]["requestMappings"][0]["resourceName"] == NVME
+    )
+    (finished,) = fields(caplog, "frontend-move-finished")
+    assert finished["resource"] == NVME
+    edits = (await cluster.run("virt-launcher-new"))["compute"]
+    assert set(environment(edits)) == {"PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"}
+    assert "/dev/vfio/93" in groups(edits)
+    assert held.devices  # the old VM had a drive of the same group all along
