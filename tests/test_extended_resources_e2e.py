@@ -14,6 +14,7 @@ the container's devices.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -406,3 +407,33 @@ async def test_moving_a_held_pair_to_dra_never_serves_the_name_twice_and_waits_f
     assert set(environment(edits)) == {"PCI_RESOURCE_DEVICES_KUBEVIRT_IO_NVME"}
     assert "/dev/vfio/93" in groups(edits)
     assert held.devices  # the old VM had a drive of the same group all along
+
+
+async def test_a_restarted_dp_answers_the_extended_claim_as_before(cluster: Cluster) -> None:
+    dra = cluster.dra
+    cluster.apply_device_classes()
+    cluster.report_allocatable()
+    await until(lambda: len(t4_addresses(dra)) >= 1)
+    cluster.launcher_pod("kept", {"compute": {T4: 1}})
+    pod = await cluster.bound("kept")
+    before = await cluster.run("kept")
+    name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    claim = dra.api.store.get("resourceclaims", "default", name)
+    ref = Claim("default", claim["metadata"]["uid"], name)
+    answer = (await dra.prepare(ref))[ref.uid]
+
+    await dra.stop_server()
+    # Meanwhile the pod's status is gone from the API: the claim is answered
+    # from the checkpoint, with the variable it was prepared with.
+    lost = cluster.pod("kept")
+    lost["status"] = {}
+    dra.api.store.update("pods", "default", "kept", lost, status=True)
+    await dra.start_server(CONFIG)
+    await dra.registered(2)
+    assert (await dra.prepare(ref))[ref.uid] == answer
+    checkpoint = json.loads((dra.state / "claims.json").read_text())
+    (kept,) = checkpoint["claims"]
+    assert kept["extended_resources"] == [["container-0-request-0", T4]]
+    specs = read_dir(dra.cdi)
+    after = sum((resolve(specs, i) for d in answer.devices for i in d.cdi_device_ids), Edits())
+    assert environment(after) == environment(before["compute"])
