@@ -14,7 +14,9 @@ taken until they are let go. So a move has two phases, each logged once:
   devices any more; every device is the new front end's to give. A move with
   nothing held finishes as it starts.
 
-A move back before the first finished is a new move (from where it is now).
+A move back before the first finished ends the first (`why` says so: its
+holders are on the side the resource is back on) and is a new move, so
+every start is followed by exactly one finish.
 `FrontendMoves.observe` is given the node's inventory and ledger after every
 input; it compares inventories only when the node built a new one.
 """
@@ -57,6 +59,19 @@ def _groups(*resources: Resource | None) -> frozenset[int]:
     )
 
 
+_LET_GO = "nothing of the old side holds its devices"
+_MOVED_BACK = "moved back before its holders let go"
+
+
+def _finished(move: Move, why: str) -> Log:
+    return Log.info(
+        "frontend-move-finished",
+        resource=move.resource,
+        **{"from": move.source, "to": move.target},
+        why=why,
+    )
+
+
 class FrontendMoves:
     """The moves under way, and the logs of their phases."""
 
@@ -80,13 +95,7 @@ class FrontendMoves:
             move = self._moving[name]
             if not self._held(move, ledger):
                 del self._moving[name]
-                logs.append(
-                    Log.info(
-                        "frontend-move-finished",
-                        resource=name,
-                        **{"from": move.source, "to": move.target},
-                    )
-                )
+                logs.append(_finished(move, _LET_GO))
         return logs
 
     def _started(self, old: Inventory, new: Inventory, ledger: Ledger) -> list[Log]:
@@ -102,6 +111,9 @@ class FrontendMoves:
                 resource.frontend,
                 _groups(previous, resource),
             )
+            superseded = self._moving.get(resource.name)
+            if superseded is not None:
+                logs.append(_finished(superseded, _MOVED_BACK))
             self._moving[resource.name] = move
             held = self._held(move, ledger)
             logs.append(
