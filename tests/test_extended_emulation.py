@@ -154,3 +154,23 @@ def test_each_container_gets_the_cdi_devices_of_its_mapped_requests_and_claims()
     }
     with pytest.raises(KeyError, match="p-gpu-abcde"):
         container_cdi_devices(spec, {"p-extended-resources-xyz12": []})
+
+
+async def test_a_pod_the_emulator_cannot_model_is_said_so_not_retried() -> None:
+    import asyncio
+
+    from dp_testing.apiserver import ApiServerEmulator, Scheduler
+
+    server = ApiServerEmulator()
+    scheduler = Scheduler(server)
+    try:
+        server.add_node("n")
+        server.store.create("deviceclasses", "", device_class("t4", T4))
+        spec = pod(container("c", {T4: 1}), inits=(container("init", {T4: 1}),))
+        server.store.create("pods", "default", {"metadata": {"name": "p"}, **spec})
+        scheduler.schedule("default", "p", "n")
+        await asyncio.sleep(0.05)
+        assert scheduler.pending == {}
+        assert scheduler.unschedulable[("default", "p")].startswith("not emulated: ")
+    finally:
+        scheduler.close()

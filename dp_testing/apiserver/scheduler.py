@@ -171,7 +171,12 @@ class Scheduler:
             self._allocate(claim, chosen)
             del self.waiting[claim]
         for pod_key, node in list(self.pending.items()):
-            self._schedule_pod(pod_key, node, choose)
+            try:
+                self._schedule_pod(pod_key, node, choose)
+            except ValueError as error:
+                # What the emulator does not model is said, not retried forever.
+                del self.pending[pod_key]
+                self.unschedulable[pod_key] = f"not emulated: {error}"
 
     def _schedule_pod(
         self,
