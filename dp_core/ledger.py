@@ -33,6 +33,11 @@ class Holder(Protocol):
         ...
 
     @property
+    def frontend(self) -> str:
+        """The name of the front end it came through."""
+        ...
+
+    @property
     def owner(self) -> str:
         """Whose names `device_ids` are: a device-plugin resource, a DRA driver's pool."""
         ...

@@ -31,6 +31,7 @@ from .host.pci import PciAddress, PciId
 from .host.snapshot import HostSnapshot
 from .inputs import ConfigApplied, HostObserved, Input, Tick
 from .inventory.build import build_inventory
+from .inventory.moves import FrontendMoves
 from .ledger import Ledger
 from .tally import Tally
 
@@ -64,6 +65,7 @@ class Node:
         # One ledger for every front end: one IOMMU group, one holder,
         # whichever front end it came through.
         self.ledger = ledger
+        self.moves = FrontendMoves(self.inventory)  # a resource changing front ends, logged
         self.binder = Binder(self.ledger)
         self.tally = Tally()
         names = [frontend.name for frontend in frontends]
@@ -97,6 +99,7 @@ class Node:
             self._now = now
         moves_version = self.bind_book.moves_version
         effects = self._follow(handler(event, self._now))
+        effects.extend(self.moves.observe(self.inventory, self.ledger))
         if self.bind_book.moves_version != moves_version:
             effects.append(MovesChanged(self.bind_book.moves()))
         for frontend in self.frontends:

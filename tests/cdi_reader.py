@@ -26,7 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CdiError", "DeviceNode", "Edits", "Spec", "read_dir", "read_spec", "resolve"]
+__all__ = [
+    "CdiError",
+    "DeviceNode",
+    "Edits",
+    "Mount",
+    "Spec",
+    "read_dir",
+    "read_spec",
+    "resolve",
+]
 
 VERSIONS = (
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
@@ -37,6 +46,7 @@ _DEVICE_FIELDS = {"name", "annotations", "containerEdits"}
 _EDIT_FIELDS = {
     "env", "deviceNodes", "mounts", "hooks", "additionalGids", "intelRdt", "netDevices",
 }  # fmt: skip
+_MOUNT_FIELDS = {"hostPath", "containerPath", "type", "options"}
 _NODE_FIELDS = {
     "path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid",
 }  # fmt: skip
@@ -59,12 +69,24 @@ class DeviceNode:
 
 
 @dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Edits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
     def __add__(self, other: Edits) -> Edits:
-        return Edits(self.env + other.env, self.device_nodes + other.device_nodes)
+        return Edits(
+            self.env + other.env,
+            self.device_nodes + other.device_nodes,
+            self.mounts + other.mounts,
+        )
 
 
 @dataclass(frozen=True)
@@ -121,7 +143,7 @@ class _Reader:
 
     def edits(self, value: Any, where: str) -> Edits:
         edits = self.fields(value, _EDIT_FIELDS, where)
-        for field in ("mounts", "hooks", "additionalGids", "intelRdt", "netDevices"):
+        for field in ("hooks", "additionalGids", "intelRdt", "netDevices"):
             if field in edits:
                 # dp writes none of these; a reader for them is not needed to check dp.
                 raise self.fail(f"{where}.{field}: not read by this test reader")
@@ -152,7 +174,30 @@ class _Reader:
             if permissions.strip("rwm") and permissions != "none":
                 raise self.fail(f"{at}: permissions {permissions!r} are not of r, w and m")
             read.append(DeviceNode(path, host_path, permissions))
-        return Edits(tuple(str(item) for item in env), tuple(read))
+        return Edits(tuple(str(item) for item in env), tuple(read), self.mounts(edits, where))
+
+    def mounts(self, edits: dict[str, Any], where: str) -> tuple[Mount, ...]:
+        raw = edits.get("mounts", [])
+        if not isinstance(raw, list):
+            raise self.fail(f"{where}.mounts is not a list")
+        found = []
+        for index, item in enumerate(raw):
+            at = f"{where}.mounts[{index}]"
+            mount = self.fields(item, _MOUNT_FIELDS, at)
+            for field in ("hostPath", "containerPath"):
+                if not self.string(mount.get(field), f"{at}.{field}"):
+                    raise self.fail(f"{at}: {field} is empty")
+            options = mount.get("options", [])
+            if not isinstance(options, list):
+                raise self.fail(f"{at}.options is not a list")
+            found.append(
+                Mount(
+                    mount["hostPath"],
+                    mount["containerPath"],
+                    tuple(self.string(o, f"{at}.options[]") for o in options),
+                )
+            )
+        return tuple(found)
 
     def spec(self, document: Any) -> Spec:
         spec = self.fields(document, _SPEC_FIELDS, "the spec")
@@ -188,7 +233,7 @@ class _Reader:
             if name in read:
                 raise self.fail(f"{at}: device {name!r} is listed twice")
             edits = self.edits(device["containerEdits"], f"{at}.containerEdits")
-            if not edits.env and not edits.device_nodes:
+            if not edits.env and not edits.device_nodes and not edits.mounts:
                 raise self.fail(f"{at}: device {name!r} has empty containerEdits")
             read[name] = edits
         if _version_key(version) < _version_key(self.needs):

@@ -396,6 +396,9 @@ def test_the_component_adds_and_never_removes(variant: dict[tuple[str, str], Obj
         ("ServiceAccount", "dp"),
         ("ClusterRole", "dp-dra"),
         ("ClusterRoleBinding", "dp-dra"),
+        ("DeviceClass", "tu104gl-tesla-t4.nvidia.com.vfio.dp.example.com"),
+        ("DeviceClass", "tu104-hda.nvidia.com.vfio.dp.example.com"),
+        ("DeviceClass", "grid-t4-1q.nvidia.com.vfio.dp.example.com"),
     }
     (base_container,) = base[("DaemonSet", "dp")]["spec"]["template"]["spec"]["containers"]
     container = _container(variant)
@@ -472,6 +475,7 @@ def test_rbac_is_what_the_driver_does(variant: dict[tuple[str, str], Object]) ->
         ),
         ("resource.k8s.io", "resourceclaims"): ["get"],
         ("", "nodes"): ["get", "list", "watch"],
+        ("", "pods"): ["get"],
         ("events.k8s.io", "events"): ["create"],
     }
     assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
@@ -601,7 +605,8 @@ def published(variant: dict[tuple[str, str], Object]) -> tuple[str, tuple[DraDev
 def _classes() -> dict[str, str]:
     """DeviceClass name -> its one CEL expression."""
     classes = {}
-    for device_class in _documents(EXAMPLES / "deviceclasses.yaml"):
+    shipped = _documents(EXAMPLES / "deviceclasses.yaml")
+    for device_class in shipped + _documents(EXAMPLES / "deviceclass-iommu-groups.yaml"):
         (selector,) = device_class["spec"]["selectors"]
         classes[device_class["metadata"]["name"]] = selector["cel"]["expression"]
     return classes
@@ -633,9 +638,10 @@ def test_each_device_class_selects_exactly_one_kind_of_device(
         (kind,) = chosen
         assert all(selects(expression, driver, d) for d in devices if _kind(d) == kind)
         selected_by.setdefault(kind, set()).add(name)
-    # The audio function has no class of its own: it goes with its GPU, whole.
+    # A class per resource, written by dp, and one for the whole group.
     assert {k: len(n) for k, n in selected_by.items()} == {
         ("function", T4): 1,
+        ("function", "nvidia.com/TU104_HDA"): 1,
         ("function", "nvidia.com/GRID_T4-1Q"): 1,
         ("group", T4): 1,
     }

@@ -5,7 +5,10 @@ The one place these names are made, for the core's answer to the kubelet
 
 - `<driver>_claim_<UID>.json`, kind `<driver>/claim`, a device
   `<UID>-<device>` per device of the claim, with the VFIO nodes Allocate
-  gives it;
+  gives it, and for a claim made for extended resources a device
+  `<UID>_<request>` per request, with KubeVirt's variable naming the
+  request's devices (`dra.extended`); a UID is 36 characters, so the `-` or
+  `_` after it tells the two apart whatever the device or request is called;
 - `<driver>_metadata_<UID>_<request>.json`, kind `<driver>/metadata`, a
   device `<UID>_<request>` that bind-mounts the request's KEP-5304 metadata
   file read-only, as the Kubernetes helper names and mounts them
@@ -27,6 +30,7 @@ __all__ = [
     "METADATA_MOUNT_OPTIONS",
     "claim_device_id",
     "claim_kind",
+    "claim_request_device_id",
     "claim_spec",
     "claim_spec_name",
     "metadata_device_id",
@@ -55,6 +59,15 @@ def _metadata_device(uid: str, request: str) -> str:
     return f"{uid}_{request}"
 
 
+def _request_device(uid: str, request: str) -> str:
+    return f"{uid}_{request}"
+
+
+def claim_request_device_id(driver: str, uid: str, request: str) -> str:
+    """The CDI ID of the variables of claim `uid`'s request `request`."""
+    return qualified_name(claim_kind(driver), _request_device(uid, request))
+
+
 def claim_device_id(driver: str, uid: str, device: str) -> str:
     """The CDI ID a container asks for claim `uid`'s device `device` by."""
     return qualified_name(claim_kind(driver), _claim_device(uid, device))
@@ -71,11 +84,18 @@ def claim_spec_name(driver: str, uid: str) -> str:
 
 
 def claim_spec(
-    driver: str, uid: str, devices: Iterable[tuple[str, tuple[DeviceSpec, ...]]]
+    driver: str,
+    uid: str,
+    devices: Iterable[tuple[str, tuple[DeviceSpec, ...]]],
+    requests: Iterable[tuple[str, tuple[str, ...]]] = (),
 ) -> CdiSpec | None:
     """The claim's spec: a device per (name, device nodes) that has nodes
-    (CDI refuses a device with empty edits); None when none has."""
+    and per (request, variables) that has variables (CDI refuses a device
+    with empty edits); None when none has."""
     found = tuple(CdiDevice(_claim_device(uid, name), nodes) for name, nodes in devices if nodes)
+    found += tuple(
+        CdiDevice(_request_device(uid, request), env=env) for request, env in requests if env
+    )
     if not found:
         return None
     return CdiSpec(claim_spec_name(driver, uid), claim_kind(driver), found)

@@ -16,6 +16,7 @@ from typing import overload
 
 import attrs
 
+from ..config.config import DEVICE_PLUGIN
 from ..errors import UsageError
 from ..inventory.advertised import AdvertisedDevice
 from ..ledger import Holder, Ledger, holds
@@ -46,6 +47,10 @@ class Allocation:
         return ("allocation", self.serial)
 
     @property
+    def frontend(self) -> str:
+        return DEVICE_PLUGIN
+
+    @property
     def owner(self) -> str:
         return self.resource
 
@@ -67,6 +72,10 @@ class UnlistedHold:
     @property
     def key(self) -> Hashable:
         return _unlisted_key(self.group)
+
+    @property
+    def frontend(self) -> str:
+        return DEVICE_PLUGIN
 
     @property
     def owner(self) -> str:

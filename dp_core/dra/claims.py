@@ -54,6 +54,10 @@ class ClaimHold:
     def key(self) -> Hashable:
         return ClaimHold.key_of(self.claim)
 
+    @property
+    def frontend(self) -> str:
+        return DRA
+
     @staticmethod
     def key_of(claim: ClaimRef) -> Hashable:
         """The ledger's key of `claim`'s hold."""

@@ -337,7 +337,7 @@ class DraFrontend:
                     ),
                 ]
             )
-        prepared = PreparedClaim(claim, devices, event.pod_claim_name)
+        prepared = PreparedClaim(claim, devices, event.pod_claim_name, event.extended_resources)
         names = tuple(device.name for device in devices)
         hold = ClaimHold(claim, names, prepared.groups)
         self._ledger.hold(hold)

@@ -13,6 +13,7 @@ import attrs
 
 from .claims import ClaimRef
 from .prepared import PreparedClaim
+from .prepared import request_resources as _request_resources
 
 __all__ = [
     "AllocatedDevice",
@@ -47,7 +48,10 @@ class ClaimPrepareRequested:
     """NodePrepareResources for one claim; `call` pairs it with its answer.
 
     `pod_claim_name` is the claim's `resource.kubernetes.io/pod-claim-name`
-    annotation, when it was made from a template.
+    annotation, when it was made from a template. `extended_resources` is
+    set for the claim the scheduler made for a pod's extended resources:
+    (request, extended resource name) from the pod's
+    `status.extendedResourceClaimStatus.requestMappings` (`extended`).
     """
 
     call: int
@@ -55,6 +59,9 @@ class ClaimPrepareRequested:
     results: tuple[AllocatedDevice, ...] = attrs.field(converter=_results)
     now: float
     pod_claim_name: str | None = None
+    extended_resources: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), converter=_request_resources
+    )
 
 
 @attrs.frozen

@@ -1,7 +1,8 @@
 """What a container gets for a prepared claim: CDI names and KEP-5304 metadata.
 
 Per device, a CDI device (`cdi.claims`) whose edits are the VFIO nodes
-`Allocate` gives (`ClaimDevice.edits`). Per request, the KEP-5304 device
+`Allocate` gives (`ClaimDevice.edits`); per request of a claim made for
+extended resources, one with KubeVirt's variable (`extended`). Per request, the KEP-5304 device
 metadata, as the Kubernetes helper writes it
 (`k8s.io/dynamic-resource-allocation/kubeletplugin/metadata.go`): one
 `DeviceMetadata` object per API version, newest first, attribute values as
@@ -19,8 +20,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from ..cdi.claims import claim_device_id, metadata_device_id
+from ..cdi.claims import claim_device_id, claim_request_device_id, metadata_device_id
 from .claims import PreparedDevice
+from .extended import request_envs
 from .prepared import ClaimDevice, PreparedClaim
 from .slices import AttributeValue, Version
 
@@ -136,9 +138,14 @@ def request_metadata(driver: str, prepared: PreparedClaim) -> tuple[RequestMetad
 
 
 def prepared_devices(driver: str, prepared: PreparedClaim) -> tuple[PreparedDevice, ...]:
-    """The NodePrepareResources answer's devices: each with its own CDI device
-    and the metadata CDI device of each request it serves."""
+    """The NodePrepareResources answer's devices: each with its own CDI device,
+    the metadata CDI device of each request it serves and, in a claim made
+    for extended resources, the variables' CDI device of each of those
+    requests. The kubelet gives a container the IDs of every device of its
+    requests, so an ID shared by two devices reaches it twice: a runtime
+    applies the same edits twice, which changes nothing."""
     uid = prepared.claim.uid
+    with_env = {e.request for e in request_envs(prepared)}
     answer = []
     for device in prepared.devices:
         ids = [claim_device_id(driver, uid, device.name)]
@@ -146,5 +153,6 @@ def prepared_devices(driver: str, prepared: PreparedClaim) -> tuple[PreparedDevi
             meta = metadata_device_id(driver, uid, base_request(request))
             if meta not in ids:
                 ids.append(meta)
+        ids += [claim_request_device_id(driver, uid, r) for r in device.requests if r in with_env]
         answer.append(PreparedDevice(device.requests, device.pool, device.name, tuple(ids)))
     return tuple(answer)

@@ -18,7 +18,7 @@ from ..inventory.edits import ContainerAllocation
 from .claims import ClaimRef
 from .names import Attributes
 
-__all__ = ["ClaimDevice", "PreparedClaim"]
+__all__ = ["ClaimDevice", "PreparedClaim", "request_resources"]
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
@@ -48,15 +48,33 @@ def _devices(value: Iterable[ClaimDevice]) -> tuple[ClaimDevice, ...]:
     return tuple(value)
 
 
+def request_resources(value: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """(request, extended resource) pairs, sorted; a request mapped twice is refused."""
+    pairs = tuple(sorted({(str(request), str(resource)) for request, resource in value}))
+    requests = [request for request, _ in pairs]
+    twice = sorted({r for r in requests if requests.count(r) > 1})
+    if twice:
+        raise ValueError(f"request {twice[0]!r} is mapped to two extended resources")
+    return pairs
+
+
 @attrs.frozen
 class PreparedClaim:
     """A claim NodePrepareResources prepared; `pod_claim_name` is set for a
     claim made from a template (its `resource.kubernetes.io/pod-claim-name`
-    annotation), which names its metadata's path in the container."""
+    annotation), which names its metadata's path in the container.
+
+    `extended_resources` is set for the claim the scheduler made for a pod's
+    extended resources (`extended`): (request, the extended resource name
+    the pod asked for that request serves), sorted, a request once.
+    """
 
     claim: ClaimRef
     devices: tuple[ClaimDevice, ...] = attrs.field(default=(), converter=_devices)
     pod_claim_name: str | None = None
+    extended_resources: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), converter=request_resources
+    )
 
     @property
     def groups(self) -> tuple[int, ...]:

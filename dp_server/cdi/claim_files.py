@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dp_core import ClaimRef, PreparedClaim
 from dp_core.cdi.claims import claim_spec, claim_spec_name, metadata_spec, metadata_spec_prefix
+from dp_core.dra.extended import request_envs
 from dp_core.dra.metadata import request_metadata
 from dp_server.cdi.document import render
 from dp_server.files import write_atomically
@@ -46,7 +47,8 @@ class ClaimFiles:
         a reader sees); raises OSError naming the file that could not be written."""
         claim = prepared.claim
         devices = ((device.name, device.edits.devices) for device in prepared.devices)
-        spec = claim_spec(self.driver, claim.uid, devices)
+        requests = ((e.request, e.env) for e in request_envs(prepared))
+        spec = claim_spec(self.driver, claim.uid, devices, requests)
         if spec is not None:
             _write(self.spec_path(spec.name), render(spec))
         for request in request_metadata(self.driver, prepared):

@@ -138,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=("table", "json"), default="table", help="(default: table)"
     )
 
+    classes = commands.add_parser(
+        "device-classes",
+        help="print the DeviceClass of each resource the config serves through DRA (YAML)",
+    )
+    classes.add_argument(
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="YAML config file: dp's own or a KubeVirt CR",
+    )
+    _kubevirt_resources_argument(classes)
+
     serve = commands.add_parser("serve", help="serve the kubelet")
     _host_arguments(serve)
     serve.add_argument(
@@ -257,7 +269,7 @@ def _scan(args: argparse.Namespace) -> int:
     import json
 
     from dp_server.cli.explain import explain
-    from dp_server.cli.report import inventory_document, inventory_table
+    from dp_server.cli.report import frontend_rows, inventory_document, inventory_table
 
     loaded = read_config_file(args.config, args.kubevirt_resources)
     config = loaded.config
@@ -267,13 +279,31 @@ def _scan(args: argparse.Namespace) -> int:
     # What `serve` would bind, shown and never done: scan writes nothing.
     plan = plan_bindings(snapshot, config)
     # The device-plugin API's view: a device DRA offers is listed as skipped, saying so.
-    inventory = build_inventory(snapshot, config, names, plan).offered_by(DEVICE_PLUGIN)
+    whole = build_inventory(snapshot, config, names, plan)
+    inventory = whole.offered_by(DEVICE_PLUGIN)
     explained = explain(loaded, snapshot, args.sysfs, [missing] if missing else [])
+    driver = config.dra.driver_name if config.dra is not None else None
+    frontends = frontend_rows(whole, driver)
     if args.format == "json":
-        document = inventory_document(inventory, snapshot, plan, explained)
+        document = inventory_document(inventory, snapshot, plan, explained, frontends)
         print(json.dumps(document, indent=2))
     else:
-        print(inventory_table(inventory, snapshot, plan, explained))
+        print(inventory_table(inventory, snapshot, plan, explained, frontends))
+    return 0
+
+
+def _device_classes(args: argparse.Namespace) -> int:
+    from dp_core.dra.deviceclasses import device_classes
+    from dp_server.cli.deviceclasses import render
+
+    loaded = read_config_file(args.config, args.kubevirt_resources)
+    names, _ = pci_names(loaded.config)
+    classes, problems = device_classes(loaded.config, names)
+    if problems:
+        for problem in problems:
+            say_error(f"{args.config}: {problem}")
+        return EXIT_CONFIG
+    print(render(classes), end="")
     return 0
 
 
@@ -370,6 +400,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "scan":
             code = _scan(args)
             sys.stdout.flush()  # a reader that left is found here, not at exit
+            return code
+        if args.command == "device-classes":
+            code = _device_classes(args)
+            sys.stdout.flush()
             return code
         if args.command == "serve":
             code = asyncio.run(_serve_until_signalled(args))

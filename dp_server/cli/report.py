@@ -25,9 +25,16 @@ from dp_core import (
     ScanProblem,
     cdev_state,
 )
+from dp_core.dra.deviceclasses import device_class_name
 from dp_server.cli.explain import EntryReport, Explained
 
-__all__ = ["explained_lines", "inventory_document", "inventory_table", "report_converter"]
+__all__ = [
+    "explained_lines",
+    "frontend_rows",
+    "inventory_document",
+    "inventory_table",
+    "report_converter",
+]
 
 report_converter = cattrs.Converter()
 report_converter.register_unstructure_hook(DeviceKind, lambda kind: kind.value)
@@ -137,11 +144,39 @@ def _config_document(explained: Explained) -> dict[str, Any]:
     }
 
 
+def frontend_rows(inventory: Inventory, driver: str | None) -> list[dict[str, Any]]:
+    """Each resource of the whole inventory: the front end that serves it and,
+    for DRA, the DeviceClass a cluster needs for it (`dp-server device-classes`)."""
+    rows = []
+    for resource in inventory.resources:
+        row: dict[str, Any] = {"resource": resource.name, "frontend": resource.frontend}
+        if resource.frontend == "dra" and driver is not None:
+            try:
+                row["device_class"] = device_class_name(resource.name, driver)
+            except ValueError as error:
+                row["device_class"] = None
+                row["device_class_problem"] = str(error)
+        rows.append(row)
+    return rows
+
+
+def _frontend_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["front ends (a name is served by one; DRA needs the DeviceClass named):"]
+    for row in rows:
+        line = f"  {row['resource']}: {row['frontend']}"
+        if "device_class" in row:
+            found = row["device_class"]
+            line += f", DeviceClass {found}" if found else f", {row['device_class_problem']}"
+        lines.append(line)
+    return lines
+
+
 def inventory_document(
     inventory: Inventory,
     snapshot: HostSnapshot,
     plan: Plan | None = None,
     explained: Explained | None = None,
+    frontends: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """`{"resources": [{"name", "kind", "capacity", "allocatable", "devices"}], ...}`.
 
@@ -152,6 +187,9 @@ def inventory_document(
 
     With a binding plan, `"binding"` lists what `serve` would move to vfio-pci
     and what it refuses to, with the reason.
+
+    With `frontends` (`frontend_rows`), `"frontends"` says which front end
+    serves each resource, and the DeviceClass a DRA one needs.
 
     With `explained`, `"config"` has each entry (who serves it and why, how
     many devices it selects here, and for one that selects none, the nearest
@@ -176,6 +214,8 @@ def inventory_document(
     }
     if plan:
         document["binding"] = [report_converter.unstructure(d, BindDecision) for d in plan.values()]
+    if frontends is not None:
+        document["frontends"] = frontends
     if explained is not None:
         document["config"] = _config_document(explained)
         document["host_notes"] = list(explained.host)
@@ -216,6 +256,7 @@ def inventory_table(
     snapshot: HostSnapshot,
     plan: Plan | None = None,
     explained: Explained | None = None,
+    frontends: list[dict[str, Any]] | None = None,
 ) -> str:
     lines: list[str] = []
     for resource in inventory.resources:
@@ -256,6 +297,8 @@ def inventory_table(
         lines.append(f"serve would move to {VFIO_DRIVER} (scan changes nothing):")
         for decision in binds:
             lines.append(f"  {decision.address}: from {decision.driver or 'no driver'}")
+    if frontends:
+        lines += _frontend_lines(frontends)
     lines.append(_iommufd_line(snapshot))
     if explained is not None:
         lines += explained_lines(explained)

@@ -2,7 +2,8 @@
 
 `KubeApi` is the only place that talks to the API server: it reads, lists
 and watches this node's Node object (the owner of our ResourceSlices, which
-may be deleted and registered again with a new UID), reads ResourceClaims,
+may be deleted and registered again with a new UID), reads ResourceClaims
+(and the Pod that owns a claim made for its extended resources),
 and lists, watches, creates, replaces and deletes this node's ResourceSlices
 of one driver. The request code and the object models are lightkube's; this module
 only picks the calls, the field selectors and the timeouts, and counts every
@@ -28,7 +29,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
 from lightkube.core.client import FieldSelector
 from lightkube.core.exceptions import NotReadyError
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.events_v1 import Event
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -187,6 +188,13 @@ class KubeApi:
         self.calls.count("get", "resourceclaims")
         claim: ResourceClaim = await self._client.get(ResourceClaim, name, namespace=namespace)
         return claim
+
+    async def get_pod(self, namespace: str, name: str) -> Pod:
+        """Pod `namespace/name`: the owner of a claim made for its extended
+        resources, whose status maps that claim's requests to its containers."""
+        self.calls.count("get", "pods")
+        pod: Pod = await self._client.get(Pod, name, namespace=namespace)
+        return pod
 
     async def list_slices(self, node: str, driver: str) -> tuple[list[ResourceSlice], str]:
         """This node's slices of `driver`, and the resourceVersion to watch from."""

@@ -8,11 +8,20 @@ cannot be prepared is refused here, by `BadClaim`, naming what is wrong.
 
 from __future__ import annotations
 
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from dp_core import AllocatedDevice, ClaimRef
+from dp_core.dra.extended import EXTENDED_RESOURCE_CLAIM_ANNOTATION
 
-__all__ = ["POD_CLAIM_NAME", "BadClaim", "read_allocation", "show"]
+__all__ = [
+    "POD_CLAIM_NAME",
+    "BadClaim",
+    "extended_owner",
+    "extended_resources",
+    "read_allocation",
+    "show",
+]
 
 # Set on a claim made from a pod's template (k8s.io/api/resource/v1 annotation).
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
@@ -55,3 +64,62 @@ def read_allocation(
         raise BadClaim(f"claim {show(claim)} has no device of driver {driver}")
     annotations = (metadata.annotations if metadata is not None else None) or {}
     return tuple(results), annotations.get(POD_CLAIM_NAME) or None
+
+
+def extended_owner(claim: ClaimRef, obj: ResourceClaim) -> tuple[str, str] | None:
+    """The pod (name, UID) a claim made for extended resources belongs to; None
+    for any other claim.
+
+    The scheduler makes that claim with the annotation and the pod as its
+    controller owner, and finds it again by both
+    (`extendeddynamicresources.go` `findExtendedResourceClaim`).
+    """
+    metadata = obj.metadata
+    annotations = (metadata.annotations if metadata is not None else None) or {}
+    if annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
+        return None
+    owners = (metadata.ownerReferences if metadata is not None else None) or []
+    for owner in owners:
+        if owner.kind == "Pod" and owner.controller:
+            return owner.name, owner.uid
+    raise BadClaim(
+        f"claim {show(claim)} is annotated {EXTENDED_RESOURCE_CLAIM_ANNOTATION}, but no pod "
+        "is its controller owner: the scheduler makes it with its pod as the owner"
+    )
+
+
+def extended_resources(
+    claim: ClaimRef, pod: Pod, owner: tuple[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """(request, extended resource name) for each request of `claim`, from
+    the owner pod's `status.extendedResourceClaimStatus.requestMappings`.
+
+    The scheduler writes the mappings before it binds the pod, and the kubelet
+    reads them to find this claim and each container's requests
+    (`pkg/kubelet/cm/dra/manager.go`): a pod whose status lacks them is not
+    prepared at all, so they are there when a driver is asked. The DeviceClass
+    of a request is no substitute: a pod may ask by the class's implicit name
+    (`deviceclass.resource.kubernetes.io/<class>`), and a class may be changed
+    or deleted after the scheduler chose it.
+    """
+    name, uid = owner
+    where = f"pod {claim.namespace}/{name}, owner of claim {show(claim)}"
+    metadata = pod.metadata
+    if metadata is None or metadata.uid != uid:
+        found = metadata.uid if metadata is not None else None
+        raise BadClaim(f"{where}, has UID {found}, not {uid}: it was deleted and made again")
+    status = pod.status.extendedResourceClaimStatus if pod.status is not None else None
+    if status is None or status.resourceClaimName != claim.name:
+        shown = status.resourceClaimName if status is not None else None
+        raise BadClaim(
+            f"{where}: status.extendedResourceClaimStatus names claim {shown!r}, not {claim.name!r}"
+        )
+    pairs: dict[str, str] = {}
+    for index, mapping in enumerate(status.requestMappings or ()):
+        request, resource = mapping.requestName, mapping.resourceName
+        if pairs.setdefault(request, resource) != resource:
+            raise BadClaim(
+                f"{where}: status.extendedResourceClaimStatus.requestMappings[{index}] maps "
+                f"request {request!r} to {resource!r}, and another entry to {pairs[request]!r}"
+            )
+    return tuple(sorted(pairs.items()))

@@ -64,7 +64,13 @@ from dp_server.config.settings import Settings, SettingsError
 from dp_server.dra.api import KubeApi, describe
 from dp_server.dra.checkpoint import ClaimsStore
 from dp_server.dra.claim_events import ClaimEvents
-from dp_server.dra.claims import BadClaim, read_allocation, show
+from dp_server.dra.claims import (
+    BadClaim,
+    extended_owner,
+    extended_resources,
+    read_allocation,
+    show,
+)
 from dp_server.dra.endpoints import DraEndpoints
 from dp_server.dra.health import health_message
 from dp_server.dra.metrics import wiring_families
@@ -76,6 +82,10 @@ from dp_server.rpc import StreamSlot
 __all__ = ["DraRuntime"]
 
 _log = logging.getLogger("dp.dra")
+
+# A claim as read: its allocation results, its pod-claim-name, and for a claim
+# made for extended resources, (request, extended resource name) pairs.
+_Read = tuple[tuple[AllocatedDevice, ...], str | None, tuple[tuple[str, str], ...]]
 
 METADATA_DIR = "dra-device-metadata"
 _SHUTTING_DOWN = "the DRA driver is shutting down"
@@ -259,12 +269,10 @@ class DraRuntime:
                     outcomes.append(error)
         return outcomes
 
-    async def _read_unless_prepared(
-        self, claim: ClaimRef
-    ) -> tuple[tuple[AllocatedDevice, ...], str | None] | PrepareFailed:
+    async def _read_unless_prepared(self, claim: ClaimRef) -> _Read | PrepareFailed:
         if self._core.is_prepared(claim.uid):
             # A claim prepared already is answered from the ledger, API server or not.
-            return (), None
+            return (), None, ()
         try:
             return await self._read_claim(claim)
         except BadClaim as error:
@@ -274,11 +282,15 @@ class DraRuntime:
             return PrepareFailed(str(error))
 
     def _prepare_read(
-        self, claim: ClaimRef, results: tuple[AllocatedDevice, ...], pod_claim_name: str | None
+        self,
+        claim: ClaimRef,
+        results: tuple[AllocatedDevice, ...],
+        pod_claim_name: str | None,
+        extended: tuple[tuple[str, str], ...],
     ) -> PrepareOutcome:
         answer = self._loop.call(
             lambda call: ClaimPrepareRequested(
-                call, claim, results, self._loop.now(), pod_claim_name
+                call, claim, results, self._loop.now(), pod_claim_name, extended
             )
         )
         if isinstance(answer, ClaimRefused):
@@ -305,12 +317,23 @@ class DraRuntime:
         )
         return answer.error or None if isinstance(answer, ClaimAnswered) else None
 
-    async def _read_claim(self, claim: ClaimRef) -> tuple[tuple[AllocatedDevice, ...], str | None]:
+    async def _read_claim(self, claim: ClaimRef) -> _Read:
         try:
             obj = await self.api.get_claim(claim.namespace, claim.name)
         except Exception as error:  # noqa: BLE001 - any failure is this claim's alone
             raise BadClaim(f"cannot read claim {show(claim)}: {describe(error)}") from None
-        return read_allocation(claim, obj, self.driver)
+        results, pod_claim_name = read_allocation(claim, obj, self.driver)
+        owner = extended_owner(claim, obj)
+        if owner is None:
+            return results, pod_claim_name, ()
+        try:
+            pod = await self.api.get_pod(claim.namespace, owner[0])
+        except Exception as error:  # noqa: BLE001 - any failure is this claim's alone
+            raise BadClaim(
+                f"cannot read pod {claim.namespace}/{owner[0]}, owner of claim {show(claim)}: "
+                f"{describe(error)}"
+            ) from None
+        return results, pod_claim_name, extended_resources(claim, pod, owner)
 
     # -- effects (registered on the loop) ----------------------------------------------
 

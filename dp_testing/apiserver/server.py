@@ -11,6 +11,11 @@ conventions of the real server:
   node's slices at start);
 - `events.k8s.io/v1` `events` (namespaced), as a controller reports on an
   object: create, get and list;
+- `/api/v1` `pods` (namespaced, with the `status` subresource) and
+  `resource.k8s.io/v1` `deviceclasses` (cluster-scoped), stored as given,
+  for the scheduler's extended resources (`scheduler`, `extended`);
+  `set_allocatable` stands for the kubelet's report of a Node's
+  device-plugin resources (`status.allocatable`);
 - list and watch with field selectors (`metadata.name`, `spec.nodeName`,
   `spec.driver` for slices; `metadata.name`, `metadata.namespace` for claims)
   and `resourceVersion`; watch events as JSON lines in a chunked answer,
@@ -71,7 +76,15 @@ Obj = dict[str, Any]
 _GROUP = "/apis/resource.k8s.io/v1"
 _ROUTES = [
     (re.compile(r"/api/v1/nodes(?:/(?P<name>[^/]+))?"), "nodes", False),
+    (
+        re.compile(
+            r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<status>/status)?)?"
+        ),
+        "pods",
+        False,
+    ),
     (re.compile(_GROUP + r"/resourceslices(?:/(?P<name>[^/]+))?"), "resourceslices", False),
+    (re.compile(_GROUP + r"/deviceclasses(?:/(?P<name>[^/]+))?"), "deviceclasses", False),
     (
         re.compile(
             _GROUP
@@ -88,12 +101,16 @@ _ROUTES = [
 ]
 _KINDS = {
     "nodes": ("v1", "Node"),
+    "pods": ("v1", "Pod"),
     "resourceslices": ("resource.k8s.io/v1", "ResourceSlice"),
+    "deviceclasses": ("resource.k8s.io/v1", "DeviceClass"),
     "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim"),
     "events": ("events.k8s.io/v1", "Event"),
 }
 _FIELDS = {
     "nodes": {"metadata.name"},
+    "pods": {"metadata.name", "metadata.namespace", "spec.nodeName"},
+    "deviceclasses": {"metadata.name"},
     "resourceslices": {"metadata.name", "spec.nodeName", "spec.driver"},
     "resourceclaims": {"metadata.name", "metadata.namespace"},
     "events": {"metadata.name", "metadata.namespace", "regarding.name", "regarding.uid", "reason"},
@@ -168,6 +185,18 @@ class ApiServerEmulator:
         return self.store.create(
             "nodes", "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
+
+    def set_allocatable(self, node: str, allocatable: dict[str, int]) -> Obj:
+        """Node `node`'s `status.allocatable` for these resources, as the kubelet
+        reports what its device plugins offer (a registered resource stays, at 0)."""
+        obj = self.store.get("nodes", "", node)
+        status = obj.get("status") or {}
+        status["allocatable"] = {
+            **(status.get("allocatable") or {}),
+            **{name: str(count) for name, count in allocatable.items()},
+        }
+        obj["status"] = status
+        return self.store.update("nodes", "", node, obj, status=True)
 
     def delete_node(self, name: str) -> Obj:
         """`kubectl delete node`: what it owns goes after `gc_delay`."""

@@ -21,6 +21,9 @@ What the kubelet does with a DRA driver, and nothing else:
   (5 s) after every end (`_health`). What the plugin says of each device of
   a prepared claim is what `claim_health` gives, as the kubelet puts it in
   the pod's `allocatedResourcesStatus`.
+* `container_cdi_devices` gives, for a pod, the CDI devices each container
+  is handed from the claims prepared here, the claim the scheduler made for
+  the pod's extended resources included (`_containers`).
 * restart() forgets every plugin and connection and discovers the sockets
   again; the sockets stay, as the kubelet leaves plugins_registry alone.
 
@@ -42,6 +45,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from dp_testing.dra_kubelet._containers import container_cdi_devices
 from dp_testing.dra_kubelet._health import HealthCache, HealthStream
 from dp_testing.dra_kubelet._rpc import (
     CALL_TIMEOUT,
@@ -161,6 +165,7 @@ class DraKubeletEmulator:
         self._health_streams: dict[str, HealthStream] = {}  # by driver name
         # Prepared claims by UID: the driver and the devices it answered with.
         self._claims: dict[str, tuple[str, tuple[Device, ...]]] = {}
+        self._names: dict[tuple[str, str], str] = {}  # (namespace, name) -> UID prepared
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -250,16 +255,31 @@ class DraKubeletEmulator:
         self, driver: str, claims: Iterable[Any], *, service: str | None = None
     ) -> dict[str, PrepareResult]:
         """NodePrepareResources for `claims` (namespace, uid, name); results by claim UID."""
+        claims = list(claims)
         replies = self._claims_call(driver, "NodePrepareResources", claims, service)
         results = {
             uid: PrepareResult(tuple(device(d) for d in reply.devices), reply.error)
             for uid, reply in replies.items()
         }
         with self._lock:
-            for uid, result in results.items():
-                if not result.error:
-                    self._claims[uid] = (driver, result.devices)
+            for claim in claims:
+                result = results.get(claim.uid)
+                if result is not None and not result.error:
+                    self._claims[claim.uid] = (driver, result.devices)
+                    self._names[(claim.namespace, claim.name)] = claim.uid
         return results
+
+    def container_cdi_devices(self, pod: dict[str, Any]) -> dict[str, list[str]]:
+        """The CDI IDs the kubelet gives each container of `pod` (a Pod object,
+        with its status), from the claims prepared here (`_containers`)."""
+        namespace = pod["metadata"].get("namespace", "default")
+        with self._lock:
+            claims = {
+                name: self._claims[uid][1]
+                for (ns, name), uid in self._names.items()
+                if ns == namespace and uid in self._claims
+            }
+        return container_cdi_devices(pod, claims)
 
     def unprepare(
         self, driver: str, claims: Iterable[Any], *, service: str | None = None

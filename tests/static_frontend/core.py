@@ -57,6 +57,10 @@ class ConsumerHold:
         return (NAME, self.consumer)
 
     @property
+    def frontend(self) -> str:
+        return NAME
+
+    @property
     def owner(self) -> str:
         return NAME
 
