@@ -26,7 +26,7 @@ from .host.snapshot import HostSnapshot
 from .inventory.resources import Inventory
 from .metric import MetricFamily
 
-__all__ = ["Frontend", "Handler", "Outcome", "World"]
+__all__ = ["Clock", "Frontend", "Handler", "Outcome", "World"]
 
 E_co = TypeVar("E_co", covariant=True)
 
@@ -68,6 +68,27 @@ class Outcome(Generic[E_co]):
 
 Handler = Callable[[Any, float], Outcome[E_co]]
 """A front end's handler of one input kind, given the input and the node's clock."""
+
+E = TypeVar("E")
+
+
+class Clock:
+    """The node's clock as a front end last heard it: the time of the step it
+    is handling (inputs that carry none are handled at the node's time)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def handlers(self, steps: Mapping[type, Callable[[Any], Outcome[E]]]) -> dict[type, Handler[E]]:
+        """`steps` as the node calls them: each told the time first."""
+        return {kind: self._clocked(step) for kind, step in steps.items()}
+
+    def _clocked(self, step: Callable[[Any], Outcome[E]]) -> Handler[E]:
+        def handle(event: Any, now: float) -> Outcome[E]:
+            self.now = now
+            return step(event)
+
+        return handle
 
 
 class Frontend(Protocol[E_co]):

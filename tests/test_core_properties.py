@@ -45,6 +45,7 @@ from dp_core import (
     build_inventory,
 )
 from dp_core.config.names import resource_name_error
+from dp_core.deviceplugin.lists import advertised_list
 from dp_core.deviceplugin.tally import RPC_METHODS
 
 from core_builders import (
@@ -279,7 +280,7 @@ class Invariants:
         # What is published is what a recomputation from scratch gives: the
         # incremental refresh after an allocation change misses nothing.
         for resource in self.node.inventory.resources:
-            expected = self.node.device_plugin._effective(resource, reserved)
+            expected = advertised_list(resource, reserved)
             assert self.node.device_plugin.advertised(resource.name) == expected, resource.name
 
     def publishes(self, effects: list[Effect]) -> None:

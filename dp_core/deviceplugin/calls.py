@@ -1,15 +1,16 @@
-"""What the device-plugin front end answers to the kubelet's calls, once it
-knows the resource.
+"""What the device-plugin front end answers to the kubelet's calls.
 
-The front end finds the resource a call's connection is attributed to; these
-functions decide the answer from what was published and what the ledger
-holds, or raise `Rejection` with the status and the message the kubelet gets.
+`answer` finds the resource a call's connection is attributed to
+(`Registrar.attribute`) and has the call's work decide the answer: these
+functions decide it from what was published and what the ledger holds, or
+raise `Rejection` with the status and the message the kubelet gets, which
+`answer` turns into a `Reject` and a log line.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -20,14 +21,25 @@ from ..inventory.edits import ContainerAllocation, container_allocation
 from ..inventory.resources import Resource
 from ..log import Log
 from .allocations import AllocationBook, allocation_log
-from .answers import AllocateAnswer, PreferredAnswer
-from .effects import RefreshAllocations
+from .answers import AllocateAnswer, Answer, PreferredAnswer
+from .effects import AttributeConnection, RefreshAllocations, Reject, Reply
 from .inputs import ContainerPreference
 from .preferred import preferred_devices
+from .registration import Registrar
 
 Effect = Log | RefreshAllocations
 
-__all__ = ["Rejection", "allocate", "lookup", "preferred"]
+__all__ = [
+    "Rejection",
+    "allocate",
+    "answer",
+    "lookup",
+    "preferred",
+    "rejected",
+    "resource_for",
+]
+
+Answered = Reply | Reject | AttributeConnection | Effect
 
 _SHOWN_ID_LENGTH = 64
 
@@ -160,3 +172,47 @@ def allocate(
         answers.append(answer)
         logs.append(allocation_log("allocated", allocation))
     return Allocated(AllocateAnswer(tuple(answers)), tuple(logs), frozenset(touched))
+
+
+def resource_for(
+    registrar: Registrar, connection: int, rpc: str, now: float
+) -> tuple[str, list[AttributeConnection]]:
+    """The resource an RPC on `connection` serves (and `AttributeConnection`
+    if this call attributed it), or Rejection."""
+    known = registrar.owner(connection) is not None
+    resource = registrar.attribute(connection, now, rpc=rpc)
+    if resource is not None:
+        return resource, [] if known else [AttributeConnection(connection, resource)]
+    why = registrar.why_unattributed(connection, rpc)
+    requeued = registrar.orphan_seen(now)
+    raise Rejection(
+        StatusCode.UNAVAILABLE,
+        f"connection {connection} is not attributed to any resource ({why}); re-registering "
+        f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
+    )
+
+
+def rejected(registrar: Registrar, rpc: str, connection: int, rejection: Rejection) -> Log:
+    owner = registrar.owner(connection) or ""
+    status, reason = rejection.status.name, rejection.message
+    return Log.warning("rejected", rpc=rpc, resource=owner, status=status, reason=reason)
+
+
+def answer(
+    registrar: Registrar,
+    rpc: str,
+    call: int,
+    connection: int,
+    now: float,
+    work: Callable[[str], Answer],
+) -> list[Answered]:
+    """Call `call`'s answer (`Reply`), or its `Reject` with what goes with it."""
+    effects: list[Answered]
+    try:
+        resource, attributed = resource_for(registrar, connection, rpc, now)
+        reply = Reply(call, work(resource))
+    except Rejection as rejection:
+        reject = Reject(call, rejection.status, rejection.message)
+        return [reject, rejected(registrar, rpc, connection, rejection), *rejection.effects]
+    effects = [*attributed, reply]
+    return effects

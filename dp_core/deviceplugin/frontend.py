@@ -2,8 +2,9 @@
 resource of the inventory labelled `device-plugin`.
 
 It holds what that API needs and nothing else: registration and connection
-attribution (`Registrar`), the ListAndWatch streams and what each resource
-last published, the answers to the kubelet's calls (`calls`), its holds on
+attribution (`Registrar`), each resource's advertised list (`DeviceLists`)
+and the ListAndWatch streams (`Watches`), the answers to the kubelet's calls
+(`calls`), the PodResources asks while it holds allocations (`HeldPolls`), its holds on
 the ledger (`AllocationBook`), whether PodResources can be trusted yet
 (`KubeletSync`), and, with `cdi`, a CDI spec per resource (`CdiKeeper`).
 The node routes its inputs to it (`handlers`) and tells it of every change
@@ -14,7 +15,7 @@ end once they have returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -22,17 +23,16 @@ import attrs
 from ..cdi.resources import CdiKeeper
 from ..cdi.spec import CdiSpecsChanged, CdiSpecsWritten
 from ..config.config import DEVICE_PLUGIN, FrontendName
-from ..errors import StatusCode, UsageError
-from ..frontend import Handler, Outcome, World
+from ..errors import UsageError
+from ..frontend import Clock, Handler, Outcome, World
 from ..inventory.advertised import AdvertisedDevice
-from ..inventory.build import shared_groups
-from ..inventory.resources import Inventory, Resource
-from ..ledger import Holder, Ledger
+from ..inventory.resources import Inventory
+from ..ledger import Ledger
 from ..log import Log
 from ..metric import MetricFamily
 from ..timing import Timing
 from . import calls
-from .allocations import AllocationBook, as_advertised
+from .allocations import AllocationBook
 from .answers import Answer, PluginOptions, PreStartAnswer
 from .effects import (
     AttributeConnection,
@@ -41,11 +41,8 @@ from .effects import (
     Publish,
     RefreshAllocations,
     Register,
-    Reject,
-    Reply,
 )
 from .endpoints import NAME_MAX, check_endpoint_room, endpoint_name
-from .health import health_changes
 from .inputs import (
     AllocateRequested,
     AllocationsObserved,
@@ -62,11 +59,13 @@ from .inputs import (
     WatchEnded,
     WatchStarted,
 )
+from .lists import DeviceLists
 from .metrics import families
 from .polls import HeldPolls
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
 from .tally import RpcTally
+from .watches import Watches
 
 __all__ = ["DevicePluginFrontend", "DevicePluginEffects"]
 
@@ -97,9 +96,8 @@ class DevicePluginFrontend:
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
         timing = timing or Timing()
-        self._inventory = Inventory()  # its part of the world's inventory, as last told
-        self._now = 0.0  # the node's clock at the step being handled
-        self._held: Mapping[int, Holder] = ledger.held()
+        self._clock = Clock()  # the node's, at the step being handled
+        self.lists = DeviceLists(ledger.held())
         self.socket_mode = socket_mode
         self.endpoint_prefix = endpoint_prefix
         self.endpoint_max_length = endpoint_max_length
@@ -120,21 +118,13 @@ class DevicePluginFrontend:
             self.allocations,
             ledger,
             timing,
-            lambda resource, device_id: self._inventory_ids.get(resource, {}).get(device_id),
-            lambda: self._group_members.keys(),
+            lambda resource, device_id: self.lists.inventory_ids(resource).get(device_id),
+            self.lists.shared_groups,
         )
         # With `cdi`, a CDI spec per resource (`cdi.resources`).
         self.cdi = CdiKeeper() if cdi else None
         self.tally = RpcTally()
-        self._streams: dict[int, tuple[int, str]] = {}  # stream -> (connection, resource)
-        self._published: dict[str, tuple[AdvertisedDevice, ...]] = {}
-        self._published_ids: dict[str, dict[str, AdvertisedDevice]] = {}
-        self._by_name: dict[str, Resource] = {}
-        self._inventory_ids: dict[str, dict[str, AdvertisedDevice]] = {}
-        # IOMMU group -> (resource, position in its device list) of every member,
-        # for groups of two or more members only: an allocation can change how
-        # a device is advertised only through a sibling holding its group.
-        self._group_members: dict[int, list[tuple[str, int]]] = {}
+        self.watches = Watches()  # the ListAndWatch streams
 
     # -- as a front end ----------------------------------------------------------
 
@@ -164,41 +154,22 @@ class DevicePluginFrontend:
             AllocationsObserved: self._allocations_observed,
             CdiSpecsWritten: self._cdi_written,
         }
-        return {kind: self._clocked(step) for kind, step in steps.items()}
-
-    def _clocked(self, step: Callable[[Any], Done]) -> Handler[DevicePluginEffects]:
-        def handle(event: Any, now: float) -> Done:
-            self._now = now
-            return step(event)
-
-        return handle
+        return self._clock.handlers(steps)
 
     def world_changed(self, world: World) -> Done:
         """Take its resources from the inventory again (after a scan, a config, a move)."""
-        self._now = world.now
-        inventory = self._inventory = world.inventory.offered_by(DEVICE_PLUGIN)
-        self._by_name = {r.name: r for r in inventory.resources}
-        self._inventory_ids = {r.name: {d.id: d for d in r.devices} for r in inventory.resources}
+        self._clock.now = world.now
+        self.lists.take(world.inventory)
         effects = self._refresh()
         if self.cdi is not None:
-            effects.extend(self.cdi.refresh(inventory, world.snapshot))
-        # A sibling another front end offers has a holder that changes how
-        # a member here is advertised, even alone in its group here.
-        elsewhere = {
-            device.iommu_group
-            for resource in world.inventory.resources
-            if resource.frontend != DEVICE_PLUGIN
-            for device in resource.devices
-            if device.iommu_group is not None
-        }
-        self._group_members = shared_groups(inventory.resources, also=elsewhere)
+            effects.extend(self.cdi.refresh(self.lists.offered, world.snapshot))
         if not self.sync.rules.holds_unlisted:
             return Outcome(tuple(effects))
         settled = self._settle_sync()  # which devices share a group may have changed
         return Outcome((*effects, *settled.effects), settled.held)
 
-    def holders_changed(self, groups: Collection[int]) -> Effects:
-        return self._refresh_groups(groups)
+    def holders_changed(self, groups: Collection[int]) -> Sequence[DevicePluginEffects]:
+        return self.watches.publish(self.lists.refresh_groups(groups))
 
     def holders_wanted(self) -> Effects:
         effects: Effects = [RefreshAllocations("binds wait to learn which IOMMU groups pods hold")]
@@ -235,24 +206,24 @@ class DevicePluginFrontend:
     @property
     def offered(self) -> Inventory:
         """Its part of the inventory, as the node last told it (before reservations)."""
-        return self._inventory
+        return self.lists.offered
 
     def advertised(self, resource: str) -> tuple[AdvertisedDevice, ...]:
         """The device list (health included) last published for `resource`."""
-        return self._published.get(resource, ())
+        return self.lists.advertised(resource)
 
     def resource_names(self) -> tuple[str, ...]:
-        return tuple(sorted(self._published))
+        return tuple(sorted(self.lists.published()))
 
     def streams(self, resource: str) -> list[int]:
-        return [stream for stream, (_, name) in self._streams.items() if name == resource]
+        return self.watches.of(resource)
 
     def describe(self) -> Inventory:
         """Its part of the inventory with reservations applied, as last published."""
-        inventory = self._inventory
+        inventory, lists = self.lists.offered, self.lists
         return Inventory(
             tuple(
-                attrs.evolve(r, devices=self._published.get(r.name, r.devices))
+                attrs.evolve(r, devices=lists.advertised(r.name, r.devices))
                 for r in inventory.resources
             ),
             inventory.skipped,
@@ -262,81 +233,21 @@ class DevicePluginFrontend:
 
     def _settle_sync(self) -> Done:
         """Hold and free the groups the kubelet's sync leaves in doubt (`KubeletSync.settle`)."""
-        settled = self.sync.settle(self._now)
+        settled = self.sync.settle(self._clock.now)
         return Outcome(tuple(settled.effects), settled.touched)
 
-    def _effective(
-        self, resource: Resource, reserved: Mapping[int, Holder]
-    ) -> tuple[AdvertisedDevice, ...]:
-        if not reserved or not resource.device_class.vfio:
-            return resource.devices
-        return tuple(as_advertised(resource.name, device, reserved) for device in resource.devices)
-
-    def _refresh_groups(self, groups: Iterable[int]) -> Effects:
-        """`_refresh` for a change of holders: only groups it touched can change
-        status, so look at their members alone and republish resources where
-        one did (an Allocate must not cost a walk of every device it shares a
-        resource with)."""
-        reserved = self._held
-        changed = set()
-        for group in groups:
-            members = self._group_members.get(group)
-            if members is None:
-                holder = reserved.get(group)
-                if holder is None or holder.owner in self._by_name:
-                    continue  # alone in its group, and its own allocations leave it as it is
-                # A holder of another front end's has a device alone in its group here.
-                members = self._group_members[group] = self._members_of(group)
-            for name, index in members:
-                published = self._published.get(name, ())
-                device = self._by_name[name].devices[index]
-                if index >= len(published) or published[index] != as_advertised(
-                    name, device, reserved
-                ):
-                    changed.add(name)
-        return self._refresh(changed) if changed else []
-
-    def _members_of(self, group: int) -> list[tuple[str, int]]:
-        return [
-            (name, index)
-            for name, resource in self._by_name.items()
-            for index, device in enumerate(resource.devices)
-            if device.iommu_group == group
-        ]
-
-    def _refresh(self, only: Iterable[str] | None = None) -> Effects:
-        """Publish every resource whose advertised list changed, and only those.
-
-        `only` limits the work to resources a change of holders can touch;
-        without it every resource is recomputed (after a scan or a config).
-        """
+    def _refresh(self) -> Effects:
+        """Publish every resource whose advertised list changed (after a scan,
+        a config or a move), and only those."""
         effects: Effects = []
-        reserved = self._held
-        names = self._by_name if only is None else [n for n in only if n in self._by_name]
-        current = {name: self._effective(self._by_name[name], reserved) for name in names}
-        if only is None:
-            # A resource whose devices all vanished stays registered with an
-            # empty list: the kubelet has no way to unregister one.
-            for name in self._published:
-                current.setdefault(name, ())
-            added = self.registrar.track(sorted(current), self._now)
-            for name in added:
-                effects.append(Log.info("resource-discovered", resource=name))
-        for name, devices in sorted(current.items()):
-            previous = self._published.get(name)
-            if previous == devices:
-                continue
-            effects.extend(health_changes(name, previous or (), devices))
-            self._published[name] = devices
-            self._published_ids[name] = {device.id: device for device in devices}
-            for stream in self.streams(name):
-                effects.append(Publish(stream, name, devices))
-        return effects
+        for name in self.registrar.track(self.lists.names(), self._clock.now):
+            effects.append(Log.info("resource-discovered", resource=name))
+        return effects + self.watches.publish(self.lists.refresh())
 
     # -- registration and connections -----------------------------------------
 
     def _options_for(self, resource: str) -> PluginOptions:
-        found = self._by_name.get(resource)
+        found = self.lists.resource(resource)
         preferred = found is not None and found.device_class.preferred_allocation
         return PluginOptions(pre_start_required=False, get_preferred_allocation_available=preferred)
 
@@ -353,11 +264,7 @@ class DevicePluginFrontend:
             )
         per_resource = self.socket_mode is SocketMode.PER_RESOURCE
         for reg in self.registrar.due(now):
-            # A stream of an earlier registration that ends after the new one
-            # would make the kubelet mark the new endpoint unhealthy.
-            for stream in self.streams(reg.name):
-                del self._streams[stream]
-                effects.append(EndStream(stream, "the resource is registering again"))
+            effects.extend(self.watches.end(reg.name, "the resource is registering again"))
             attempt = self.registrar.start(reg)
             endpoint = endpoint_name(
                 self.endpoint_prefix,
@@ -375,7 +282,7 @@ class DevicePluginFrontend:
         effects: Effects = [
             Log.info(
                 "kubelet-started",
-                resources=len(self._published),
+                resources=len(self.lists.published()),
                 checkpoint_entries=len(event.checkpoint.entries),
             ),
             # Pods may hold devices this node has no allocation for (dp started
@@ -419,7 +326,7 @@ class DevicePluginFrontend:
         )
 
     def _connection_opened(self, event: ConnectionOpened) -> Done:
-        if event.listener is not None and event.listener not in self._published:
+        if event.listener is not None and event.listener not in self.lists.published():
             raise UsageError(f"connection on a socket for unknown resource {event.listener!r}")
         self.registrar.opened(event.connection, event.listener, event.now)
         if event.listener is None:
@@ -427,9 +334,7 @@ class DevicePluginFrontend:
         return Outcome((AttributeConnection(event.connection, event.listener),))
 
     def _connection_closed(self, event: ConnectionClosed) -> Done:
-        for stream, (connection, _) in list(self._streams.items()):
-            if connection == event.connection:
-                del self._streams[stream]
+        self.watches.connection_closed(event.connection)
         lost = self.registrar.closed(event.connection, event.now)
         if lost is None:
             return Outcome()
@@ -444,44 +349,15 @@ class DevicePluginFrontend:
             ]
         )
 
-    def _resource_for(self, connection: int, rpc: str) -> tuple[str, Effects]:
-        """The resource an RPC on `connection` serves, or a calls.Rejection."""
-        registrar = self.registrar
-        now = self._now
-        known = registrar.owner(connection) is not None
-        resource = registrar.attribute(connection, now, rpc=rpc)
-        if resource is not None:
-            bind: Effects = [] if known else [AttributeConnection(connection, resource)]
-            return resource, bind
-        why = registrar.why_unattributed(connection, rpc)
-        requeued = registrar.orphan_seen(now)
-        raise calls.Rejection(
-            StatusCode.UNAVAILABLE,
-            f"connection {connection} is not attributed to any resource ({why}); re-registering "
-            f"{', '.join(requeued) if requeued else 'nothing: every resource has a connection'}",
-        )
-
     def _answer(
         self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
     ) -> Effects:
-        try:
-            resource, effects = self._resource_for(connection, rpc)
-            answer = work(resource)
-        except calls.Rejection as rejection:
-            reject = Reject(call, rejection.status, rejection.message)
-            return [reject, self._rejected(rpc, connection, rejection), *rejection.effects]
-        effects.append(Reply(call, answer))
-        return effects
+        return list(calls.answer(self.registrar, rpc, call, connection, self._clock.now, work))
 
     def _answered(
         self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
     ) -> Done:
         return Outcome(tuple(self._answer(rpc, call, connection, work)))
-
-    def _rejected(self, rpc: str, connection: int, rejection: calls.Rejection) -> Log:
-        owner = self.registrar.owner(connection) or ""
-        status, reason = rejection.status.name, rejection.message
-        return Log.warning("rejected", rpc=rpc, resource=owner, status=status, reason=reason)
 
     def _options_requested(self, event: OptionsRequested) -> Done:
         return self._answered(
@@ -489,27 +365,30 @@ class DevicePluginFrontend:
         )
 
     def _watch_started(self, event: WatchStarted) -> Done:
+        rpc, connection = "ListAndWatch", event.connection
         try:
-            resource, effects = self._resource_for(event.connection, "ListAndWatch")
+            resource, attributed = calls.resource_for(
+                self.registrar, connection, rpc, self._clock.now
+            )
         except calls.Rejection as rejection:
             end = EndStream(event.stream, rejection.message)
-            return Outcome((end, self._rejected("ListAndWatch", event.connection, rejection)))
-        self._streams[event.stream] = (event.connection, resource)
-        effects.append(Publish(event.stream, resource, self._published.get(resource, ())))
-        return Outcome(tuple(effects))
+            return Outcome((end, calls.rejected(self.registrar, rpc, connection, rejection)))
+        self.watches.opened(event.stream, event.connection, resource)
+        publish = Publish(event.stream, resource, self.lists.advertised(resource))
+        return Outcome((*attributed, publish))
 
     def _watch_ended(self, event: WatchEnded) -> Done:
-        self._streams.pop(event.stream, None)
+        self.watches.ended(event.stream)
         return Outcome()
 
     # -- allocation -------------------------------------------------------------
 
     def _lookup(self, resource: str, device_ids: Sequence[str]) -> list[AdvertisedDevice]:
-        return calls.lookup(self._published_ids.get(resource, {}), resource, device_ids)
+        return calls.lookup(self.lists.published_ids(resource), resource, device_ids)
 
     def _preferred_requested(self, event: PreferredAllocationRequested) -> Done:
         def work(resource: str) -> Answer:
-            published = self._published_ids.get(resource, {})
+            published = self.lists.published_ids(resource)
             return calls.preferred(published, resource, event.containers)
 
         return self._answered("GetPreferredAllocation", event.call, event.connection, work)
@@ -519,11 +398,11 @@ class DevicePluginFrontend:
 
         def work(name: str) -> Answer:
             allocated = calls.allocate(
-                self._by_name.get(name),
+                self.lists.resource(name),
                 name,
                 event.containers,
-                published=self._published_ids.get(name, {}),
-                inventory=self._inventory_ids.get(name, {}),
+                published=self.lists.published_ids(name),
+                inventory=self.lists.inventory_ids(name),
                 allocations=self.allocations,
                 cdi=self.cdi,
                 now=event.now,
@@ -563,10 +442,7 @@ class DevicePluginFrontend:
         resource = self.sync.nudge_resource
         if resource is None:
             return []
-        streams = sorted(self._streams.items(), key=lambda item: item[1][1] != resource)
-        for stream, (_, name) in streams:
-            return [Publish(stream, name, self._published.get(name, ()))]
-        return []
+        return list(self.watches.resend(resource, self.lists.advertised))
 
     def _cdi_written(self, event: CdiSpecsWritten) -> Done:
         if self.cdi is None:

@@ -35,13 +35,10 @@ from typing import Any
 
 import attrs
 
-from ..config.config import DRA, Dra, FrontendName
+from ..config.config import DRA, FrontendName
 from ..errors import UsageError
-from ..frontend import Handler, Outcome, World
-from ..host.snapshot import HostSnapshot
-from ..inventory.advertised import AdvertisedDevice
-from ..inventory.edits import ContainerAllocation, DeviceSpec, container_allocation
-from ..inventory.resources import Inventory, Resource
+from ..frontend import Clock, Handler, Outcome, World
+from ..inventory.resources import Inventory
 from ..ledger import Ledger
 from ..log import Log
 from ..metric import MetricFamily, family
@@ -53,7 +50,6 @@ from .effects import (
     ClaimsChanged,
     ClaimUnprepared,
     DraEffect,
-    PoolChanged,
 )
 from .features import Features
 from .inputs import (
@@ -67,10 +63,11 @@ from .inputs import (
     HealthWatchStarted,
 )
 from .metadata import prepared_devices
-from .pool import DraDevice, Pool, PoolOptions, dra_catalogue
-from .prepared import ClaimDevice, PreparedClaim
+from .offer import Offer, Refusal
+from .pool import DraDevice
+from .prepared import PreparedClaim
 from .slices import PoolContent
-from .watch import HealthWatch, device_health
+from .watch import HealthWatch
 
 __all__ = ["DraEffects", "DraFrontend"]
 
@@ -78,12 +75,6 @@ __all__ = ["DraEffects", "DraFrontend"]
 DraEffects = DraEffect | Log
 Effects = list[DraEffects]
 Done = Outcome[DraEffects]
-
-
-class _Refusal(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @attrs.frozen
@@ -116,21 +107,17 @@ class DraFrontend:
         device_taints: bool = True,
         health_resend: float = 10.0,
     ) -> None:
-        self._now = 0.0  # the node's clock at the step being handled
+        self._clock = Clock()  # the node's, at the step being handled
         self._ledger = ledger
-        self.node_name = node_name
-        self.features = Features(partitionable, device_taints)
-        self.driver: str | None = None
-        self._devices: dict[str, DraDevice] = {}
-        self._pool: Pool | None = None  # the pool of `_devices`, kept as holders change
-        self._groups: frozenset[int] = frozenset()  # the IOMMU groups of its devices
-        self._resources: dict[str, Resource] = {}
+        self.offer = Offer(
+            ledger,
+            node_name,
+            partitionable=partitionable,
+            device_taints=device_taints,
+            health_resend=health_resend,
+        )
         self._prepared: dict[str, PreparedClaim] = {}
         self._waiting: dict[int, _Waiting] = {}  # by call
-        self._published: PoolContent | None = None
-        self._problems: set[str] = set()
-        self._snapshot = HostSnapshot()
-        self.health = HealthWatch(health_resend)
 
     # -- as a front end ----------------------------------------------------------
 
@@ -153,34 +140,27 @@ class DraFrontend:
             HealthWatchStarted: self._health_watch_started,
             HealthWatchEnded: self._health_watch_ended,
         }
-        return {kind: self._clocked(step) for kind, step in steps.items()}
-
-    def _clocked(self, step: Callable[[Any], Done]) -> Handler[DraEffects]:
-        def handle(event: Any, now: float) -> Done:
-            self._now = now
-            return step(event)
-
-        return handle
+        return self._clock.handlers(steps)
 
     def world_changed(self, world: World) -> Done:
         """Take its devices from the inventory again (after a scan or a config)."""
-        self._now = world.now
+        self._clock.now = world.now
         config = world.config
+        prepared = self._prepared.values()
         if config.dra is None or config.permitted_host_devices is None:
-            return Outcome(tuple(self._rebuild(None, Inventory(), world.snapshot, None, world.now)))
+            off = self.offer.rebuild(None, Inventory(), world.snapshot, None, world.now, prepared)
+            return Outcome(tuple(off))
         if not self.node_name:
             raise UsageError("the config turns DRA on, but the Node was made without node_name")
+        driver = config.dra.driver_name
         return Outcome.of(
-            self._rebuild(
-                config.dra.driver_name, world.inventory, world.snapshot, config.dra, world.now
+            self.offer.rebuild(
+                driver, world.inventory, world.snapshot, config.dra, world.now, prepared
             )
         )
 
     def holders_changed(self, groups: Collection[int]) -> Effects:
-        # Only the holders of its devices' groups can change the pool.
-        if self.driver is None or self._groups.isdisjoint(groups):
-            return []
-        return self.refresh()
+        return self.offer.holders_changed(groups)
 
     def holders_wanted(self) -> Effects:
         return []
@@ -209,92 +189,48 @@ class DraFrontend:
                 "gauge",
                 "dp_dra_devices",
                 "Devices in the driver's pool (a whole IOMMU group's device counts once).",
-                [(driver, len(self._devices))],
+                [(driver, len(self.offer.devices()))],
             ),
         )
 
-    # -- what it offers --------------------------------------------------------
+    # -- what it offers (`offer`) ------------------------------------------------
+
+    @property
+    def driver(self) -> str | None:
+        return self.offer.driver
+
+    @property
+    def node_name(self) -> str:
+        return self.offer.node_name
+
+    @property
+    def features(self) -> Features:
+        return self.offer.features
+
+    @property
+    def health(self) -> HealthWatch:
+        return self.offer.health
 
     def devices(self) -> tuple[DraDevice, ...]:
-        return tuple(self._devices.values())
+        return self.offer.devices()
 
     @property
     def pool(self) -> PoolContent | None:
         """The pool content last reported with `PoolChanged`."""
-        return self._published
+        return self.offer.pool
 
     @property
     def partitionable(self) -> bool:
-        """Whether the pool has a shared counter per multi-device IOMMU group."""
-        return self.features.partitionable
+        return self.offer.partitionable
 
     @property
     def device_taints(self) -> bool:
-        """Whether devices that cannot be allocated now are tainted rather than left out."""
-        return self.features.device_taints
-
-    def _rebuild(
-        self,
-        driver: str | None,
-        inventory: Inventory,
-        snapshot: HostSnapshot,
-        settings: Dra | None,
-        now: float,
-    ) -> Effects:
-        effects: Effects = []
-        self._snapshot = snapshot
-        if settings is not None:
-            self.features.configure(settings)
-        if driver != self.driver and self.driver is not None and self._published is not None:
-            # The driver was renamed or turned off: its pool empties.
-            effects.append(PoolChanged(PoolContent(self.driver, self.node_name, self.node_name)))
-            self._published = None
-        self.driver = driver
-        catalogue: tuple[DraDevice, ...] = ()
-        problems: tuple[str, ...] = ()
-        if driver is not None:
-            catalogue, problems = dra_catalogue(inventory, snapshot)
-        self._devices = {device.name: device for device in catalogue}
-        self._pool = None
-        self._groups = frozenset(d.iommu_group for d in catalogue if d.iommu_group is not None)
-        self._resources = {r.name: r for r in inventory.resources if r.frontend == DRA}
-        effects.extend(
-            Log.warning("dra-device-problem", detail=p) for p in problems if p not in self._problems
-        )
-        self._problems = set(problems)
-        effects.extend(self.refresh())
-        effects.extend(self._health(now))
-        return effects
-
-    def _health(self, now: float) -> Effects:
-        """Work the devices' health out again; what the health streams are sent if it changed."""
-        if self.driver is None:
-            return []
-        health = device_health(
-            self._devices.values(), self._prepared.values(), self._snapshot, self.node_name
-        )
-        return list(self.health.observe(health, now))
-
-    def refresh(self) -> Effects:
-        """`PoolChanged` if the pool's content differs from what was last reported."""
-        if self.driver is None:
-            return []
-        features = self.features
-        options = PoolOptions(
-            self.driver, self.node_name, features.partitionable, features.device_taints
-        )
-        if self._pool is None or self._pool.options != options:
-            self._pool = Pool(self._devices.values(), options)
-        content = self._pool.content(self._ledger.held())
-        if content == self._published:
-            return []
-        self._published = content
-        return [PoolChanged(content)]
+        return self.offer.device_taints
 
     def _features_observed(self, event: DraFeaturesObserved) -> Done:
         """Follow what the API server showed of its features: a log once per finding,
         and `PoolChanged` when the pool must change with it."""
-        return Outcome((*self.features.observed(event), *self.refresh()))
+        return Outcome((*self.features.observed(event), *self.offer.refresh()))
 
     def _health_watch_started(self, event: HealthWatchStarted) -> Done:
         return Outcome(tuple(self.health.started(event)))
@@ -323,8 +259,8 @@ class DraFrontend:
             self._waiting[event.call] = _Waiting(claim, removing=False)
             return Outcome((ClaimPrepared(event.call, known),))
         try:
-            devices = self._claim_devices(event)
-        except _Refusal as refusal:
+            devices = self.offer.claim_devices(event.results)
+        except Refusal as refusal:
             message = str(refusal)
             return Outcome.of(
                 [
@@ -372,80 +308,9 @@ class DraFrontend:
             return Outcome((ClaimAnswered(event.call, claim, error=error),))
         # Nothing may stay held for a claim the kubelet is told failed: its
         # files go, and it is answered once they have.
-        released = self._release(claim, event.call, self._now)
+        released = self._release(claim, event.call, self._clock.now)
         self._waiting[event.call] = _Waiting(claim, removing=True, error=error)
         return released
-
-    def _claim_devices(self, event: ClaimPrepareRequested) -> tuple[ClaimDevice, ...]:
-        driver = self.driver
-        if driver is None:
-            raise _Refusal(
-                "DriverOff", "the DRA front end is off: the config has no dra.driverName"
-            )
-        requests: dict[str, list[str]] = {}  # device -> the requests it serves, in order
-        for result in event.results:
-            if result.driver != driver:
-                continue
-            if result.pool != self.node_name:
-                raise _Refusal(
-                    "OtherPool",
-                    f"request {result.request!r}: device {result.device!r} is in pool "
-                    f"{result.pool!r}, not this node's pool {self.node_name!r}",
-                )
-            if result.device not in self._devices:
-                raise _Refusal(
-                    "DeviceNotOffered",
-                    f"request {result.request!r}: device {result.device!r} is not offered "
-                    f"by {driver} in pool {self.node_name!r}",
-                )
-            requests.setdefault(result.device, []).append(result.request)
-        devices = []
-        for name, served in requests.items():
-            device = self._devices[name]
-            if not device.advertised.healthy:
-                raise _Refusal(
-                    "DeviceUnhealthy",
-                    f"device {name} is unhealthy: {device.advertised.reason}; the claim "
-                    "cannot be prepared on this node while it is: delete the pod to have "
-                    "its claim allocated again",
-                )
-            group = device.iommu_group
-            refusal = self._ledger.refusal(DRA, [(name, group)], takes_over=False)
-            if refusal is not None:
-                raise _Refusal(
-                    "IOMMUGroupHeld",
-                    f"{refusal}; VFIO cannot split a group between holders; the kubelet "
-                    "retries until that holder lets go, or delete the pod to have its claim "
-                    "allocated again",
-                )
-            edits = self._edits(device)
-            devices.append(
-                ClaimDevice(
-                    served,
-                    self.node_name,
-                    name,
-                    device.advertised.id,
-                    device.resource,
-                    group,
-                    edits,
-                    device.attributes,
-                )
-            )
-        return tuple(devices)
-
-    def _edits(self, device: DraDevice) -> ContainerAllocation:
-        """What a container gets for `device`: for a whole group, every member's
-        nodes, and each member resource's variable (as Allocate gives them)."""
-        by_resource: dict[str, list[AdvertisedDevice]] = {}
-        for part in device.parts:
-            by_resource.setdefault(part.resource, []).append(part.advertised)
-        envs: list[tuple[str, str]] = []
-        specs: dict[str, DeviceSpec] = {}
-        for name, advertised in by_resource.items():
-            one = container_allocation(self._resources[name], advertised)
-            envs += one.envs
-            specs.update((spec.container_path, spec) for spec in one.devices)
-        return ContainerAllocation(envs=tuple(envs), devices=tuple(specs.values()))
 
     def _unprepare(self, event: ClaimUnprepareRequested) -> Done:
         """Unprepare one claim, known or not: free its groups, and ask for its
@@ -489,9 +354,9 @@ class DraFrontend:
             ),
             ClaimsChanged(self.prepared()),
         ]
-        if any(device.name not in self._devices for device in prepared.devices):
+        if any(self.offer.device(device.name) is None for device in prepared.devices):
             # Held but no longer offered: reported for the claim's sake until now.
-            effects.extend(self._health(now))
+            effects.extend(self.offer.health_now(self._prepared.values(), now))
         # Binds put off while the claim held a group may go now.
         return Outcome(tuple(effects), prepared.groups, released=bool(prepared.groups))
 
@@ -517,5 +382,5 @@ class DraFrontend:
             touched.update(free)
         if event.prepared:
             effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
-        effects.extend(self._health(self._now))
+        effects.extend(self.offer.health_now(self._prepared.values(), self._clock.now))
         return Outcome(tuple(effects), touched)
