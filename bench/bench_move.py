@@ -197,6 +197,8 @@ def one_round(
     # The holder's deletion, and the waiting claim.
     time.sleep(max(0.0, admitted + hold - time.monotonic()))
     out["held_s"] = time.monotonic() - admitted
+    pool.until(api.events, lambda _: True, 0)
+    before = writes(api)
     t_del = time.perf_counter()
     kubelet.remove_pod(f"vm-{n}")
 
@@ -213,6 +215,7 @@ def one_round(
         raise BenchError(f"round {n}: Prepare of {device} failed: {result.error}")
     out["release_free_s"] = t_free - t_del
     out["release_prepared_s"] = t_prep - t_del
+    out["release_writes"] = delta(writes(api), before)
 
     # Back to the device plugin.
     errors = dra.unprepare(DRIVER, [claim])
@@ -324,6 +327,7 @@ def report(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"API writes per move: {writes_line('move_writes')}",
+        f"API writes per release (deletion to Prepare): {writes_line('release_writes')}",
         f"API writes per move back: {writes_line('back_writes')}",
         f"held drives shown in the pool as: {', '.join(shown)}; objects the API emulator "
         f"refused: {len(result['rejected_by_schema'])}",
