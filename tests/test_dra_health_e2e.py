@@ -300,3 +300,28 @@ async def test_a_grpc_go_kubelet_asks_again_after_each_failed_health_stream(
     opened = result["health_opened_ms"]
     gaps = [later - earlier for earlier, later in zip(opened, opened[1:], strict=False)]
     assert all(gap >= RETRY * 1000 for gap in gaps), gaps
+
+
+async def test_a_grpc_go_137_kubelet_asks_no_health_stream_of_a_driver_that_offers_none(
+    gokubelet: Path,
+) -> None:
+    """The same driver without the health service, as a 1.37 kubelet sees it:
+    it advertised none, so none is asked for, and claims go on as ever."""
+    root = Path(tempfile.mkdtemp(prefix="dp-gohealth-"))  # short: Unix socket paths
+    endpoints = DraEndpoints(DRIVER, root / "registry", root / "plugins", _NoClaims())
+    await endpoints.start()
+    kubelet: subprocess.Popen[str] | None = None
+    try:
+        kubelet = go_kubelet.start_dra(gokubelet, root / "registry", [], release="1.37")
+        result = await asyncio.to_thread(go_kubelet.report, kubelet, 60)
+    finally:
+        if kubelet is not None and kubelet.poll() is None:
+            kubelet.kill()
+            kubelet.communicate()
+        await endpoints.close()
+        shutil.rmtree(root, ignore_errors=True)
+    assert result["exit_code"] == 0, result
+    (plugin,) = result["plugins"]
+    assert "v1.DRAResourceHealth" not in plugin["versions"]
+    assert plugin["health_service"] == ""
+    assert result["health_opened"] == 0 and result["health_errors"] == []
