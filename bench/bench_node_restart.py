@@ -13,7 +13,7 @@ so the node's devices come back in two steps:
   the kubelet was down is allocatable again (the `deleted` rows: the kubelet
   drops the VM's devices once synced, and dp sees it at its next poll and the
   checkpoint write that follows). A dp that ran through the restart holds its
-  own allocation of the VM's drive besides, until `release_grace` (30 s) after
+  own allocation of the VM's drive besides, until `release_grace` (7 s) after
   it was made: the VM is made that much older (`--vm-age`) for that case.
 
 Each run: the fixture node (7 resources; two NVMe drives share IOMMU group
@@ -169,7 +169,7 @@ def main() -> int:
         type=float,
         default=31.0,
         help="s between the VM's admission and a kubelet restart under dp that deletes it "
-        "(31: past dp's 30 s release grace, as for a VM that ran a while)",
+        "(31: past dp's release grace, 7 s, as for a VM that ran a while)",
     )
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--json", type=Path, help="also write every sample here")

@@ -642,8 +642,8 @@ def run_once(
         result["restart_dial_failures"] = len(failed)
 
         # 4/5. settle, then idle. The emulator's PodResources lists no pods, so
-        # the server drops every allocation once its release grace (30 s) has
-        # passed, at its next PodResources poll (every 10 s while it holds
+        # the server drops every allocation once its release grace (7 s) has
+        # passed, at its next PodResources poll (every 2 s while it holds
         # any). That is load, not idling: wait for it (each release is one log
         # line at info level), bounded by --release-wait after the last Allocate.
         allocated = {(n, devices[n][-1]) for n in names}
@@ -1002,7 +1002,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=45.0,
         help="at most this long after the last Allocate, wait for the server to release the "
-        "allocations (release grace 30 s + PodResources poll) before idle sampling; 0: don't",
+        "allocations (release grace 7 s + PodResources poll) before idle sampling; 0: don't",
     )
     parser.add_argument("--resources", type=int, default=64)
     parser.add_argument("--devices", type=int, default=64, help="functions per resource")

@@ -44,7 +44,14 @@ class Timing:
     # for the kubelet's late dial, which is then refused.
     late_dial_wait: float = 10.0
     backoff: Backoff = Backoff()
-    release_grace: float = 30.0
+    # An allocation younger than this is not released on a PodResources
+    # answer that leaves it out. The kubelet records a pod's devices (which
+    # `List` then shows as long as the pod is active) right after the plugin's
+    # Allocate answer; only an answer to a `List` asked before that can leave
+    # them out. An answer comes at most the call's 5 s deadline after it was
+    # asked (dp_server.deviceplugin.pod_resources.LIST_TIMEOUT), so one that
+    # comes 7 s after the Allocate was asked 2 s after it at the earliest.
+    release_grace: float = 7.0
     # While a kubelet that has just started syncs its pods, PodResources is
     # asked this often (kubelet_sync), and `sync_poll_slow` once the kubelet
     # has been syncing for `sync_poll_fast_for` (an API server out of reach

@@ -14,11 +14,15 @@ Where the Python modules land: betterproto2 names a module after the proto
 `dp_server.proto.v1beta1` (device plugin), `dp_server.proto.v1` (PodResources),
 `dp_server.proto.k8s.io.kubelet.pkg.apis.dra.v1` and `...dra.v1beta1` (DRA),
 `dp_server.proto.pluginregistration`, and `dp_server.proto.v1alpha1` (the
-kubelet's DRA health stream, whose package is plain `v1alpha1`). No package is
+kubelet's DRA health stream up to 1.36, whose package is plain `v1alpha1`).
+The health stream's v1 (1.37 on) has the plain package `v1` too, as
+PodResources does: both land in `dp_server.proto.v1`, which holds each one's
+names, none of them shared. No package is
 renamed to something shorter or clearer, because the package is the RPC path
 the kubelet calls; the DRA ones nest under `k8s/`, clear of `v1` and `v1beta1`.
 The emulator's follow `protos/`: `pb.deviceplugin.v1beta1`, `pb.podresources.v1`,
-`pb.dra.v1`, `pb.dra.v1beta1`, `pb.pluginregistration.v1`, `pb.drahealth.v1alpha1`.
+`pb.dra.v1`, `pb.dra.v1beta1`, `pb.pluginregistration.v1`, `pb.drahealth.v1alpha1`,
+`pb.drahealth.v1`.
 
 Both are committed so that importing the package needs neither `protoc` nor the
 plugins; `--check` (run by `tests/test_protos_fresh.py`) keeps them honest.
@@ -56,6 +60,7 @@ PROTOS = (
     "dra/v1beta1/api.proto",
     "pluginregistration/v1/api.proto",
     "drahealth/v1alpha1/api.proto",
+    "drahealth/v1/api.proto",
 )
 
 BETTERPROTO_OUT = Path("dp_server/proto")

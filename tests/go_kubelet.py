@@ -136,12 +136,15 @@ def start_dra(
     health_expect: tuple[str, ...] = (),
     health_retry: float = 5.0,
     health_opens: int = 0,
+    release: str = "1.36",
     timeout: float = 30.0,
 ) -> subprocess.Popen[str]:
     """Run gokubelet as the kubelet's DRA side (tests/gokubelet/dra.go) on `registry_dir`.
 
     It registers the first DRA plugin whose socket appears there, opening its
-    health stream (again `health_retry` s after each end), prepares `claims`
+    health stream (again `health_retry` s after each end) as a kubelet of
+    `release` does ("1.36": v1alpha1, always; "1.37": v1 if the plugin
+    advertised it, else v1alpha1 if it advertised that, else none), prepares `claims`
     (namespace, name, uid), follows the first claim's health until it has
     read each of `health_expect` in turn (each change a `health <uid> <state>`
     line on stderr: `health_changes`), waits until it has asked for the health
@@ -158,6 +161,7 @@ def start_dra(
             *("-dra-health-expect", ",".join(health_expect)),
             *("-dra-health-retry", f"{health_retry}s"),
             *("-dra-health-opens", str(health_opens)),
+            *("-dra-release", release),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

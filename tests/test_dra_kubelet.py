@@ -28,7 +28,14 @@ from dp_server.dra import (
     PrepareOutcome,
     RegistrationStatus,
 )
-from dp_testing.dra_kubelet import Claim, Device, DraCallError, DraKubeletEmulator, PrepareResult
+from dp_testing.dra_kubelet import (
+    Claim,
+    Device,
+    DraCallError,
+    DraKubeletEmulator,
+    PrepareResult,
+    pick_health_service,
+)
 
 DRIVER = "vfio.dp.example.com"
 
@@ -406,6 +413,54 @@ async def test_the_kubelet_asks_for_the_health_stream_at_registration_and_again_
     gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
     assert all(gap >= retry for gap in gaps), gaps
     assert result["u1"].error == ""
+
+
+async def test_a_137_kubelet_asks_no_health_stream_of_a_plugin_that_advertised_none(
+    served: tuple[DraEndpoints, FakePreparer], root: Path
+) -> None:
+    """As the 1.37 kubelet (`pickHealthService`): endpoints made without a
+    health watcher advertise no DRAResourceHealth, so none is asked for,
+    while a 1.36 kubelet asks all the same."""
+    newer = DraKubeletEmulator(root / "registry", health_retry=0.05, release="1.37").start()
+    try:
+        await asyncio.to_thread(newer.wait_for, "registered", DRIVER)
+        await asyncio.sleep(0.3)  # six retry intervals: a stream would have been asked for
+        result = await asyncio.to_thread(newer.prepare, DRIVER, [Claim("ns", "u1", "vm")])
+        assert newer.events("health-opened") == []
+    finally:
+        await asyncio.to_thread(newer.stop)
+    assert result["u1"].error == ""
+    older = DraKubeletEmulator(root / "registry", health_retry=0.05, release="1.36").start()
+    try:
+        (opened,) = await asyncio.to_thread(older.wait_for, "health-opened", DRIVER)
+    finally:
+        await asyncio.to_thread(older.stop)
+    assert opened.detail == "v1alpha1.DRAResourceHealth"
+
+
+@pytest.mark.parametrize(
+    ("release", "advertised", "asked"),
+    [
+        ("1.36", (), "v1alpha1.DRAResourceHealth"),
+        ("1.36", ("v1.DRAResourceHealth",), "v1alpha1.DRAResourceHealth"),
+        ("1.37", (), ""),
+        ("1.37", ("v1beta1.DRAPlugin",), ""),
+        ("1.37", ("v1alpha1.DRAResourceHealth",), "v1alpha1.DRAResourceHealth"),
+        ("1.37", ("v1.DRAResourceHealth",), "v1.DRAResourceHealth"),
+        ("1.37", ("v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"), "v1.DRAResourceHealth"),
+    ],
+)
+def test_which_health_stream_a_kubelet_asks_for(
+    release: str, advertised: tuple[str, ...], asked: str
+) -> None:
+    """The kubelet's choice (1.36: dra_plugin_manager.go's `add`; 1.37:
+    `pickHealthService` and its table test)."""
+    assert pick_health_service(release, advertised) == asked
+
+
+def test_an_unmodelled_kubelet_release_is_refused(root: Path) -> None:
+    with pytest.raises(ValueError, match=r"no kubelet release '1\.35' is modelled"):
+        DraKubeletEmulator(root / "registry", release="1.35")
 
 
 async def test_until_the_kubelet_makes_its_directories_dp_waits_and_makes_only_its_own(

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -78,13 +80,17 @@ def test_server_dra_modules_do_not_shadow_the_device_plugin_ones() -> None:
     )
 
 
-def test_the_dra_health_stream_keeps_the_kubelets_package_and_fields() -> None:
-    """The kubelet 1.36 calls /v1alpha1.DRAResourceHealth/NodeWatchResources."""
-    from dp_server.proto import v1alpha1
-    from dp_testing.emulator.pb.drahealth.v1alpha1 import api_pb2 as health
+@pytest.mark.parametrize("version", ["v1alpha1", "v1"])
+def test_the_dra_health_stream_keeps_the_kubelets_package_and_fields(version: str) -> None:
+    """The kubelet 1.36 calls /v1alpha1.DRAResourceHealth/NodeWatchResources,
+    the 1.37 one /v1.DRAResourceHealth/NodeWatchResources: the same messages."""
+    import importlib
+
+    server = importlib.import_module(f"dp_server.proto.{version}")
+    health = importlib.import_module(f"dp_testing.emulator.pb.drahealth.{version}.api_pb2")
 
     service = health.DESCRIPTOR.services_by_name["DRAResourceHealth"]
-    assert service.full_name == "v1alpha1.DRAResourceHealth"
+    assert service.full_name == f"{version}.DRAResourceHealth"
     assert not service.methods_by_name["NodeWatchResources"].client_streaming
     assert service.methods_by_name["NodeWatchResources"].server_streaming
     device = health.DESCRIPTOR.message_types_by_name["DeviceHealth"]
@@ -102,6 +108,20 @@ def test_the_dra_health_stream_keeps_the_kubelets_package_and_fields() -> None:
         ("HEALTHY", 1),
         ("UNHEALTHY", 2),
     ]
-    assert "/v1alpha1.DRAResourceHealth/NodeWatchResources" in (
-        v1alpha1.DraResourceHealthBase().__mapping__()
+    assert f"/{version}.DRAResourceHealth/NodeWatchResources" in (
+        server.DraResourceHealthBase().__mapping__()
+    )
+
+
+def test_the_health_v1_shares_its_package_with_podresources_and_no_name() -> None:
+    """Both protos' package is plain `v1`: one server module holds both."""
+    from dp_server.proto import v1
+    from dp_testing.emulator.pb.drahealth.v1 import api_pb2 as health
+    from dp_testing.emulator.pb.podresources.v1 import api_pb2 as podresources
+
+    names = [set(module.DESCRIPTOR.message_types_by_name) for module in (health, podresources)]
+    assert names[0] and names[1] and not names[0] & names[1]
+    assert {"/v1.PodResourcesLister/List", "/v1.DRAResourceHealth/NodeWatchResources"} <= (
+        set(v1.PodResourcesListerBase().__mapping__())
+        | set(v1.DraResourceHealthBase().__mapping__())
     )

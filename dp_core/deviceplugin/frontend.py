@@ -92,7 +92,7 @@ class DevicePluginFrontend:
         endpoint_prefix: str = "dp",
         endpoint_max_length: int = NAME_MAX,
         cdi: bool = False,
-        pod_resources_interval: float = 10.0,
+        pod_resources_interval: float = 2.0,
     ) -> None:
         check_endpoint_room(endpoint_prefix, endpoint_max_length)
         timing = timing or Timing()

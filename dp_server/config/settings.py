@@ -27,9 +27,12 @@ class Settings:
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     socket_mode: SocketMode = SocketMode.SINGLE
     rescan_interval: float = 30.0
-    pod_resources_interval: float = 10.0
+    # While it holds any IOMMU group for an allocation, dp asks PodResources
+    # this often: a deleted pod's group siblings come back this long at most
+    # after the kubelet stops listing the pod (docs/operations.md).
+    pod_resources_interval: float = 2.0
     register_timeout: float = 15.0
-    # The kubelet's own limit is 100 QPS (burst 10). dp asks every 10 s while
+    # The kubelet's own limit is 100 QPS (burst 10). dp asks every 2 s while
     # it holds reservations, and every 0.2 s while a kubelet that has just
     # started syncs its pods (Timing.sync_poll): the gap only spaces out
     # asks made for several reasons at once.

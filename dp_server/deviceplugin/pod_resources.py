@@ -19,11 +19,14 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from dp_server.deviceplugin import wire
 from dp_server.proto import v1 as podresources
 
-__all__ = ["PodResourcesPoller"]
+__all__ = ["LIST_TIMEOUT", "PodResourcesPoller"]
 
 _log = logging.getLogger("dp.runtime")
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
+#: The deadline of one List call: an answer is never older than this when it
+#: comes, which `Timing.release_grace` counts on.
+LIST_TIMEOUT = 5.0
 
 
 class PodResourcesPoller:
@@ -56,7 +59,7 @@ class PodResourcesPoller:
             # bytes as an empty list.
             request = podresources.ListPodResourcesRequest
             call = UnaryUnaryMethod(channel, LIST_METHOD, request, wire.Raw)
-            answer = await call(podresources.ListPodResourcesRequest(), timeout=5)
+            answer = await call(podresources.ListPodResourcesRequest(), timeout=LIST_TIMEOUT)
             data = cast(bytes, answer)  # `Raw` arrives undecoded
             held = wire.held_devices(data)
         except (TimeoutError, GRPCError, OSError, StreamTerminatedError, wire.WireError) as error:

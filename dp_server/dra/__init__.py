@@ -5,7 +5,7 @@ read, ResourceSlices published, Events; and their wiring onto the loop
 prepared claims' checkpoint."""
 
 from dp_server.dra.endpoints import DRA_SOCKET, DraEndpoints, registration_socket_name
-from dp_server.dra.health import HEALTH_SERVICE, HealthWatcher, health_message
+from dp_server.dra.health import HEALTH_SERVICES, HealthReport, HealthWatcher, health_message
 from dp_server.dra.preparer import ClaimPreparer, Prepared, PrepareFailed, PrepareOutcome
 from dp_server.dra.registration import PLUGIN_TYPE, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS
@@ -13,12 +13,13 @@ from dp_server.dra.sockets import ForeignSocket
 
 __all__ = [
     "DRA_SOCKET",
-    "HEALTH_SERVICE",
+    "HEALTH_SERVICES",
     "PLUGIN_TYPE",
     "SUPPORTED_VERSIONS",
     "ClaimPreparer",
     "DraEndpoints",
     "ForeignSocket",
+    "HealthReport",
     "HealthWatcher",
     "PrepareFailed",
     "PrepareOutcome",

@@ -3,8 +3,10 @@
 - `<plugins-registry-dir>/<driver>-reg.sock`: `pluginregistration.Registration`,
   which the kubelet's plugin watcher finds and calls;
 - `<plugins-dir>/<driver>/dra.sock`: `DRAPlugin` v1 and v1beta1, the endpoint
-  GetInfo names, and, given a health watcher, the kubelet's health stream
-  (`v1alpha1.DRAResourceHealth`, advertised after them as the Go helper does).
+  GetInfo names, and, given a health watcher, the kubelet's health stream in
+  both versions (`v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth`,
+  advertised after them as the Go helper does: a 1.37 kubelet opens the
+  stream only on a plugin that advertises it, and v1 when it is there).
 
 The DRA socket is listened on first, so it is there by the time the kubelet,
 woken by the registration socket's creation, calls it. The kubelet makes the
@@ -21,7 +23,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from dp_server.dra.health import HEALTH_SERVICE, DraHealthService, HealthWatcher
+from dp_server.dra.health import HEALTH_APIS, HEALTH_SERVICES, DraHealthService, HealthWatcher
 from dp_server.dra.preparer import ClaimPreparer
 from dp_server.dra.registration import RegistrationService, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS, DraPluginService
@@ -71,10 +73,10 @@ class DraEndpoints:
         self.registration_socket_path = Path(registry_dir) / registration_socket_name(driver)
         self._on_status = on_status
         services: list[object] = [DraPluginService(preparer)]
-        versions = SUPPORTED_VERSIONS
+        versions: tuple[str, ...] = SUPPORTED_VERSIONS
         if health is not None:
-            services.append(DraHealthService(health))
-            versions += (HEALTH_SERVICE,)
+            services += [DraHealthService(health, version) for version in HEALTH_APIS]
+            versions += HEALTH_SERVICES
         self._registration = RegistrationService(
             driver, str(self.dra_socket_path), versions, self._status_changed
         )

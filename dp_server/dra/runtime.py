@@ -21,8 +21,9 @@ yet waits for (and fails on) the claim read.
 
 It is also the `HealthWatcher` behind the kubelet's health stream: each
 stream the kubelet opens is a `HealthWatchStarted` to the node, and each
-`PublishHealth` the node answers is put in that stream's slot as the
-kubelet's message, its time on the wall clock.
+`PublishHealth` the node answers is put in that stream's slot as a
+`HealthReport`, its time on the wall clock, which the stream's version
+(v1 or v1alpha1) turns into its message.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from dp_server.dra.claims import (
     show,
 )
 from dp_server.dra.endpoints import DraEndpoints
-from dp_server.dra.health import health_message
+from dp_server.dra.health import HealthReport
 from dp_server.dra.metrics import wiring_families
 from dp_server.dra.preparer import Prepared, PrepareFailed, PrepareOutcome
 from dp_server.dra.slices import SlicePublisher
@@ -364,7 +365,7 @@ class DraRuntime:
         if slot is not None:
             # The core's clock is monotonic; the kubelet wants Unix seconds.
             unix_at = int(time.time() - (self._loop.now() - effect.at))
-            slot.publish(health_message(effect, unix_at))
+            slot.publish(HealthReport(effect, unix_at))
 
     def _file_problem(self, claim: ClaimRef, what: str, error: OSError) -> str:
         self.file_failures += 1

@@ -7,19 +7,24 @@ See `kubelet.DraKubeletEmulator`. Messages come from `dp_testing.emulator.pb.dra
 
 from dp_testing.dra_kubelet._rpc import (
     CALL_TIMEOUT,
+    HEALTH_MESSAGES,
     HEALTH_RETRY,
+    HEALTH_SERVICES_BY_RELEASE,
     KUBELET_SERVICES,
     Claim,
     Device,
     Plugin,
     PrepareResult,
     ResourceHealth,
+    pick_health_service,
 )
 from dp_testing.dra_kubelet.kubelet import DraCallError, DraEvent, DraKubeletEmulator
 
 __all__ = [
     "CALL_TIMEOUT",
+    "HEALTH_MESSAGES",
     "HEALTH_RETRY",
+    "HEALTH_SERVICES_BY_RELEASE",
     "KUBELET_SERVICES",
     "Claim",
     "Device",
@@ -29,4 +34,5 @@ __all__ = [
     "Plugin",
     "PrepareResult",
     "ResourceHealth",
+    "pick_health_service",
 ]

@@ -1,11 +1,13 @@
 """The kubelet's side of a DRA plugin's health stream, and its cache of device health.
 
 As the 1.36 kubelet (pkg/kubelet/cm/dra: dra_plugin_manager.go, manager.go's
-HandleWatchResourcesStream, healthinfo.go):
+HandleWatchResourcesStream, healthinfo.go), and the 1.37 one, which differs
+only in which service it asks for (`_rpc.pick_health_service`):
 
-* Every registered plugin is asked for `NodeWatchResources` on its one
-  connection, and asked again `retry` seconds (5 s) after the stream ends,
-  whether it failed or ended cleanly, until the plugin is deregistered.
+* A registered plugin is asked for `NodeWatchResources` of its health service
+  on its one connection, and asked again `retry` seconds (5 s) after the
+  stream ends, whether it failed or ended cleanly, until the plugin is
+  deregistered.
 * Each message is the plugin's whole list. An entry per `pool/device` keeps
   its health, its time (the message's `last_updated_time`, Unix seconds)
   and its timeout (`health_check_timeout_seconds`, or 30 s when not given).
@@ -24,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from dp_testing.dra_kubelet._rpc import HEALTH_TIMEOUT, HEALTH_WATCH, health
+from dp_testing.dra_kubelet._rpc import HEALTH_MESSAGES, HEALTH_TIMEOUT, health, health_watch_path
 
 __all__ = ["HealthCache", "HealthStream"]
 
@@ -88,24 +90,29 @@ class HealthCache:
 
 
 class HealthStream:
-    """One plugin's health stream on `channel`, opened again `retry` s after each end.
+    """One plugin's health stream of `service` (e.g. "v1.DRAResourceHealth") on
+    `channel`, opened again `retry` s after each end.
 
     `on_message(response)` gets each message; `on_event(kind, detail)` gets
-    "health-opened", and "health-ended" with the stream's error ("EOF" for a
-    clean end), after which the driver's health is to be forgotten.
+    "health-opened" with the service, and "health-ended" with the stream's
+    error ("EOF" for a clean end), after which the driver's health is to be
+    forgotten.
     """
 
     def __init__(
         self,
         channel: grpc.Channel,
+        service: str,
         retry: float,
         on_message: Callable[[Any], None],
         on_event: Callable[[str, str], None],
     ) -> None:
+        self.service = service
+        self._messages = HEALTH_MESSAGES[service]
         self._watch = channel.unary_stream(
-            HEALTH_WATCH,
+            health_watch_path(service),
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=health.NodeWatchResourcesResponse.FromString,
+            response_deserializer=self._messages.NodeWatchResourcesResponse.FromString,
         )
         self._retry = retry
         self._on_message = on_message
@@ -132,8 +139,8 @@ class HealthStream:
             with self._lock:  # stop() cancels whatever call this makes
                 if self._stop.is_set():
                     return
-                self._call = self._watch(health.NodeWatchResourcesRequest())
-            self._on_event("health-opened", "")
+                self._call = self._watch(self._messages.NodeWatchResourcesRequest())
+            self._on_event("health-opened", self.service)
             try:
                 for response in self._call:
                     self._on_message(response)

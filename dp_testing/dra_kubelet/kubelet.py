@@ -16,9 +16,11 @@ What the kubelet does with a DRA driver, and nothing else:
   named, on the chosen version's service, each with a 45 s deadline, on one
   connection per plugin, made and connected when it registers, before it
   is told. Claims missing from a reply are asked for again.
-* On that connection each registered plugin is asked for its health stream,
-  whether it advertised one or not, and asked again `health_retry` seconds
-  (5 s) after every end (`_health`). What the plugin says of each device of
+* On that connection a registered plugin is asked for its health stream, and
+  asked again `health_retry` seconds (5 s) after every end (`_health`): by a
+  1.36 kubelet (`release`) for v1alpha1, whether it advertised it or not; by
+  a 1.37 one for v1 if it advertised it, else v1alpha1 if it advertised
+  that, else not at all (`pick_health_service`). What the plugin says of each device of
   a prepared claim is what `claim_health` gives, as the kubelet puts it in
   the pod's `allocatedResourcesStatus`.
 * `container_cdi_devices` gives, for a pod, the CDI devices each container
@@ -54,6 +56,7 @@ from dp_testing.dra_kubelet._rpc import (
     GET_INFO,
     GET_INFO_TIMEOUT,
     HEALTH_RETRY,
+    HEALTH_SERVICES_BY_RELEASE,
     KUBELET_SERVICES,
     NOTIFY,
     NOTIFY_TIMEOUT,
@@ -65,6 +68,7 @@ from dp_testing.dra_kubelet._rpc import (
     ResourceHealth,
     device,
     method_path,
+    pick_health_service,
     reg,
 )
 
@@ -79,7 +83,8 @@ class DraEvent(NamedTuple):
     detail: the error sent), "registered" (detail: the chosen service),
     "register-failed" (dial, GetInfo or Notify failed), "deregistered",
     "prepare", "unprepare" (detail: the claim UIDs asked), "retry" (claims
-    missing from a reply asked again), "health-opened", "health-ended"
+    missing from a reply asked again), "health-opened" (detail: the health
+    service asked for, e.g. "v1.DRAResourceHealth"), "health-ended"
     (detail: the stream's error, or "EOF"), "health" (detail: a device whose
     health changed, `pool/device=Health`), "restart", "stop". `driver` is
     the plugin name, or the socket path before GetInfo named it.
@@ -143,10 +148,15 @@ class DraKubeletEmulator:
         call_timeout: float = CALL_TIMEOUT,
         retries: int = 2,
         health_retry: float = HEALTH_RETRY,
+        release: str = "1.36",
     ) -> None:
         unknown = [s for s in supported_services if s not in SERVICE_MESSAGES]
         if unknown:
             raise ValueError(f"no messages for services {unknown}; known: {list(SERVICE_MESSAGES)}")
+        if release not in HEALTH_SERVICES_BY_RELEASE:
+            known = list(HEALTH_SERVICES_BY_RELEASE)
+            raise ValueError(f"no kubelet release {release!r} is modelled; known: {known}")
+        self.release = release
         self.registry_dir = Path(registry_dir).absolute()
         self.plugins_dir = (
             Path(plugins_dir).absolute() if plugins_dir else self.registry_dir.parent / "plugins"
@@ -339,6 +349,10 @@ class DraKubeletEmulator:
             return self._health.get(driver, pool, device_name, time.time())[1]
 
     def _watch_health(self, driver: str, connection: _Connection) -> None:
+        service = pick_health_service(self.release, connection.plugin.versions)
+        if not service:
+            return  # a 1.37 kubelet opens no stream on a plugin that advertised none
+
         def on_message(response: Any) -> None:
             with self._lock:
                 changed = self._health.update(driver, response, time.time())
@@ -354,7 +368,7 @@ class DraKubeletEmulator:
                     self._health.clear(driver)
             self._record(kind, driver, detail)
 
-        stream = HealthStream(connection.channel, self.health_retry, on_message, on_event)
+        stream = HealthStream(connection.channel, service, self.health_retry, on_message, on_event)
         with self._lock:
             old = self._health_streams.pop(driver, None)
             self._health_streams[driver] = stream

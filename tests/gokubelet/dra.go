@@ -53,8 +53,10 @@ type draPlugin struct {
 	Service  string   `json:"service"`
 	Versions []string `json:"versions"`
 	Socket   string   `json:"socket"`
-	conn     *grpc.ClientConn
-	cancel   context.CancelFunc // its health stream's
+	// The health service asked for (pickHealthService), "" for none.
+	HealthService string `json:"health_service"`
+	conn          *grpc.ClientConn
+	cancel        context.CancelFunc // its health stream's
 }
 
 type draDevice struct {
@@ -105,6 +107,10 @@ type draClaim struct{ namespace, name, uid string }
 
 func runDRA(timeout time.Duration) int {
 	rep := &draReport{Prepare: map[string]draPrepared{}, Unprepare: map[string]string{}, AfterRestart: []map[string]draPrepared{}, Rejected: []string{}, Errors: []string{}, UnknownMethods: map[string]string{}, HealthErrors: []string{}, HealthSeen: []healthSeen{}, HealthOpenedMs: []float64{}}
+	if _, ok := healthServices[*draRelease]; !ok {
+		fmt.Fprintf(os.Stderr, "gokubelet: -dra-release %q is not 1.36 or 1.37\n", *draRelease)
+		return 2
+	}
 	var claims []draClaim
 	for _, c := range strings.Split(*draClaims, ",") {
 		if c == "" {
@@ -319,11 +325,14 @@ func (k *draKubelet) register(path string) {
 		// As pm.add: the health stream starts before the plugin is told.
 		var ctx context.Context
 		ctx, p.cancel = context.WithCancel(context.Background())
-		k.streams.Add(1)
-		go func() {
-			defer k.streams.Done()
-			k.watchHealth(ctx, p)
-		}()
+		p.HealthService = pickHealthService(*draRelease, p.Versions)
+		if p.HealthService != "" {
+			k.streams.Add(1)
+			go func() {
+				defer k.streams.Done()
+				k.watchHealth(ctx, p)
+			}()
+		}
 		code, message := probeUnknown(conn, "/pluginregistration.Registration/NoSuchMethod")
 		unknownReg := code + ": " + message
 		code, message = probeUnknown(p.conn, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NoSuchMethod")

@@ -1,10 +1,15 @@
 // The DRA health stream as the 1.36 kubelet keeps it (pkg/kubelet/cm/dra:
 // dra_plugin_manager.go, manager.go's HandleWatchResourcesStream,
-// healthinfo.go), on grpc-go.
+// healthinfo.go), on grpc-go, and as the 1.37 one asks for it
+// (kubernetes/kubernetes#139477, pickHealthService).
 //
-// Every registered plugin is asked for /v1alpha1.DRAResourceHealth/
-// NodeWatchResources on its connection, and asked again -dra-health-retry
-// (5 s) after the stream ends for any reason, until it is deregistered. Each
+// A 1.36 kubelet (-dra-release 1.36) asks every registered plugin for
+// /v1alpha1.DRAResourceHealth/NodeWatchResources, advertised or not; a 1.37
+// one asks for /v1.DRAResourceHealth/NodeWatchResources if the plugin
+// advertised "v1.DRAResourceHealth", else for v1alpha1 if it advertised
+// that, else for nothing. Either asks on the plugin's connection, and again
+// -dra-health-retry (5 s) after the stream ends for any reason, until it is
+// deregistered. Each
 // message is the plugin's whole list: per pool/device its health, its time
 // (last_updated_time, Unix seconds) and its timeout
 // (health_check_timeout_seconds, else 30 s). A device not heard of for longer
@@ -30,12 +35,33 @@ var (
 	draHealthRetry  = flag.Duration("dra-health-retry", 5*time.Second, "how long after a health stream ends the kubelet asks for it again")
 	draHealthExpect = flag.String("dra-health-expect", "", "after preparing, wait until the first claim's devices read each of these in turn (e.g. Healthy,Unhealthy,Healthy), printing `health <uid> <state>` on stderr at each change, then unprepare")
 	draHealthOpens  = flag.Int("dra-health-opens", 0, "before unpreparing, wait until this many health streams were asked for")
+	draRelease      = flag.String("dra-release", "1.36", "the kubelet release whose choice of health service to make: 1.36 or 1.37")
 )
 
-const (
-	healthWatch   = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
-	healthTimeout = 30 * time.Second
-)
+const healthTimeout = 30 * time.Second
+
+// healthServices is what a kubelet of each release reads, newest first.
+var healthServices = map[string][]string{
+	"1.36": {"v1alpha1.DRAResourceHealth"},
+	"1.37": {"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"},
+}
+
+// pickHealthService is the health service a kubelet of release asks a plugin
+// that advertised advertised for, or "" for none.
+func pickHealthService(release string, advertised []string) string {
+	readable := healthServices[release]
+	if release == "1.36" {
+		return readable[0]
+	}
+	for _, service := range readable {
+		for _, a := range advertised {
+			if a == service {
+				return service
+			}
+		}
+	}
+	return ""
+}
 
 var healthNames = map[uint64]string{0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 
@@ -133,7 +159,7 @@ func (k *draKubelet) watchHealth(ctx context.Context, p *draPlugin) {
 }
 
 func (k *draKubelet) healthStream(ctx context.Context, p *draPlugin) error {
-	stream, err := p.conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, healthWatch)
+	stream, err := p.conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, "/"+p.HealthService+"/NodeWatchResources")
 	if err != nil {
 		return err
 	}
