@@ -1,5 +1,11 @@
 """What the operator asked for: which devices to serve, under which names, on
-which front end (`config`), and the naming rules of resources (`names`)."""
+which front end.
+
+`config` holds the whole `Config`, `entries` the `permittedHostDevices`
+entries and the front-end names, `sections` the other sections (shared
+devices, naming, VFIO, DRA, binding), `errors` the `ConfigError` they raise,
+and `names` the naming rules of resources.
+"""
 
 from .config import (
     ANOTHER_PLUGIN_SERVES,

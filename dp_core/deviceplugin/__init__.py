@@ -1,10 +1,11 @@
 """The device-plugin front end: the kubelet's device-plugin API (docs/design.md
 §3-§5) for every resource labelled `device-plugin`.
 
-`frontend` holds its state and handles its inputs; `registration` is one-socket
-attribution as a table of phases; `calls` the answers to the kubelet's calls;
-`allocations` its holds on the ledger; `sync` whether PodResources can be
-trusted yet; `checkpoint` what the kubelet's own checkpoint says.
+`frontend` holds its state and handles its inputs; `registration` is
+registration and one-socket attribution, through the table of registration
+phases in `phases`; `calls` the answers to the kubelet's calls; `allocations`
+its holds on the ledger; `sync` whether PodResources can be trusted yet;
+`checkpoint` what the kubelet's own checkpoint says.
 """
 
 from .allocations import Allocation, AllocationBook, UnlistedHold, allocation_log

@@ -8,17 +8,18 @@ one at a time on the shared socket. In per-resource mode every resource has
 its own socket, connections are attributed when accepted, and resources
 register concurrently.
 
-All phase changes go through `_TRANSITIONS`; nothing else assigns a phase.
+The phases and the table of their changes are in `phases`; the `Registrar`
+changes a phase only through it (`_move`), and nothing else assigns one.
+`Phase`, `Step` and `ResourceRegistration` are re-exported here.
 """
 
 from __future__ import annotations
 
 import enum
 
-import attrs
-
 from ..errors import UsageError
 from ..timing import Backoff
+from .phases import Phase, ResourceRegistration, Step, next_phase
 
 __all__ = [
     "OPTIONS_CALL",
@@ -26,6 +27,7 @@ __all__ = [
     "Registrar",
     "ResourceRegistration",
     "SocketMode",
+    "Step",
 ]
 
 
@@ -34,68 +36,7 @@ class SocketMode(enum.Enum):
     PER_RESOURCE = "per-resource"
 
 
-class Phase(enum.Enum):
-    WAITING = "waiting"  # needs a Register call, at or after `next_attempt_at`
-    REGISTERING = "registering"  # Register call in flight
-    AWAITING_DIAL = "awaiting-dial"  # Register returned, no connection yet (old kubelet)
-    UNBOUND = "unbound"  # registered, but no connection could be attributed
-    LIVE = "live"  # registered and at least one connection bound
-
-
 OPTIONS_CALL = "GetDevicePluginOptions"
-
-
-class Step(enum.Enum):
-    START = "start"
-    SUCCEEDED_BOUND = "succeeded-bound"
-    SUCCEEDED_UNBOUND = "succeeded-unbound"
-    FAILED = "failed"
-    BOUND = "bound"
-    DIAL_TIMEOUT = "dial-timeout"
-    LOST = "lost"  # last connection closed, or the kubelet restarted
-    ORPHAN_SEEN = "orphan-seen"  # an unattributable connection shows up
-    RETRY = "retry"  # unbound for long enough: nothing will come, register again
-
-
-_TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
-    (Phase.WAITING, Step.START): Phase.REGISTERING,
-    (Phase.REGISTERING, Step.SUCCEEDED_BOUND): Phase.LIVE,
-    (Phase.REGISTERING, Step.SUCCEEDED_UNBOUND): Phase.AWAITING_DIAL,
-    (Phase.REGISTERING, Step.FAILED): Phase.WAITING,
-    (Phase.REGISTERING, Step.BOUND): Phase.REGISTERING,
-    (Phase.REGISTERING, Step.LOST): Phase.WAITING,
-    (Phase.AWAITING_DIAL, Step.BOUND): Phase.LIVE,
-    (Phase.AWAITING_DIAL, Step.DIAL_TIMEOUT): Phase.UNBOUND,
-    (Phase.AWAITING_DIAL, Step.LOST): Phase.WAITING,
-    (Phase.UNBOUND, Step.BOUND): Phase.LIVE,
-    (Phase.UNBOUND, Step.ORPHAN_SEEN): Phase.WAITING,
-    (Phase.UNBOUND, Step.RETRY): Phase.WAITING,
-    (Phase.UNBOUND, Step.LOST): Phase.WAITING,
-    (Phase.LIVE, Step.BOUND): Phase.LIVE,
-    (Phase.LIVE, Step.LOST): Phase.WAITING,
-    (Phase.WAITING, Step.LOST): Phase.WAITING,
-    (Phase.WAITING, Step.BOUND): Phase.WAITING,
-}
-
-
-@attrs.define
-class ResourceRegistration:
-    name: str
-    phase: Phase = Phase.WAITING
-    next_attempt_at: float = 0.0
-    failures: int = 0
-    attempt: int = 0
-    dial_deadline: float | None = None
-    live_since: float | None = None
-    connections: set[int] = attrs.field(factory=set)
-    bound_this_attempt: bool = False
-    # The current kubelet connected to it through the options handshake, so
-    # may still hold a client for it; reset when the kubelet restarts.
-    connected: bool = False
-    # Replies without a dial in a row taken for such a held client, and
-    # whether the present wait for a dial is one of them.
-    held_replies: int = 0
-    held_wait: bool = False
 
 
 class Registrar:
@@ -183,12 +124,7 @@ class Registrar:
         return {name: reg.phase for name, reg in self._resources.items()}
 
     def _move(self, reg: ResourceRegistration, step: Step) -> None:
-        try:
-            phase = _TRANSITIONS[(reg.phase, step)]
-        except KeyError:
-            raise UsageError(
-                f"{reg.name}: no transition from {reg.phase.value} on {step.value}"
-            ) from None
+        phase = next_phase(reg.name, reg.phase, step)
         if phase is not reg.phase:
             del self._in_phase[reg.phase][reg.name]
             self._in_phase[phase][reg.name] = reg
