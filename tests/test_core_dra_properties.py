@@ -480,7 +480,7 @@ def test_no_group_has_two_holders_no_call_is_left_waiting_and_a_restart_rebuilds
             if not names or data.draw(st.integers(0, 3)) == 0:
                 names = [d.name for d in dra.devices()] + ["pci-0000-ff-00-0"]
             chosen = data.draw(
-                st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True)
+                st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)
             )
             results = [AllocatedDevice(f"r{i}", DRIVER, NODE, n) for i, n in enumerate(chosen)]
             world.feed(ClaimPrepareRequested(calls.new(), claim, results, world.now))
