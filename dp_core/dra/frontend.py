@@ -300,7 +300,10 @@ class DraFrontend:
         if not event.problem:
             prepared = self._prepared.get(claim.uid)
             if prepared is None:
-                raise UsageError(f"ClaimFilesWritten for claim {claim.uid}, unprepared since")
+                # The kubelet unprepared it while its files were written (a
+                # shell that writes files while it serves the next call).
+                error = f"claim {_show(claim)} was unprepared while its files were written"
+                return Outcome((ClaimAnswered(event.call, claim, error=error),))
             devices = prepared_devices(self.driver or "", prepared)
             return Outcome((ClaimAnswered(event.call, claim, devices),))
         error = f"claim {_show(claim)}: its CDI files could not be written: {event.problem}"
