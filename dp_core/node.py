@@ -27,6 +27,7 @@ from .deviceplugin.registration import SocketMode
 from .dra.frontend import DraFrontend
 from .effects import Effect
 from .errors import UsageError
+from .explain import Explainer
 from .frontend import Effects, Frontend, World
 from .host.pci import PciAddress, PciId
 from .host.snapshot import HostSnapshot
@@ -63,6 +64,7 @@ class Node:
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
         self._scanned = False
         self._now = 0.0
+        self.explainer = Explainer()  # what `serve` logs of what `scan` explains
         # One ledger for every front end: one IOMMU group, one holder,
         # whichever front end it came through.
         self.ledger = Ledger()
@@ -211,6 +213,7 @@ class Node:
         )
         world = World(self.snapshot, self.config, self.inventory, self._now)
         effects: Effects = []
+        effects += self.explainer.changed(self.snapshot, self.config, self.inventory, self._scanned)
         outer = self._deferred
         deferred = self._deferred = outer if outer is not None else set()
         try:

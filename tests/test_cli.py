@@ -389,6 +389,75 @@ def test_serve_stops_cleanly_on_signal(
         emulator.stop()
 
 
+EXPLAINED_CONFIG = """
+permittedHostDevices:
+  pciHostDevices:
+    - {pciVendorSelector: "%s", resourceName: "nvidia.com/T4"}
+    - {pciVendorSelector: "8086:1572", resourceName: "intel.com/x710"}
+sharedDevices:
+  devices.kubevirt.io/kvm: {enabled: false}
+  devices.kubevirt.io/tun: {enabled: false}
+  devices.kubevirt.io/vhost-net: {enabled: false}
+"""
+
+
+def test_serve_logs_what_scan_explains_at_start_and_when_it_changes(
+    host: tuple[Path, Path], tmp_path: Path, short_dir: Path
+) -> None:
+    """A selector that matches nothing, named, and a device skipped and why:
+    once at start, once more when the config changes what holds, and not at
+    every rescan (one a second here)."""
+    sysfs, dev = host
+    config = tmp_path / "config" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(EXPLAINED_CONFIG % "10DE:1EB9")
+    emulator = KubeletEmulator(short_dir).start()
+    command = [sys.executable, "-m", "dp_server", "serve", "--sysfs", str(sysfs)]
+    command += ["--dev", str(dev), "--config", str(config), "--rescan-interval", "1"]
+    command += ["--device-plugin-dir", str(short_dir), "--log-format", "json"]
+    command += ["--pod-resources-socket", str(short_dir / "none.sock")]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        events, partial = _events_until(
+            server,
+            lambda seen: (
+                {"selector-matches-nothing", "devices-skipped"} <= {e["event"] for e in seen}
+            ),
+        )
+        (nothing,) = [e for e in events if e["event"] == "selector-matches-nothing"]
+        assert (nothing["entry"], nothing["selector"], nothing["resource"]) == (
+            "pciHostDevices[0]",
+            "10DE:1EB9",
+            "nvidia.com/T4",
+        )
+        assert nothing["reason"].endswith("the nearest is 10DE:1EB8 (3 functions)")
+        (skipped,) = [e for e in events if e["event"] == "devices-skipped"]
+        assert (skipped["resource"], skipped["devices"]) == ("intel.com/x710", "0000:18:00.0")
+        assert skipped["reason"].startswith("bound to host driver i40e")
+
+        config.write_text(EXPLAINED_CONFIG % "10DE:1EB8")  # the typo mended
+        more, partial = _events_until(
+            server,
+            lambda seen: any(e["event"] == "explained-no-longer" for e in seen),
+        )
+        events += more
+        (over,) = [e for e in more if e["event"] == "explained-no-longer"]
+        assert (over["was"], over["selector"]) == ("selector-matches-nothing", "10DE:1EB9")
+        time.sleep(2.5)  # rescans, which find nothing new to say
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0
+        rest = partial + server.stderr.read()  # type: ignore[union-attr]
+        events += [json.loads(line) for line in rest.splitlines() if line]
+        said = [e["event"] for e in events]
+        assert said.count("selector-matches-nothing") == 1
+        assert said.count("devices-skipped") == 1, "the skipped NIC, said once"
+        assert said.count("explained-no-longer") == 1
+    finally:
+        if server.poll() is None:
+            server.kill()
+        emulator.stop()
+
+
 BINDING_CONFIG = """
 permittedHostDevices:
   pciHostDevices:

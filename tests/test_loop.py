@@ -77,8 +77,10 @@ def test_an_input_fed_while_effects_run_is_fed_after_them() -> None:
     loop = _loop(record)
     loop.after_input(lambda: order.append("input done"))
     loop.feed(HostObserved(HostSnapshot(dev_nodes={"/dev/kvm"}), 1.0))
-    # The Tick waited for the scan's effects to be carried out, then was fed.
-    assert order == ["Log", "fed", "input done", "input done"]
+    # The Tick waited for the scan's effects (its logs) to be carried out, then was fed.
+    first_done = order.index("input done")
+    assert order[:2] == ["Log", "fed"] and set(order[2:first_done]) <= {"Log"}
+    assert order[first_done:] == ["input done", "input done"]
 
 
 def test_a_call_gets_its_own_answer() -> None:

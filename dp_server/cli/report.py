@@ -25,7 +25,8 @@ from dp_core import (
     ScanProblem,
     cdev_state,
 )
-from dp_server.cli.explain import EntryReport, Explained
+from dp_core.explain import EntryReport
+from dp_server.cli.explain import Explained
 
 __all__ = ["explained_lines", "inventory_document", "inventory_table", "report_converter"]
 
