@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_core import Config, HostObserved, HostSnapshot, Log, Node, build_inventory
-from dp_core.config import PciHostDevice, PermittedHostDevices
+from dp_core.config import Dra, PciHostDevice, PermittedHostDevices
 from dp_core.explain import Explainer, findings
 from dp_core.host.pci import PciId
+from dp_core.inventory import OFFERED_BY_DRA
 from dp_testing.topology import fixture_topology, to_snapshot
 
 HOST = to_snapshot(fixture_topology())
@@ -118,6 +119,24 @@ def test_what_stops_holding_is_said_once_and_what_comes_is_said() -> None:
         )
     ]
     assert [e[1] for e in events(logs(explainer, NO_IOMMU, T4))] == ["no-iommu-groups"]
+
+
+def test_a_device_the_dra_front_end_offers_is_not_said_to_be_skipped() -> None:
+    on_dra = Config(
+        PermittedHostDevices(
+            pci_host_devices=(
+                PciHostDevice(
+                    PciId.parse("10DE:1EB8"), resource_name="nvidia.com/T4", frontend="dra"
+                ),
+                PciHostDevice(PciId.parse("8086:1572"), resource_name="intel.com/x710"),
+            )
+        ),
+        dra=Dra("vfio.example.com"),
+    )
+    inventory = build_inventory(HOST, on_dra)
+    assert any(s.reason == OFFERED_BY_DRA for s in inventory.skipped)  # the API's view
+    said = events(Explainer().changed(HOST, on_dra, inventory, scanned=True))
+    assert [(e[1], e[2]["resource"]) for e in said] == [("devices-skipped", "intel.com/x710")]
 
 
 def test_nothing_before_the_first_scan() -> None:

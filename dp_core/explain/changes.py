@@ -16,7 +16,7 @@ import attrs
 
 from ..config import Config
 from ..host import HostSnapshot
-from ..inventory import Inventory
+from ..inventory import OFFERED_BY_DRA, Inventory
 from ..log import Log
 from .entries import entry_reports, host_findings
 
@@ -42,9 +42,12 @@ class Finding:
 
 
 def _skipped(inventory: Inventory) -> Iterable[Finding]:
-    """Skipped devices, one finding per resource and reason."""
+    """Skipped devices, one finding per resource and reason. A device the DRA
+    front end offers is skipped only by the device-plugin API's view: served."""
     groups: dict[tuple[str, str], list[str]] = {}
     for device in inventory.skipped:
+        if device.reason == OFFERED_BY_DRA:
+            continue
         groups.setdefault((device.resource_name or "", device.reason), []).append(device.id)
     for (resource, reason), ids in sorted(groups.items()):
         named = ",".join(ids[:_NAMED]) + (f",... ({len(ids)} in all)" if len(ids) > _NAMED else "")
