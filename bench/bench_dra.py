@@ -10,7 +10,7 @@ is generated: `--ids` vendor:device IDs x `--functions` functions, each
 function alone in its IOMMU group, plus `--multi-groups` IOMMU groups of two
 functions each (default 8 x 64 + 4 x 2 = 520 devices).
 
-It measures the two speed targets of issue 20 that need the whole server:
+It measures the two speed targets that need the whole server (docs/benchmarks.md, "Targets"):
 
 1. NodePrepareResources as the kubelet emulator sees it (the server's GET of
    the claim from the API emulator, the ledger, the claim's CDI spec and
@@ -27,7 +27,7 @@ It measures the two speed targets of issue 20 that need the whole server:
    tainted; then the node is put back and the time taken until the device is
    back and untainted. `--health-changes` times. Target: < 200 ms.
    The same changes are timed until the kubelet emulator's health stream
-   (NodeWatchResources, issue 23) says the device is Unhealthy, and Healthy
+   (NodeWatchResources) says the device is Unhealthy, and Healthy
    again: what the kubelet needs to write the status of a pod holding it.
 
 The times of (2) are those of the emulator's store events (recorded by a

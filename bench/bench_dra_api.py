@@ -1,6 +1,6 @@
 """What dp's ResourceSlice publisher asks of the API server, against the API-server emulator.
 
-(a) API writes over a steady period with nothing changing (the issue wants 0
+(a) API writes over a steady period with nothing changing (the target is 0
     over 10 minutes: `--duration 600`, the default);
 (b) API calls per node per hour in that steady state (the watch ended and
     opened again every 300-600 s, as in production, and the re-list after a

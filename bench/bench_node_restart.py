@@ -1,8 +1,8 @@
 """How long a restarted node takes before dp's devices are allocatable again.
 
 A kubelet that has just started lists no pods through PodResources until it
-has synced them (issue 23: a v1.36 kubelet did not answer at 0.01 s, listed no
-pods at 0.32 s and listed them at 1.34 s). Until then dp holds back the group
+has synced them from the API server (at first it does not answer, then it
+answers with no pods). Until then dp holds back the group
 siblings of every device the kubelet's checkpoint gives a pod (kubelet_sync),
 so the node's devices come back in two steps:
 

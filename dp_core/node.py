@@ -26,6 +26,7 @@ from .binding.plan import BindDecision
 from .config.config import Config
 from .effects import Effect
 from .errors import UsageError
+from .explain import Explainer
 from .frontend import Frontend, Outcome, World
 from .host.pci import PciAddress, PciId
 from .host.snapshot import HostSnapshot
@@ -62,6 +63,7 @@ class Node:
         self.inventory = build_inventory(self.snapshot, config, self.pci_names)
         self._scanned = False
         self._now = 0.0
+        self.explainer = Explainer()  # what `serve` logs of what `scan` explains
         # One ledger for every front end: one IOMMU group, one holder,
         # whichever front end it came through.
         self.ledger = ledger
@@ -204,6 +206,7 @@ class Node:
         )
         world = World(self.snapshot, self.config, self.inventory, self._now)
         effects: list[Effect] = []
+        effects += self.explainer.changed(self.snapshot, self.config, self.inventory, self._scanned)
         held: set[int] = set()
         for frontend in self.frontends:
             outcome = frontend.world_changed(world)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,21 @@ settings.register_profile(
     "dp", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dp"))
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_it_was() -> Iterator[None]:
+    """A test that runs the CLI's `main` sets the root logger up as the CLI
+    does (`scan` at error level, its own handler); the next test's caplog
+    must not inherit that."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    # pytest's own handlers stay; a stdlib one the test added goes.
+    added = [h for h in root.handlers if h not in handlers and type(h).__module__ == "logging"]
+    for handler in added:
+        root.removeHandler(handler)
 
 
 @pytest.fixture

@@ -226,8 +226,16 @@ def test_demo_prints_node_and_sample_allocations(capsys: pytest.CaptureFixture[s
     # Why one QAT VF gets its character device and the next does not.
     assert "device  /dev/vfio/devices/vfio0 (mrw)" in out
     assert (
-        "(0000:6b:00.2 has no VFIO character device: /dev/vfio/devices/vfio1 does not exist)" in out
+        "(no VFIO character device for 0000:6b:00.2: /dev/vfio/devices/vfio1 does not exist)" in out
     )
+    # Each reason for a missing character device is said once, naming every device it applies to.
+    notes = [line for line in out.splitlines() if "no VFIO character device" in line]
+    reasons = [line.split(": ", 1)[1] for line in notes]
+    assert len(notes) >= 2 and len(reasons) == len(set(reasons))
+    assert out.count("no vfio-dev entry in sysfs (not on vfio-pci, or Linux before 6.1)") == 1
+    # The whole-group DRA device shows every function it holds.
+    (whole,) = [line for line in out.splitlines() if line.strip().startswith("iommu-group-93 ")]
+    assert "0000:5e:00.0,0000:5e:01.0" in whole
     assert "FAILED_PRECONDITION: IOMMU group 93" in out
     # The DRA half names the device whose Allocate it refuses.
     assert "Allocate(0000:3b:00.1 of nvidia.com/TU104_HD_Audio, in IOMMU group 59 with" in out
@@ -375,6 +383,75 @@ def test_serve_stops_cleanly_on_signal(
         assert events[-1]["event"] == "stopped"
         # The kubelet saw the streams end, as it does when a plugin goes away.
         assert emulator.wait_for(lambda e: all(not e.resources()[n].registered for n in ALL), 5)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        emulator.stop()
+
+
+EXPLAINED_CONFIG = """
+permittedHostDevices:
+  pciHostDevices:
+    - {pciVendorSelector: "%s", resourceName: "nvidia.com/T4"}
+    - {pciVendorSelector: "8086:1572", resourceName: "intel.com/x710"}
+sharedDevices:
+  devices.kubevirt.io/kvm: {enabled: false}
+  devices.kubevirt.io/tun: {enabled: false}
+  devices.kubevirt.io/vhost-net: {enabled: false}
+"""
+
+
+def test_serve_logs_what_scan_explains_at_start_and_when_it_changes(
+    host: tuple[Path, Path], tmp_path: Path, short_dir: Path
+) -> None:
+    """A selector that matches nothing, named, and a device skipped and why:
+    once at start, once more when the config changes what holds, and not at
+    every rescan (one a second here)."""
+    sysfs, dev = host
+    config = tmp_path / "config" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(EXPLAINED_CONFIG % "10DE:1EB9")
+    emulator = KubeletEmulator(short_dir).start()
+    command = [sys.executable, "-m", "dp_server", "serve", "--sysfs", str(sysfs)]
+    command += ["--dev", str(dev), "--config", str(config), "--rescan-interval", "1"]
+    command += ["--device-plugin-dir", str(short_dir), "--log-format", "json"]
+    command += ["--pod-resources-socket", str(short_dir / "none.sock")]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        events, partial = _events_until(
+            server,
+            lambda seen: (
+                {"selector-matches-nothing", "devices-skipped"} <= {e["event"] for e in seen}
+            ),
+        )
+        (nothing,) = [e for e in events if e["event"] == "selector-matches-nothing"]
+        assert (nothing["entry"], nothing["selector"], nothing["resource"]) == (
+            "pciHostDevices[0]",
+            "10DE:1EB9",
+            "nvidia.com/T4",
+        )
+        assert nothing["reason"].endswith("the nearest is 10DE:1EB8 (3 functions)")
+        (skipped,) = [e for e in events if e["event"] == "devices-skipped"]
+        assert (skipped["resource"], skipped["devices"]) == ("intel.com/x710", "0000:18:00.0")
+        assert skipped["reason"].startswith("bound to host driver i40e")
+
+        config.write_text(EXPLAINED_CONFIG % "10DE:1EB8")  # the typo mended
+        more, partial = _events_until(
+            server,
+            lambda seen: any(e["event"] == "explained-no-longer" for e in seen),
+        )
+        events += more
+        (over,) = [e for e in more if e["event"] == "explained-no-longer"]
+        assert (over["was"], over["selector"]) == ("selector-matches-nothing", "10DE:1EB9")
+        time.sleep(2.5)  # rescans, which find nothing new to say
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0
+        rest = partial + server.stderr.read()  # type: ignore[union-attr]
+        events += [json.loads(line) for line in rest.splitlines() if line]
+        said = [e["event"] for e in events]
+        assert said.count("selector-matches-nothing") == 1
+        assert said.count("devices-skipped") == 1, "the skipped NIC, said once"
+        assert said.count("explained-no-longer") == 1
     finally:
         if server.poll() is None:
             server.kill()
@@ -549,14 +626,18 @@ def test_serve_waits_for_the_kubelets_directory_and_says_so(
 
 
 def _scan(
-    capsys: pytest.CaptureFixture[str], sysfs: Path | str, dev: Path | str, *extra: str
+    capsys: pytest.CaptureFixture[str],
+    sysfs: Path | str,
+    dev: Path | str,
+    *extra: str,
+    status: int = 0,
 ) -> tuple[str, dict[str, Any]]:
     """The table and the JSON document `scan` prints for one host and config."""
     base = ["scan", "--sysfs", str(sysfs), "--dev", str(dev), *extra]
-    assert main(base) == 0
+    assert main(base) == status
     table = capsys.readouterr()
     assert table.err == ""
-    assert main([*base, "--format", "json"]) == 0
+    assert main([*base, "--format", "json"]) == status
     return table.out, json.loads(capsys.readouterr().out)
 
 
@@ -593,11 +674,42 @@ def test_scan_on_a_kubevirt_cr_says_which_entries_it_serves_and_why(
     ]
     assert f"config {cr}, a KubeVirt CR read as KubeVirt reads it:" in table
     assert (
-        "  pciHostDevices[2]  144D:A808 -> devices.kubevirt.io/nvme: left to virt-handler, "
-        "2 functions: externalResourceProvider is false (KubeVirt's default): "
+        "  pciHostDevices[2]  144D:A808 -> devices.kubevirt.io/nvme: selects 2 functions here, "
+        "left to virt-handler: externalResourceProvider is false (KubeVirt's default): "
         "virt-handler serves it" in table
     )
     assert "  info: sharedDevices: devices.kubevirt.io/kvm, tun and vhost-net" in table
+
+
+def test_scan_and_demo_with_binding_say_one_thing_of_each_device(
+    host: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A count says what it counts, and the demo does not deny the move it
+    announced (examples/config-binding.yaml)."""
+    config = str(REPO / "examples" / "config-binding.yaml")
+    table, document = _scan(capsys, *host, "--config", config)
+    assert (
+        "  pciHostDevices[3]  1A03:2000 -> devices.kubevirt.io/aspeed_vga: selects 1 function "
+        "here, for dp: dp's config lists it" in table
+    )
+    assert [s["id"] for s in document["skipped"]] == ["0000:03:00.0"]
+    assert "served by dp" not in table
+
+    assert main(["demo", "--config", config]) == 0
+    out = capsys.readouterr().out
+    moved = out.split("serve would move:\n", 1)[1].split("and would not move:", 1)[0]
+    assert "0000:18:00.0 from i40e" in moved
+    not_advertised = out.split("Selected but not advertised, and why:\n", 1)[1]
+    assert (
+        "  0000:18:00.0 (intel.com/x710): bound to host driver i40e; serve would move it to "
+        "vfio-pci (the demo moves nothing)\n" in not_advertised
+    )
+    assert "no binding policy" not in out
+    assert (
+        "  0000:03:00.0 (devices.kubevirt.io/aspeed_vga): bound to host driver ast; not moved "
+        "to vfio-pci: drives the boot display (boot_vga is 1); dp never rebinds it\n"
+        in not_advertised
+    )
 
 
 def test_scan_on_a_kubevirt_cr_with_kubevirt_resources_serves_only_those_named(
@@ -617,9 +729,9 @@ def test_scan_on_a_kubevirt_cr_with_kubevirt_resources_serves_only_those_named(
         "another outside plugin serves it"
     )
     assert (
-        "  pciHostDevices[0]  10DE:1EB8 -> nvidia.com/TU104GL_Tesla_T4: left to another plugin, "
-        "3 functions: externalResourceProvider is true, but --kubevirt-resources does not name "
-        "it: another outside plugin serves it" in table
+        "  pciHostDevices[0]  10DE:1EB8 -> nvidia.com/TU104GL_Tesla_T4: selects 3 functions "
+        "here, left to another plugin: externalResourceProvider is true, but "
+        "--kubevirt-resources does not name it: another outside plugin serves it" in table
     )
     assert (
         "  info: --kubevirt-resources: dp serves 2 entries of the 3 the CR leaves to outside "
@@ -681,23 +793,74 @@ def test_scan_names_the_nearest_id_and_mdev_type_of_a_selector_that_matches_noth
 SHARED_NAMES = ("kvm", "tun", "vhost-net")
 
 
-@pytest.mark.parametrize("where", ["nonexistent", "one level too high"])
+@pytest.mark.parametrize("where", ["nonexistent", "one level too high", "inside it"])
 def test_scan_says_when_sysfs_is_not_a_sysfs_root(
     where: str, host: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """And exits 2, as for any bad flag, so that a script can tell it from a
+    host where nothing matches (0)."""
     sysfs, dev = host
-    given = tmp_path / "nonexistent" if where == "nonexistent" else sysfs.parent
-    table, document = _scan(capsys, given, dev)
+    given = {
+        "nonexistent": tmp_path / "nonexistent",
+        "one level too high": sysfs.parent,
+        # bus/mdev has a `devices` of its own: not the root to suggest.
+        "inside it": sysfs / "bus",
+    }[where]
+    table, document = _scan(capsys, given, dev, status=2)
     (problem,) = document["problems"]
     assert problem["path"] == str(given)
     if where == "nonexistent":
         assert problem["reason"] == "does not exist; --sysfs must be /sys or a copy of it"
+    elif where == "inside it":
+        assert problem["reason"] == (
+            f"is inside {sysfs}, which is /sys or a copy of it: did you mean --sysfs {sysfs}?"
+        )
     else:
         assert problem["reason"] == (
             f"is not /sys or a copy of it, but {sysfs} is: did you mean --sysfs {sysfs}?"
         )
     assert f"problems reading the host:\n  {given}: {problem['reason']}" in table
     assert document["host_notes"] == []  # nothing under a wrong root means anything
+
+
+def test_scan_with_the_shipped_fixture_inside_its_root_suggests_the_root() -> None:
+    """`--sysfs fixtures/sysfs/sys/bus`, as a user might type it, through the
+    installed command: the root it is inside, never bus/mdev."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dp_server", "scan", "--sysfs", "fixtures/sysfs/sys/bus"]
+        + ["--dev", "fixtures/sysfs/dev"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "did you mean --sysfs fixtures/sysfs/sys?" in result.stdout
+    assert "bus/mdev" not in result.stdout
+
+
+@pytest.mark.parametrize("command", [["scan"], ["demo"]])
+def test_output_that_cannot_be_written_is_an_error_line_not_a_traceback(
+    command: list[str], host: tuple[Path, Path]
+) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    sysfs, dev = host
+    where = ["--sysfs", str(sysfs), "--dev", str(dev)] if command == ["scan"] else []
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "dp_server", *command, *where],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"dp-server: {command[0]}: cannot write the output: No space left on device\n"
+    )
 
 
 def test_scan_says_a_host_without_iommu_groups_has_its_iommu_off(
@@ -744,8 +907,8 @@ def test_the_troubleshooting_table_quotes_what_scan_prints(
         if not shipped:
             path.write_text(texts[name])
         outputs.append(_scan(capsys, sysfs, dev, "--config", str(path))[0])
-    outputs.append(_scan(capsys, tmp_path / "nonexistent", dev)[0])
-    outputs.append(_scan(capsys, sysfs.parent, dev)[0])
+    outputs.append(_scan(capsys, tmp_path / "nonexistent", dev, status=2)[0])
+    outputs.append(_scan(capsys, sysfs.parent, dev, status=2)[0])
     shutil.rmtree(sysfs / "kernel" / "iommu_groups")
     (sysfs / "kernel" / "iommu_groups").mkdir()
     outputs.append(_scan(capsys, sysfs, dev)[0])

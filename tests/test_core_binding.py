@@ -343,10 +343,15 @@ def test_a_group_that_cannot_be_moved_whole_is_given_back() -> None:
     effects = node.handle(BindingFinished(audio, "unbind: device busy", 2.1))
     reason = "0000:d8:00.1, in the same IOMMU group, could not be moved to vfio-pci"
     assert effects_of(effects, UnbindDevice) == [UnbindDevice(gpu, "nouveau", reason)]
-    assert [(e.level, e.event) for e in effects_of(effects, Log)] == [
+    logs = effects_of(effects, Log)
+    assert [(e.level, e.event) for e in logs] == [
         ("warning", "bind-failed"),
         ("warning", "give-back"),
+        # Both now skipped, and the log says so once (dp_core.explain).
+        ("info", "devices-skipped"),
+        ("info", "devices-skipped"),
     ]
+    assert [dict(e.fields)["devices"] for e in logs[2:]] == ["0000:d8:00.1", "0000:d8:00.0"]
     assert node.bind_book.giving_back == {gpu}
     done = node.handle(UnbindingFinished(gpu, None, 2.5))
     given = one(done, Log)

@@ -95,6 +95,95 @@ def test_every_link_between_the_docs_reaches_a_file_and_a_heading() -> None:
     assert broken == []
 
 
+# --- code the docs cite ------------------------------------------------------------------
+
+# A repository path as the docs write it: under one of the project's own
+# top-level directories, not preceded by a `/` (a host path such as
+# /sys/bus/pci is no citation). Placeholders (`<group>`, `*`) are not paths.
+_CITED_PATH = re.compile(
+    r"(?<![\w./-])((?:dp_core|dp_server|dp_testing|tests|bench|examples|deploy|scripts"
+    r"|fixtures|protos|docs|\.ci)/[\w./*<>{}-]*)"
+)
+_CITED_NAME = re.compile(r"(?<![\w./-])((?:dp_core|dp_server|dp_testing)(?:\.\w+)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """A dotted name is a module, or an attribute of the longest importable prefix."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def _bad_citations(text: str) -> list[str]:
+    bad = []
+    for match in _CITED_PATH.finditer(text):
+        path = match.group(1).rstrip(".,:;")
+        if not re.search(r"[*<>{}]", path) and not (REPO / path).exists():
+            bad.append(f"{path} (no such file)")
+    for match in _CITED_NAME.finditer(text):
+        if not _resolves(match.group(1)):
+            bad.append(f"{match.group(1)} (does not import)")
+    return bad
+
+
+def test_every_code_path_and_dotted_name_the_docs_cite_exists() -> None:
+    bad = [
+        f"{doc.relative_to(REPO)}: {citation}"
+        for doc in _markdown_files()
+        for citation in _bad_citations(doc.read_text())
+    ]
+    assert bad == []
+
+
+def test_a_stale_citation_is_caught() -> None:
+    text = (
+        "The scanner (`dp_server/host/scanner.py`) and `dp_core.config.names.resource_name_error`"
+        " hold; `dp_core/cdi.py` moved, `tests/test_nothing_here.py` never was, and"
+        " `dp_core.names.resource_name_error` and `dp_core.config.names.nothing` do not import."
+        " /sys/bus/pci/devices and `dp_core/<module>.py` are no citations."
+    )
+    assert _bad_citations(text) == [
+        "dp_core/cdi.py (no such file)",
+        "tests/test_nothing_here.py (no such file)",
+        "dp_core.names.resource_name_error (does not import)",
+        "dp_core.config.names.nothing (does not import)",
+    ]
+
+
+# --- the test command's own last line ------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [[], ["-q"]], ids=["as-the-readme", "-q"])
+def test_the_test_command_ends_with_its_summary_line(tmp_path: Path, flags: list[str]) -> None:
+    """The project's pytest settings leave the `N passed` line to every way
+    the docs run the suite, with or without a -q of its own."""
+    import sys
+
+    (tmp_path / "test_one.py").write_text("def test_one() -> None:\n    assert True\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml")]
+        + ["-p", "no:cacheprovider", "--rootdir", str(tmp_path), *flags]
+        + [str(tmp_path / "test_one.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^=*\s*1 passed in [\d.]+s", result.stdout, re.M), result.stdout
+
+
 # --- the examples' own words ------------------------------------------------------------
 
 

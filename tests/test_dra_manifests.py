@@ -37,6 +37,9 @@ from dp_core.inventory import build_inventory
 from dp_server.config.loader import parse_config
 from dp_testing.topology import fixture_topology, to_snapshot, write_sysfs
 
+from benchmarks_doc import measured_peak_mib, mebibytes
+from strategic_merge import strategic_merge
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 COMPONENT = DEPLOY / "dra"
@@ -184,17 +187,6 @@ def json6902(document: Object, operations: list[Object]) -> Object:
     return result
 
 
-def merge(base: Any, patch: Any) -> Any:
-    """A strategic merge patch of maps (the ConfigMap patch has no lists)."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        merged = dict(base)
-        for key, value in patch.items():
-            merged[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
-        return merged
-    assert not isinstance(patch, list), "lists would need merge keys"
-    return copy.deepcopy(patch)
-
-
 def build(root: Path) -> dict[tuple[str, str], Object]:
     """A kustomization's objects by (kind, name), with its components applied."""
     kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
@@ -231,7 +223,7 @@ def apply_component(objects: dict[tuple[str, str], Object], root: Path) -> dict:
             result[key] = json6902(result[key], operations)
         else:
             assert content is not None
-            result[_key(content)] = merge(result[_key(content)], content)
+            result[_key(content)] = strategic_merge(result[_key(content)], content)
     return result
 
 
@@ -277,11 +269,9 @@ def _all_manifests() -> Iterator[tuple[str, Object]]:
         if path.name != "kustomization.yaml":
             for document in _documents(path):
                 yield f"deploy/{path.name}", document
-    binding = yaml.safe_load((DEPLOY / "binding" / "kustomization.yaml").read_text())
-    (patch,) = binding["patches"]
-    (daemonset,) = _documents(DEPLOY / "daemonset.yaml")
-    operations = yaml.safe_load((DEPLOY / "binding" / patch["path"]).read_text())
-    yield "deploy/binding (DaemonSet)", json6902(daemonset, operations)
+    for name in ("binding", "without-kubevirt"):
+        for key, obj in sorted(apply_component(build(DEPLOY), DEPLOY / name).items()):
+            yield f"deploy/{name} ({key[0]} {key[1]})", obj
     for key, obj in sorted(apply_component(build(DEPLOY), COMPONENT).items()):
         yield f"deploy/dra ({key[0]} {key[1]})", obj
     for path in sorted(EXAMPLES.glob("*.yaml")):
@@ -458,6 +448,19 @@ def test_daemonset_flags_are_accepted_by_serve(variant: dict[tuple[str, str], Ob
     assert set(_flags(_container(variant))) <= options
 
 
+def test_the_pod_has_its_token_and_memory_for_both_front_ends(
+    variant: dict[tuple[str, str], Object],
+) -> None:
+    pod = variant[("DaemonSet", "dp")]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True, "the DRA front end calls the API"
+    resources = _container(variant)["resources"]
+    # The peak bench/bench_memory.py measured with both front ends under load
+    # (docs/benchmarks.md), with at least half as much again on top.
+    peak = measured_peak_mib("bench/bench_memory.py")
+    assert mebibytes(resources["limits"]["memory"]) >= 1.5 * peak
+    assert mebibytes(resources["requests"]["memory"]) >= peak
+
+
 # --- RBAC ---------------------------------------------------------------------------
 
 
@@ -498,7 +501,7 @@ def test_rbac_is_what_the_driver_does(variant: dict[tuple[str, str], Object]) ->
 # --- the config ---------------------------------------------------------------------
 
 
-def test_config_puts_the_gpus_on_dra_and_the_shared_devices_on_the_device_plugin(
+def test_config_puts_the_gpus_on_dra_and_leaves_the_shared_devices_to_virt_handler(
     variant: dict[tuple[str, str], Object],
 ) -> None:
     config = _config(variant)
@@ -514,10 +517,11 @@ def test_config_puts_the_gpus_on_dra_and_the_shared_devices_on_the_device_plugin
         "nvidia.com/TU104_HDA": "dra",
         "nvidia.com/GRID_T4-1Q": "dra",
     }
-    assert {d.resource_name for d in config.shared_devices} == {
-        "devices.kubevirt.io/kvm",
-        "devices.kubevirt.io/tun",
-        "devices.kubevirt.io/vhost-net",
+    # Off, as in the base: virt-handler serves them on a KubeVirt node.
+    assert {d.resource_name: d.enabled for d in config.shared_devices} == {
+        "devices.kubevirt.io/kvm": False,
+        "devices.kubevirt.io/tun": False,
+        "devices.kubevirt.io/vhost-net": False,
     }
 
 
@@ -535,13 +539,9 @@ def test_scan_accepts_the_config(tmp_path: Path, variant: dict[tuple[str, str], 
     )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    # The device-plugin front end serves only the shared devices; the T4s are
-    # the DRA front end's.
-    assert {r["name"] for r in document["resources"]} == {
-        "devices.kubevirt.io/kvm",
-        "devices.kubevirt.io/tun",
-        "devices.kubevirt.io/vhost-net",
-    }
+    # The device-plugin front end serves nothing: the T4s are the DRA front
+    # end's, and the shared devices virt-handler's.
+    assert document["resources"] == []
     on_dra = [s for s in document["skipped"] if s["resource_name"] == "nvidia.com/TU104GL_Tesla_T4"]
     assert on_dra and all("dra" in s["reason"] for s in on_dra)
 

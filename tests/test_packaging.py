@@ -32,7 +32,10 @@ import yaml
 
 from dp_core.config.names import resource_name_error
 from dp_core.host.pci import PciId
+from dp_server.config.loader import parse_config
 
+from benchmarks_doc import measured_peak_mib, mebibytes
+from strategic_merge import strategic_merge
 from tools import installed_tool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -795,7 +798,16 @@ def test_kubectl_kustomize_renders() -> None:
     assert kinds == ["ConfigMap", "DaemonSet", "Namespace"]
 
 
-@pytest.mark.parametrize("components", [["binding"], ["dra"], ["binding", "dra"]])
+@pytest.mark.parametrize(
+    "components",
+    [
+        ["binding"],
+        ["dra"],
+        ["binding", "dra"],
+        ["without-kubevirt"],
+        ["binding", "without-kubevirt"],
+    ],
+)
 def test_kubectl_kustomize_renders_the_base_with_its_components(
     tmp_path: Path, components: list[str]
 ) -> None:
@@ -821,11 +833,37 @@ def test_kubectl_kustomize_renders_the_base_with_its_components(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    (daemonset,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DaemonSet"]
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    rendered = [d for d in yaml.safe_load_all(result.stdout) if d]
+    (daemonset,) = [d for d in rendered if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
+    base_container = _container(_one("daemonset.yaml", "DaemonSet"))
+    # Every mount of the base is there once, whatever the components add.
+    assert len(container["volumeMounts"]) == len(mounts)
+    assert set(mounts) >= {m["name"] for m in base_container["volumeMounts"]}
     assert mounts["sys"]["readOnly"] is ("binding" not in components)
+    assert mounts["dev"]["readOnly"] is True
+    security = container["securityContext"]
+    assert security["privileged"] is ("binding" in components)
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert ("--plugins-dir" in " ".join(container["args"])) is ("dra" in components)
+    assert pod["automountServiceAccountToken"] is ("dra" in components)
+    # The base and the rendered manifests as the same strategic merge gives them.
+    if components == ["binding"]:
+        (patch,) = _component_patches("binding")
+        ours = strategic_merge(_one("daemonset.yaml", "DaemonSet"), patch)
+        # kustomize moves a merged item to the front; the order of mounts is no matter.
+        for obj in (ours, daemonset):
+            _container(obj)["volumeMounts"].sort(key=lambda m: m["mountPath"])
+        assert ours == daemonset
+    (configmap,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    shared = {
+        d.resource_name: d.enabled
+        for d in parse_config(configmap["data"]["config.yaml"], "rendered").shared_devices
+    }
+    assert set(shared.values()) == {"without-kubevirt" in components}, shared
 
 
 def test_namespace() -> None:
@@ -868,11 +906,13 @@ def test_configmap_holds_a_config_of_the_documented_shape(configmap: dict[str, A
     assert mdevs == [{"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}]
     names.extend(m["resourceName"] for m in mdevs)
 
+    # KubeVirt's virt-handler serves these on every KubeVirt node; the kubelet
+    # keeps one plugin per name, so the base leaves them to it.
     shared = config["sharedDevices"]
     assert shared == {
-        "devices.kubevirt.io/kvm": {"count": 1000},
-        "devices.kubevirt.io/tun": {"count": 110},
-        "devices.kubevirt.io/vhost-net": {"count": 110},
+        "devices.kubevirt.io/kvm": {"enabled": False},
+        "devices.kubevirt.io/tun": {"enabled": False},
+        "devices.kubevirt.io/vhost-net": {"enabled": False},
     }
     names.extend(shared)
     assert config["naming"] == {"source": "vendor-device"}
@@ -889,7 +929,32 @@ def test_configmap_config_loads_with_dp_server(configmap: dict[str, Any]) -> Non
     assert [e.resource_name for e in config.permitted_host_devices.pci_host_devices] == [
         "nvidia.com/TU104GL_Tesla_T4"
     ]
-    assert {d.resource_name: d.count for d in config.shared_devices} == {
+    assert config.enabled_shared_devices == ()
+    assert {d.resource_name for d in config.shared_devices} == {
+        "devices.kubevirt.io/kvm",
+        "devices.kubevirt.io/tun",
+        "devices.kubevirt.io/vhost-net",
+    }
+
+
+def test_without_kubevirt_serves_the_shared_devices_and_changes_nothing_else(
+    configmap: dict[str, Any],
+) -> None:
+    (patch,) = _component_patches("without-kubevirt")
+    assert patch["kind"] == "ConfigMap"
+    assert patch["metadata"]["name"] == configmap["metadata"]["name"]
+    base = _config_document(configmap)
+    config = _config_document(strategic_merge(configmap, patch))
+    assert {k: v for k, v in config.items() if k != "sharedDevices"} == {
+        k: v for k, v in base.items() if k != "sharedDevices"
+    }
+    assert config["sharedDevices"] == {
+        "devices.kubevirt.io/kvm": {"count": 1000},
+        "devices.kubevirt.io/tun": {"count": 110},
+        "devices.kubevirt.io/vhost-net": {"count": 110},
+    }
+    loaded = parse_config(yaml.safe_dump(config), "deploy/without-kubevirt/configmap.yaml")
+    assert {d.resource_name: d.count for d in loaded.enabled_shared_devices} == {
         "devices.kubevirt.io/kvm": 1000,
         "devices.kubevirt.io/tun": 110,
         "devices.kubevirt.io/vhost-net": 110,
@@ -942,10 +1007,20 @@ def test_daemonset_container(daemonset: dict[str, Any], containerfile: Container
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["runAsUser"] == 0
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The device-plugin front end talks to no API server.
+    assert daemonset["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    # From the peak bench/bench_memory.py --device-plugin-only measured
+    # (docs/benchmarks.md), with at least half as much again on top.
     assert container["resources"] == {
-        "requests": {"cpu": "10m", "memory": "32Mi"},
-        "limits": {"memory": "64Mi"},
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"memory": "96Mi"},
     }
+    limit = mebibytes(container["resources"]["limits"]["memory"])
+    assert limit >= 1.5 * measured_peak_mib("bench/bench_memory.py --device-plugin-only")
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert "initialDelaySeconds" not in container["livenessProbe"], "the startupProbe gates it"
     # The probes ask dp's own HTTP endpoint, on the port its flag names.
     assert container["ports"] == [
         {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
@@ -1017,31 +1092,29 @@ def test_daemonset_args_are_accepted_by_the_cli() -> None:
     assert "--metrics-address" in result.stdout
 
 
-def _replace(document: Any, pointer: str, value: Any) -> None:
-    """RFC 6902 `replace`, enough for the overlay's patches."""
-    *parents, last = [p for p in pointer.split("/") if p]
-    for part in parents:
-        document = document[int(part)] if isinstance(document, list) else document[part]
-    key: Any = int(last) if isinstance(document, list) else last
-    assert key in document if isinstance(document, dict) else key < len(document), pointer
-    document[key] = value
+def _component_patches(name: str) -> list[dict[str, Any]]:
+    """A component's strategic merge patches: whole objects, found by kind and
+    name, never by a position in the base's lists."""
+    kustomization = yaml.safe_load((DEPLOY / name / "kustomization.yaml").read_text())
+    # A component: kustomize refuses an overlay inside its own base.
+    assert kustomization["kind"] == "Component" and "resources" not in kustomization
+    patches = []
+    for patch in kustomization["patches"]:
+        assert set(patch) == {"path"}, f"{name}: {patch} is not a strategic merge patch"
+        (document,) = _documents(f"{name}/{patch['path']}")
+        patches.append(document)
+    return patches
 
 
 def test_binding_overlay_makes_only_sys_writable(daemonset: dict[str, Any]) -> None:
-    overlay = DEPLOY / "binding"
-    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
-    # A component: kustomize refuses an overlay inside its own base.
-    assert kustomization["kind"] == "Component" and "resources" not in kustomization
-    (patch,) = kustomization["patches"]
-    assert patch["target"] == {"kind": "DaemonSet", "name": "dp"}
-    operations = yaml.safe_load((overlay / patch["path"]).read_text())
-    patched = copy.deepcopy(daemonset)
-    for operation in operations:
-        assert operation["op"] == "replace"
-        _replace(patched, operation["path"], operation["value"])
+    (patch,) = _component_patches("binding")
+    assert (patch["kind"], patch["metadata"]["name"]) == ("DaemonSet", "dp")
+    patched = strategic_merge(daemonset, patch)
     (container,) = patched["spec"]["template"]["spec"]["containers"]
     (base,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert container["securityContext"]["privileged"] is True
+    # The API refuses privileged with allowPrivilegeEscalation: false.
+    assert container["securityContext"]["allowPrivilegeEscalation"] is True
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     base_mounts = {m["name"]: m for m in base["volumeMounts"]}
     assert mounts["sys"] == {"name": "sys", "mountPath": "/sys", "readOnly": False}
@@ -1050,3 +1123,12 @@ def test_binding_overlay_makes_only_sys_writable(daemonset: dict[str, Any]) -> N
         n: m for n, m in base_mounts.items() if n != "sys"
     }
     assert mounts["dev"]["readOnly"] is True
+
+    # Found by its path, not its place: a base that gains a mount ahead of it
+    # still gets /sys writable, and the new mount left as it is.
+    grown = copy.deepcopy(daemonset)
+    extra = {"name": "extra", "mountPath": "/extra", "readOnly": True}
+    _container(grown)["volumeMounts"].insert(0, extra)
+    (container,) = strategic_merge(grown, patch)["spec"]["template"]["spec"]["containers"]
+    assert container["volumeMounts"][0] == extra
+    assert {"name": "sys", "mountPath": "/sys", "readOnly": False} in container["volumeMounts"]

@@ -20,7 +20,7 @@ import asyncio
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import grpc
 
 from dp_core import (
     DEFAULT_SHARED_DEVICES,
+    BindDecision,
     Config,
     DeviceClass,
     DevicePluginFrontend,
@@ -125,8 +126,13 @@ def _pod_name(resource: str) -> str:
 
 
 def _allocation_lines(
-    responses: dict[str, Any], served: Served, classes: dict[str, DeviceClass]
+    responses: dict[str, Any],
+    served: Served,
+    classes: dict[str, DeviceClass],
+    no_cdev: dict[str, list[str]],
 ) -> list[str]:
+    """A sample's answer; the devices without a VFIO character device go to
+    `no_cdev` by reason, said once after every sample."""
     snapshot = served.runtime.node.snapshot
     interface = served.runtime.config.vfio.interface
     lines = []
@@ -143,9 +149,16 @@ def _allocation_lines(
         for device_id in _env_ids(response):
             found = host_device(device_id, snapshot)
             state = None if found is None else cdev_state(found, snapshot)
-            if state is not None and state.path is None:
-                lines.append(f"      ({device_id} has no VFIO character device: {state.reason})")
+            if state is not None and state.path is None and state.reason:
+                no_cdev.setdefault(state.reason, []).append(device_id)
     return lines
+
+
+def _no_cdev_lines(no_cdev: dict[str, list[str]]) -> list[str]:
+    return [
+        f"  (no VFIO character device for {', '.join(devices)}: {reason})"
+        for reason, devices in no_cdev.items()
+    ]
 
 
 def _env_ids(response: Any) -> list[str]:
@@ -199,6 +212,7 @@ def _samples(served: Served, resources: Sequence[Resource]) -> tuple[list[str], 
         pods.append((alike[0].device_class.title, "vm-plain", shared))
     lines = ["", "Sample allocations (GetPreferredAllocation, then Allocate):"]
     admitted = []
+    no_cdev: dict[str, list[str]] = {}
     for title, pod, requests in pods:
         lines.append(f"  {title}: pod {pod}")
         try:
@@ -207,10 +221,10 @@ def _samples(served: Served, resources: Sequence[Resource]) -> tuple[list[str], 
             lines.append(f"    refused: {error.code().name}: {error.details()}")
             continue
         admitted.append(pod)
-        lines += _allocation_lines(responses, served, classes)
+        lines += _allocation_lines(responses, served, classes, no_cdev)
         # The next pod is admitted on the kubelet's view of what is still free.
         _until_unhealthy(served, _group_siblings(served, responses))
-    return lines, admitted
+    return lines + _no_cdev_lines(no_cdev), admitted
 
 
 def _held_group_lines(served: Served) -> list[str]:
@@ -254,8 +268,13 @@ def _held_group_lines(served: Served) -> list[str]:
     return lines
 
 
-def device_plugin_lines(served: Served, config: Config) -> list[str]:
-    """What the device-plugin half shows: the node, unhealthy devices, sample pods."""
+def device_plugin_lines(
+    served: Served, config: Config, plan: Mapping[Any, BindDecision] | None = None
+) -> list[str]:
+    """What the device-plugin half shows: the node, unhealthy devices, sample pods.
+
+    `plan`: what the config's binding section would have serve move, which
+    the demo served without (no kernel moves anything under its host)."""
     resources = [
         r
         for r in served.runtime.node.frontend(DevicePluginFrontend).describe().resources
@@ -275,7 +294,8 @@ def device_plugin_lines(served: Served, config: Config) -> list[str]:
     skipped = served.runtime.node.frontend(DevicePluginFrontend).describe().skipped
     if skipped:
         lines += ["", "Selected but not advertised, and why:"]
-        lines += [f"  {s.id} ({s.resource_name}): {s.reason}" for s in skipped]
+        moves = {str(d.address): d for d in (plan or {}).values()}
+        lines += [f"  {s.id} ({s.resource_name}): {_skip_reason(s, moves)}" for s in skipped]
     samples, _ = _samples(served, resources)
     lines += samples
     lines += _held_group_lines(served)
@@ -301,18 +321,20 @@ async def _demo(
             "Nothing on this machine is read or changed.",
             "",
         ]
+        plan: Mapping[Any, BindDecision] | None = None
         if loaded is not None:
             shared = [d.path for d in config.enabled_shared_devices]
             snapshot = scan_host(sysfs, dev, dev_paths=shared)
             lines += explained_lines(explain(loaded, snapshot, str(sysfs))) + [""]
             if config.binding is not None:
-                lines += _binding_lines(config, snapshot)
+                plan = plan_bindings(snapshot, config)
+                lines += _binding_lines(plan)
                 # No kernel under the synthetic sysfs moves a device.
                 config = attrs.evolve(config, binding=None)
         root = workdir / "n"
         root.mkdir()
         async with serving(config, root, sysfs, dev, socket_mode, names) as served:
-            lines += await asyncio.to_thread(device_plugin_lines, served, config)
+            lines += await asyncio.to_thread(device_plugin_lines, served, config, plan)
             if config.dra is not None:
                 lines += await dra_lines(served, config)
         if loaded is None:
@@ -328,8 +350,19 @@ async def _demo(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _binding_lines(config: Config, snapshot: Any) -> list[str]:
-    plan = plan_bindings(snapshot, config)
+def _skip_reason(skipped: Any, moves: Mapping[str, BindDecision]) -> str:
+    """Why a device is not advertised, as serve would say it: the demo served
+    without binding, so the core's reason says no policy moves it."""
+    decision = moves.get(skipped.id)
+    if decision is None:
+        return str(skipped.reason)
+    held = str(skipped.reason).split("; ", 1)[0]  # "bound to host driver i40e"
+    if decision.binds:
+        return f"{held}; serve would move it to vfio-pci (the demo moves nothing)"
+    return f"{held}; not moved to vfio-pci: {decision.refusal}"
+
+
+def _binding_lines(plan: Mapping[Any, BindDecision]) -> list[str]:
     return [
         "The config's binding section has serve move devices to vfio-pci; no kernel moves",
         "anything under the synthetic host, so the demo serves what is on vfio-pci already.",

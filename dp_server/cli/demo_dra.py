@@ -19,14 +19,14 @@ from typing import Any
 import grpc
 
 from dp_core import Config, DevicePluginFrontend
+from dp_core.dra.names import MEMBER_COUNT, MEMBERS, PCI_BUS_ID
 from dp_server.cli.demo_node import NODE, Served
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.dra_kubelet import Claim
 
 __all__ = ["DRA_DEMO_CONFIG", "dra_lines"]
 
-BUS_ID = "resource.kubernetes.io/pciBusID"
-MEMBER_COUNT = "memberCount"  # an attribute of a device standing for a whole IOMMU group
+BUS_ID = PCI_BUS_ID
 DRA_DEMO_CONFIG = """
 dra:
   driverName: vfio.dp.example.com
@@ -66,6 +66,16 @@ def _attribute(device: dict[str, Any], name: str) -> Any:
     return next(iter(value.values()), None)
 
 
+def _addresses(device: dict[str, Any]) -> str:
+    """What a device holds: a whole group's every member, else its own address."""
+    count = _attribute(device, MEMBER_COUNT)
+    if count is None:
+        return str(_attribute(device, BUS_ID) or "")
+    # The members' list is left out of the slice past 64 characters.
+    members = _attribute(device, MEMBERS)
+    return str(members) if members else f"{count} functions"
+
+
 def _slice_lines(api: ApiServerEmulator, driver: str) -> list[str]:
     lines = [f"ResourceSlices of {NODE} (driver {driver}):"]
     for obj in sorted(api.slices(), key=lambda s: s["metadata"]["name"]):
@@ -79,8 +89,7 @@ def _slice_lines(api: ApiServerEmulator, driver: str) -> list[str]:
             tainted = f"  tainted {taints}" if taints else ""
             group = _attribute(device, "iommuGroup")
             lines.append(
-                f"    {device['name']}  {_attribute(device, BUS_ID) or ''}  "
-                f"IOMMU group {group}{tainted}"
+                f"    {device['name']}  {_addresses(device)}  IOMMU group {group}{tainted}"
             )
     return lines
 

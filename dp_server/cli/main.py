@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import math
 import os
@@ -16,13 +17,14 @@ from dp_core import Config, PciId, SocketMode, build_inventory, plan_bindings
 from dp_core.config import DEVICE_PLUGIN
 from dp_server.cli.settings import pci_names
 from dp_server.config.loader import ConfigFileError, read_config_file
+from dp_server.host.roots import root_problems
 from dp_server.host.scanner import scan_host
 from dp_server.monitoring.logs import configure_logging
 
 __all__ = ["main"]
 
-EXIT_CONFIG = 2
-EXIT_FAILED = 1  # the server stopped itself: a restart is what it needs
+EXIT_CONFIG = 2  # a bad config or flag, `scan --sysfs` or `--dev` naming no such root included
+EXIT_FAILED = 1  # the server stopped itself (a restart is what it needs), or output failed
 EXIT_PIPE = 141  # the reader went away (`| head`), as for a process SIGPIPE ended
 DRA_CDI_SPEC_DIR = "/var/run/cdi"
 # A rescan reads all of sysfs's PCI tree; more often than once a second is a
@@ -289,7 +291,9 @@ def _scan(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
     else:
         print(inventory_table(inventory, snapshot, plan, explained, frontends))
-    return 0
+    # The report says what is wrong with the place; the status lets a script
+    # tell it from a host where nothing matches, which is an answer (0).
+    return EXIT_CONFIG if root_problems(args.sysfs, args.dev) else 0
 
 
 def _device_classes(args: argparse.Namespace) -> int:
@@ -383,12 +387,21 @@ def say_error(message: object) -> None:
 
 
 def _quiet_after_broken_pipe() -> int:
-    # The reader left (`dp-server scan | head`): what is still buffered must
-    # not raise again when the interpreter flushes stdout on its way out.
+    # The reader left (`dp-server scan | head`).
+    _discard_stdout()
+    return EXIT_PIPE
+
+
+# A write to stdout that fails for good: a full disk or device, a quota, I/O.
+_CANNOT_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _discard_stdout() -> None:
+    # What is still buffered must not raise again when the interpreter
+    # flushes stdout on its way out.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return EXIT_PIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -425,6 +438,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     except BrokenPipeError:
         return _quiet_after_broken_pipe()
+    except OSError as error:
+        if error.errno not in _CANNOT_WRITE or error.filename is not None:
+            raise
+        # stdout is full or failing (`scan > /dev/full`): a line, not a traceback.
+        say_error(f"{args.command}: cannot write the output: {error.strerror}")
+        _discard_stdout()
+        return EXIT_FAILED
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -26,7 +26,8 @@ from dp_core import (
     cdev_state,
 )
 from dp_core.dra.deviceclasses import device_class_name
-from dp_server.cli.explain import EntryReport, Explained
+from dp_core.explain import EntryReport
+from dp_server.cli.explain import Explained
 
 __all__ = [
     "explained_lines",
@@ -223,8 +224,10 @@ def inventory_document(
 
 
 def _count(report: EntryReport) -> str:
+    """What the entry's selector matches on this host: not what is advertised
+    (a device a host driver holds is selected, and skipped)."""
     one, many = ("function", "functions") if report.where.startswith("pci") else ("mdev", "mdevs")
-    return f"{report.devices} {one if report.devices == 1 else many}"
+    return f"selects {report.devices} {one if report.devices == 1 else many} here"
 
 
 def explained_lines(explained: Explained) -> list[str]:
@@ -237,9 +240,9 @@ def explained_lines(explained: Explained) -> list[str]:
     elif explained.entries or explained.notes:
         lines.append("config:")
     for report in explained.entries:
-        served = "served by dp" if report.served_by == "dp" else f"left to {report.served_by}"
+        served = "for dp" if report.served_by == "dp" else f"left to {report.served_by}"
         name = report.resource or "(a derived name)"
-        line = f"  {report.where}  {report.selector} -> {name}: {served}, {_count(report)}"
+        line = f"  {report.where}  {report.selector} -> {name}: {_count(report)}, {served}"
         lines.append(f"{line}: {report.why}")
         if report.note:
             lines.append(f"    {report.note}")
@@ -259,6 +262,7 @@ def inventory_table(
     frontends: list[dict[str, Any]] | None = None,
 ) -> str:
     lines: list[str] = []
+    no_cdev_said: set[str] = set()  # each reason in full once, then "as above"
     for resource in inventory.resources:
         lines.append(
             f"{resource.name}  ({resource.kind.value}, {resource.healthy_count}/"
@@ -285,7 +289,9 @@ def inventory_table(
             if device.reason:
                 line += f"  {device.reason}"
             if cdev is not None and cdev.reason:
-                line += f"  [no cdev: {cdev.reason}]"
+                said = cdev.reason in no_cdev_said
+                line += f"  [no cdev: {'as above' if said else cdev.reason}]"
+                no_cdev_said.add(cdev.reason)
             lines.append(line.rstrip())
     if inventory.skipped:
         lines.append("skipped:")

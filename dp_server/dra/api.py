@@ -122,9 +122,12 @@ class KubeApi:
     connecting; the server ends it after `timeoutSeconds`).
     """
 
-    def __init__(self, client: AsyncClient, calls: ApiCalls | None = None) -> None:
+    def __init__(
+        self, client: AsyncClient, calls: ApiCalls | None = None, server: str = "(unknown)"
+    ) -> None:
         self._client = client
         self.calls = calls if calls is not None else ApiCalls()
+        self.server = server  # the API server's address, for the logs that say it is away
 
     @classmethod
     def connect(
@@ -147,7 +150,8 @@ class KubeApi:
         client = AsyncClient(
             config, timeout=httpx2.Timeout(timeout), field_manager="dp", trust_env=False
         )
-        return cls(client, calls)
+        current = config.get()
+        return cls(client, calls, current.cluster.server if current else "(no current context)")
 
     async def close(self) -> None:
         await self._client.close()

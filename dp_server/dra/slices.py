@@ -177,7 +177,13 @@ class SlicePublisher:
         self._learn_soon = True
         self._owner_check = True  # the Node may have gone while the server was away
         delay = self.backoff.delay(self._in_a_row, jitter(self._rng))
-        fields = _fields(error=_describe(error), retry_in=round(delay, 3), failures=self._in_a_row)
+        # The API server asked: a wrong kubeconfig or service host shows here.
+        fields = _fields(
+            server=self.api.server,
+            error=_describe(error),
+            retry_in=round(delay, 3),
+            failures=self._in_a_row,
+        )
         if isinstance(error, (*TRANSIENT_ERRORS, _Stale)):
             _log.warning("kube-api-unavailable", extra=fields)
         else:

@@ -1,9 +1,10 @@
 """Whether `--sysfs` and `--dev` are roots of the kind they name.
 
-A path that does not exist, or one a level above the root (`fixtures/sysfs`
-for `fixtures/sysfs/sys`), reads as a host with nothing on it. Each is said
-as a problem instead, naming the directory below that is such a root when
-there is one.
+A path that does not exist, one a level above the root (`fixtures/sysfs`
+for `fixtures/sysfs/sys`), or one inside it (`/sys/bus`), reads as a host
+with nothing on it. Each is said as a problem instead, naming the directory
+that is such a root when there is one: the one the path is inside first,
+else one right below it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = ["root_problems"]
 _SYSFS = ("--sysfs", "/sys", ("bus", "kernel", "devices"))
 _DEV = ("--dev", "/dev", ("null", "vfio", "kvm", "net"))
 _LOOK_BELOW = 200  # entries of a directory looked at for a root one level down
+_LOOK_ABOVE = 4  # directories above a path looked at for the root it is inside
 
 
 def _is_root(path: str, marks: tuple[str, ...]) -> bool:
@@ -37,12 +39,30 @@ def _root_below(path: str, name: str, marks: tuple[str, ...]) -> str | None:
     return None
 
 
+def _root_above(path: str, marks: tuple[str, ...]) -> str | None:
+    """The nearest directory above `path` that is plainly a root: it has at
+    least two of the marks (a real one has them all, while a directory inside
+    one, such as sysfs's bus/mdev with its `devices`, may have one)."""
+    here = os.path.abspath(path)
+    for _ in range(_LOOK_ABOVE):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+        if sum(os.path.lexists(os.path.join(here, mark)) for mark in marks) >= 2:
+            return here if os.path.isabs(path) else os.path.relpath(here)
+    return None
+
+
 def _reason(path: str, flag: str, real: str, marks: tuple[str, ...]) -> str | None:
     what = f"{real} or a copy of it"
     if not os.path.exists(path):
         return f"does not exist; {flag} must be {what}"
     if not os.path.isdir(path):
         return f"is not a directory; {flag} must be {what}"
+    above = _root_above(path, marks)
+    if above is not None:
+        return f"is inside {above}, which is {what}: did you mean {flag} {above}?"
     if _is_root(path, marks):
         return None
     below = _root_below(path, os.path.basename(real), marks)

@@ -17,19 +17,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-__all__ = ["CollectionPolicy"]
+__all__ = ["CollectionPolicy", "Schedule"]
+
+# Runs a callback so many seconds later: the running loop's `call_later` unless
+# told otherwise (a test records the decisions instead of waiting for them).
+Schedule = Callable[[float, Callable[[], None]], object]
 
 _AFTER_REGISTRATIONS = 1.0  # seconds
 _AFTER_RESCAN = 1.0  # seconds
 
 
+def _call_later(delay: float, callback: Callable[[], None]) -> object:
+    return asyncio.get_running_loop().call_later(delay, callback)
+
+
 class CollectionPolicy:
-    def __init__(self) -> None:
+    def __init__(self, schedule: Schedule = _call_later) -> None:
+        self._schedule = schedule
         self._scanned = False
         self._registering = False
-        self._collection: asyncio.TimerHandle | None = None  # the one after a rescan
+        self._collection_pending = False  # the one after a rescan
 
     def registering(self) -> None:
         """The core asked for a Register."""
@@ -46,7 +55,7 @@ class CollectionPolicy:
         """
         if self._registering and settled:
             self._registering = False
-            asyncio.get_running_loop().call_later(_AFTER_REGISTRATIONS, gc.collect)
+            self._schedule(_AFTER_REGISTRATIONS, gc.collect)
 
     @contextlib.contextmanager
     def scanning(self) -> Iterator[None]:
@@ -79,12 +88,12 @@ class CollectionPolicy:
             self._scanned = True
             gc.freeze()
             return
-        if self._collection is None:
-            loop = asyncio.get_running_loop()
-            self._collection = loop.call_later(_AFTER_RESCAN, self._collect_after_rescan)
+        if not self._collection_pending:
+            self._collection_pending = True
+            self._schedule(_AFTER_RESCAN, self._collect_after_rescan)
 
     def _collect_after_rescan(self) -> None:
-        self._collection = None
+        self._collection_pending = False
         gc.unfreeze()
         gc.collect()
         gc.freeze()
@@ -96,4 +105,4 @@ class CollectionPolicy:
         reuse that memory instead of adding to the high-water mark: a few
         milliseconds for 64 connections, while the kubelet is still starting.
         """
-        asyncio.get_running_loop().call_soon(gc.collect)
+        self._schedule(0, gc.collect)
