@@ -130,11 +130,6 @@ class Frontend(Protocol[E_co]):
         the shell sends a `Tick`)."""
         ...
 
-    def observe(self, event: object, effects: Sequence[object]) -> None:
-        """Every input the node handled and all it answered, for its own
-        counters (each front end counts what concerns it)."""
-        ...
-
     def metrics(self) -> Sequence[MetricFamily]:
         """Its metric families (`metrics.collect` joins the node's and each front end's)."""
         ...

@@ -107,8 +107,6 @@ class Node:
         for frontend in self.frontends:
             effects.extend(frontend.due(self._now))
         self.tally.observe(event)
-        for frontend in self.frontends:
-            frontend.observe(event, effects)
         return effects
 
     def next_deadline(self) -> float | None:

@@ -1,6 +1,6 @@
 """The node's own counters: what it did itself, whichever front end asked.
 
-Each front end counts what concerns it (`Frontend.observe`); the node
+Each front end counts what concerns it, where it decides it; the node
 counts host scans and moves to vfio-pci. Numbers only; the names operators
 see are `metrics.collect`'s business.
 """

@@ -23,14 +23,22 @@ from ..log import Log
 from .allocations import AllocationBook, allocation_log
 from .answers import AllocateAnswer, Answer, PreferredAnswer
 from .effects import AttributeConnection, RefreshAllocations, Reject, Reply
-from .inputs import ContainerPreference
+from .inputs import (
+    AllocateRequested,
+    ContainerPreference,
+    OptionsRequested,
+    PreferredAllocationRequested,
+    PreStartRequested,
+)
 from .preferred import preferred_devices
 from .registration import Registrar
+from .tally import OK
 
 Effect = Log | RefreshAllocations
 
 __all__ = [
     "Rejection",
+    "UnaryInput",
     "allocate",
     "answer",
     "lookup",
@@ -40,6 +48,9 @@ __all__ = [
 ]
 
 Answered = Reply | Reject | AttributeConnection | Effect
+
+#: The kubelet's unary calls: each is answered with a `Reply` or a `Reject`.
+UnaryInput = OptionsRequested | PreferredAllocationRequested | AllocateRequested | PreStartRequested
 
 _SHOWN_ID_LENGTH = 64
 
@@ -205,14 +216,15 @@ def answer(
     connection: int,
     now: float,
     work: Callable[[str], Answer],
-) -> list[Answered]:
-    """Call `call`'s answer (`Reply`), or its `Reject` with what goes with it."""
-    effects: list[Answered]
+) -> tuple[list[Answered], str]:
+    """Call `call`'s answer (`Reply`), or its `Reject` with what goes with it;
+    and the status it was answered with (`OK`, or the rejection's code)."""
     try:
         resource, attributed = resource_for(registrar, connection, rpc, now)
         reply = Reply(call, work(resource))
     except Rejection as rejection:
         reject = Reject(call, rejection.status, rejection.message)
-        return [reject, rejected(registrar, rpc, connection, rejection), *rejection.effects]
-    effects = [*attributed, reply]
-    return effects
+        refused: list[Answered] = [reject, rejected(registrar, rpc, connection, rejection)]
+        refused += rejection.effects
+        return refused, rejection.status.name
+    return [*attributed, reply], OK

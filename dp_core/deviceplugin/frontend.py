@@ -1,24 +1,19 @@
 """The device-plugin front end: the kubelet's device-plugin API for every
 resource of the inventory labelled `device-plugin`.
 
-It holds what that API needs and nothing else: registration and connection
-attribution (`Registrar`), each resource's advertised list (`DeviceLists`)
-and the ListAndWatch streams (`Watches`), the answers to the kubelet's calls
-(`calls`), the PodResources asks while it holds allocations (`HeldPolls`), its holds on
-the ledger (`AllocationBook`), whether PodResources can be trusted yet
-(`KubeletSync`), and, with `cdi`, a CDI spec per resource (`CdiKeeper`).
-The node routes its inputs to it (`handlers`) and tells it of every change
-of the world and of the ledger, whoever made it; what its own handlers change
-in the ledger they return (`Outcome.held`), and the node tells every front
-end once they have returned.
+It holds what that API needs: registration and connection attribution
+(`Registrar`), each resource's list (`DeviceLists`), the ListAndWatch
+streams (`Watches`), the answers to the kubelet's calls (`calls`), its holds
+on the ledger (`AllocationBook`) and the PodResources asks while it has any
+(`HeldPolls`), whether PodResources can be trusted yet (`KubeletSync`), and,
+with `cdi`, a CDI spec per resource (`CdiKeeper`). What its handlers change
+in the ledger they return (`Outcome.held`); the node tells every front end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
-
-import attrs
 
 from ..cdi.resources import CdiKeeper
 from ..cdi.spec import CdiSpecsChanged, CdiSpecsWritten
@@ -59,15 +54,18 @@ from .inputs import (
     WatchEnded,
     WatchStarted,
 )
-from .lists import DeviceLists
+from .lists import Change, DeviceLists
 from .metrics import families
 from .polls import HeldPolls
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
-from .tally import RpcTally
+from .tally import RPC_METHODS, RpcTally
 from .watches import Watches
 
 __all__ = ["DevicePluginFrontend", "DevicePluginEffects"]
+
+#: The kubelet's unary calls: each is answered with a `Reply` or a `Reject`.
+UnaryInput = OptionsRequested | PreferredAllocationRequested | AllocateRequested | PreStartRequested
 
 #: What the device-plugin front end asks of the shell.
 DevicePluginEffects = DevicePluginEffect | CdiSpecsChanged | Log
@@ -169,7 +167,7 @@ class DevicePluginFrontend:
         return Outcome((*effects, *settled.effects), settled.held)
 
     def holders_changed(self, groups: Collection[int]) -> Sequence[DevicePluginEffects]:
-        return self.watches.publish(self.lists.refresh_groups(groups))
+        return self._publish(self.lists.refresh_groups(groups))
 
     def holders_wanted(self) -> Effects:
         effects: Effects = [RefreshAllocations("binds wait to learn which IOMMU groups pods hold")]
@@ -186,10 +184,6 @@ class DevicePluginFrontend:
     def next_deadline(self) -> float | None:
         deadlines = (self.registrar.next_deadline(), self.sync.next_poll, self.polls.next_at())
         return min((d for d in deadlines if d is not None), default=None)
-
-    def observe(self, event: object, effects: Sequence[object]) -> None:
-        # By now the node's answer has attributed the connection, when it could be.
-        self.tally.observe(event, effects, self.registrar.owner)
 
     def metrics(self) -> Sequence[MetricFamily]:
         return families(self)
@@ -220,14 +214,7 @@ class DevicePluginFrontend:
 
     def describe(self) -> Inventory:
         """Its part of the inventory with reservations applied, as last published."""
-        inventory, lists = self.lists.offered, self.lists
-        return Inventory(
-            tuple(
-                attrs.evolve(r, devices=lists.advertised(r.name, r.devices))
-                for r in inventory.resources
-            ),
-            inventory.skipped,
-        )
+        return self.lists.describe()
 
     # -- what it publishes ---------------------------------------------------------
 
@@ -242,7 +229,12 @@ class DevicePluginFrontend:
         effects: Effects = []
         for name in self.registrar.track(self.lists.names(), self._clock.now):
             effects.append(Log.info("resource-discovered", resource=name))
-        return effects + self.watches.publish(self.lists.refresh())
+        return effects + self._publish(self.lists.refresh())
+
+    def _publish(self, changes: Iterable[Change]) -> Effects:
+        published: Effects = [*self.watches.publish(changes)]
+        self.tally.published(published)
+        return published
 
     # -- registration and connections -----------------------------------------
 
@@ -277,6 +269,7 @@ class DevicePluginFrontend:
         return effects
 
     def _kubelet_started(self, event: KubeletStarted) -> Done:
+        self.tally.kubelet_started()
         self.registrar.kubelet_started(event.now)
         self.sync.started(event.checkpoint, event.now)
         effects: Effects = [
@@ -301,12 +294,14 @@ class DevicePluginFrontend:
         return Outcome((Log.warning("kubelet-stopped"),))
 
     def _registration_succeeded(self, event: RegistrationSucceeded) -> Done:
+        self.tally.registration_ended(event.resource, succeeded=True)
         if not self.registrar.succeeded(event.resource, event.attempt, event.now):
             return Outcome()
         phase = self.registrar.get(event.resource).phase
         return Outcome((Log.info("registered", resource=event.resource, phase=phase.value),))
 
     def _registration_failed(self, event: RegistrationFailed) -> Done:
+        self.tally.registration_ended(event.resource, succeeded=False)
         if not self.registrar.failed(
             event.resource, event.attempt, event.now, unanswered=event.unanswered
         ):
@@ -349,20 +344,22 @@ class DevicePluginFrontend:
             ]
         )
 
-    def _answer(
-        self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
-    ) -> Effects:
-        return list(calls.answer(self.registrar, rpc, call, connection, self._clock.now, work))
+    def _answer(self, event: calls.UnaryInput, work: Callable[[str], Answer]) -> Effects:
+        """`event`'s call answered by `work` (given its resource), and counted."""
+        connection = event.connection
+        rpc = RPC_METHODS[type(event)]
+        effects, code = calls.answer(
+            self.registrar, rpc, event.call, connection, self._clock.now, work
+        )
+        # By now the call has attributed its connection, when it could be.
+        self.tally.answered(event, self.registrar.owner(connection), code)
+        return list(effects)
 
-    def _answered(
-        self, rpc: str, call: int, connection: int, work: Callable[[str], Answer]
-    ) -> Done:
-        return Outcome(tuple(self._answer(rpc, call, connection, work)))
+    def _answered(self, event: calls.UnaryInput, work: Callable[[str], Answer]) -> Done:
+        return Outcome(tuple(self._answer(event, work)))
 
     def _options_requested(self, event: OptionsRequested) -> Done:
-        return self._answered(
-            "GetDevicePluginOptions", event.call, event.connection, self._options_for
-        )
+        return self._answered(event, self._options_for)
 
     def _watch_started(self, event: WatchStarted) -> Done:
         rpc, connection = "ListAndWatch", event.connection
@@ -371,8 +368,11 @@ class DevicePluginFrontend:
                 self.registrar, connection, rpc, self._clock.now
             )
         except calls.Rejection as rejection:
+            # How the shell ends a stream it may not serve; counted as UNAVAILABLE.
+            self.tally.answered(event, self.registrar.owner(connection), rejection.status.name)
             end = EndStream(event.stream, rejection.message)
             return Outcome((end, calls.rejected(self.registrar, rpc, connection, rejection)))
+        self.tally.answered(event, resource)
         self.watches.opened(event.stream, event.connection, resource)
         publish = Publish(event.stream, resource, self.lists.advertised(resource))
         return Outcome((*attributed, publish))
@@ -391,7 +391,7 @@ class DevicePluginFrontend:
             published = self.lists.published_ids(resource)
             return calls.preferred(published, resource, event.containers)
 
-        return self._answered("GetPreferredAllocation", event.call, event.connection, work)
+        return self._answered(event, work)
 
     def _allocate_requested(self, event: AllocateRequested) -> Done:
         done: list[calls.Allocated] = []
@@ -410,7 +410,7 @@ class DevicePluginFrontend:
             done.append(allocated)
             return allocated.answer
 
-        effects = self._answer("Allocate", event.call, event.connection, work)
+        effects = self._answer(event, work)
         for allocated in done:
             return Outcome((*effects, *allocated.effects), allocated.touched)
         return Outcome(tuple(effects))
@@ -420,7 +420,7 @@ class DevicePluginFrontend:
             self._lookup(resource, event.device_ids)
             return PreStartAnswer()
 
-        return self._answered("PreStartContainer", event.call, event.connection, work)
+        return self._answered(event, work)
 
     def _allocations_observed(self, event: AllocationsObserved) -> Done:
         binds_before = self.sync.rules.binds

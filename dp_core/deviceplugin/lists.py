@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, KeysView, Mapping
 
+import attrs
+
 from ..config.config import DEVICE_PLUGIN
 from ..inventory.advertised import AdvertisedDevice
 from ..inventory.build import shared_groups
@@ -92,6 +94,14 @@ class DeviceLists:
 
     def shared_groups(self) -> KeysView[int]:
         return self._group_members.keys()
+
+    def describe(self) -> Inventory:
+        """Its part of the inventory with reservations applied, as last published."""
+        offered = self.offered
+        devices = [
+            attrs.evolve(r, devices=self.advertised(r.name, r.devices)) for r in offered.resources
+        ]
+        return Inventory(tuple(devices), offered.skipped)
 
     # -- working the lists out again ----------------------------------------------
 

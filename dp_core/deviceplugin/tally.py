@@ -1,25 +1,22 @@
 """The device-plugin front end's counters over what it was asked and answered.
 
-It sees every input the node handled together with the effects it returned,
-so it counts outcomes (an Allocate answered or rejected, and with which
-status) rather than attempts the shell made. It holds numbers only; the
-names and help texts operators see are `metrics`'.
+The front end counts each outcome where it decides it (an Allocate answered
+or rejected, and with which status), not attempts the shell made, and never
+by looking through the effects afterwards for an answer. It holds numbers
+only; the names and help texts operators see are `metrics`'.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable
 
-from .effects import EndStream, HealthChanged, Publish, Reject, Reply
+from .effects import HealthChanged
 from .inputs import (
     AllocateRequested,
-    KubeletStarted,
     OptionsRequested,
     PreferredAllocationRequested,
     PreStartRequested,
-    RegistrationFailed,
-    RegistrationSucceeded,
     WatchStarted,
 )
 
@@ -47,7 +44,8 @@ RPC_METHODS: dict[type, str] = {
 
 
 class RpcTally:
-    """Monotonic counters, keyed by the labels they are reported with."""
+    """Monotonic counters, keyed by the labels they are reported with; the
+    front end counts each outcome where it decides it."""
 
     def __init__(self) -> None:
         self.rpcs: Counter[tuple[str, str, str]] = Counter()  # (method, resource, code)
@@ -56,40 +54,21 @@ class RpcTally:
         self.health_changes: Counter[tuple[str, bool]] = Counter()  # (resource, now healthy)
         self.kubelet_starts = 0
 
-    def observe(
-        self, event: object, effects: Sequence[object], owner: Callable[[int], str | None]
-    ) -> None:
-        """Count `event` and its `effects`; `owner` names a connection's resource."""
-        if isinstance(event, RpcInput):
-            self._rpc(event, effects, owner)
-        elif isinstance(event, RegistrationSucceeded | RegistrationFailed):
-            self.registrations[event.resource, isinstance(event, RegistrationSucceeded)] += 1
-        elif isinstance(event, KubeletStarted):
-            self.kubelet_starts += 1
+    def answered(self, event: RpcInput, resource: str | None, code: str = OK) -> None:
+        """`event`'s call answered with `code`, for `resource` ("" if its
+        connection could not be attributed)."""
+        self.rpcs[RPC_METHODS[type(event)], resource or "", code] += 1
+        if code == OK and isinstance(event, AllocateRequested) and resource:
+            self.allocated_devices[resource] += sum(map(len, event.containers))
+
+    def registration_ended(self, resource: str, succeeded: bool) -> None:
+        self.registrations[resource, succeeded] += 1
+
+    def kubelet_started(self) -> None:
+        self.kubelet_starts += 1
+
+    def published(self, effects: Iterable[object]) -> None:
+        """Count the health changes among `effects` it is about to return."""
         for effect in effects:
             if isinstance(effect, HealthChanged):
                 self.health_changes[effect.resource, effect.healthy] += 1
-
-    def _rpc(
-        self, event: RpcInput, effects: Sequence[object], owner: Callable[[int], str | None]
-    ) -> None:
-        # The core's answer has attributed the connection by now, when it could be.
-        resource = owner(event.connection) or ""
-        code = OK
-        if isinstance(event, WatchStarted):
-            for effect in effects:
-                if isinstance(effect, EndStream) and effect.stream == event.stream:
-                    code = "UNAVAILABLE"  # how the shell ends a stream it may not serve
-                    break
-                if isinstance(effect, Publish) and effect.stream == event.stream:
-                    break
-        else:
-            for effect in effects:
-                if isinstance(effect, Reject) and effect.call == event.call:
-                    code = effect.status.name
-                    break
-                if isinstance(effect, Reply) and effect.call == event.call:
-                    if isinstance(event, AllocateRequested):
-                        self.allocated_devices[resource] += sum(map(len, event.containers))
-                    break
-        self.rpcs[RPC_METHODS[type(event)], resource, code] += 1

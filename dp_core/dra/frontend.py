@@ -171,9 +171,6 @@ class DraFrontend:
     def next_deadline(self) -> float | None:
         return self.health.next_deadline()
 
-    def observe(self, event: object, effects: Sequence[object]) -> None:
-        pass  # what it counts is its state: `metrics`
-
     def metrics(self) -> Sequence[MetricFamily]:
         if self.driver is None:
             return ()

@@ -114,9 +114,6 @@ class StaticFrontend:
     def next_deadline(self) -> float | None:
         return None
 
-    def observe(self, event: object, effects: Sequence[object]) -> None:
-        self.handed += sum(isinstance(effect, ConsumerHanded) for effect in effects)
-
     def metrics(self) -> Sequence[MetricFamily]:
         held = [h for h in self._ledger.holders() if isinstance(h, ConsumerHold)]
         return (
@@ -152,6 +149,7 @@ class StaticFrontend:
         groups = tuple(sorted({group for _, group in devices}))
         self._ledger.hold(ConsumerHold(consumer, tuple(wanted), groups))
         handed = ConsumerHanded(consumer, tuple(wanted), groups)
+        self.handed += 1
         return Outcome((handed, Log.info("consumer-started", consumer=consumer)), groups)
 
     def _stopped(self, event: ConsumerStopped) -> Done:
