@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dp_core.dra.slices import DeviceTaint, PoolContent, PoolDevice  # noqa: E402
+from dp_core.dra.pool_content import DeviceTaint, PoolContent, PoolDevice  # noqa: E402
 from dp_server.dra.api import KubeApi  # noqa: E402
 from dp_server.dra.pacing import RepairPacer  # noqa: E402
 from dp_server.dra.slices import SlicePublisher  # noqa: E402

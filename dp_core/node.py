@@ -3,7 +3,7 @@
 `Node.handle(input)` takes one input and returns the effects to carry out, in
 order. The node holds what the front ends share: the host snapshot, the
 config, the one inventory (`build_inventory`, once per change), the binding
-plan and moves (`Binder`), and the one ledger of IOMMU groups (`Ledger`). It
+plan and moves (`BindingPlanner`), and the one ledger of IOMMU groups (`Ledger`). It
 holds nothing of any front end and knows none by name: it is given a
 sequence of them (`frontend.Frontend`). It handles the inputs that concern
 it whole (a scan, a config, a tick, the binding reports) and routes every
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .binding.binder import Binder
 from .binding.book import BindingBook
 from .binding.events import BindingFinished, MovesChanged, MovesRecalled, UnbindingFinished
 from .binding.plan import BindDecision
+from .binding.planner import BindingPlanner
 from .config.config import Config
 from .effects import Effect
 from .errors import UsageError
@@ -68,7 +68,7 @@ class Node:
         # whichever front end it came through.
         self.ledger = ledger
         self.moves = FrontendMoves(self.inventory)  # a resource changing front ends, logged
-        self.binder = Binder(self.ledger)
+        self.planner = BindingPlanner(self.ledger)
         self.tally = Tally()
         names = [frontend.name for frontend in frontends]
         if len(set(names)) != len(names):
@@ -128,20 +128,20 @@ class Node:
 
     @property
     def bind_book(self) -> BindingBook:
-        return self.binder.book
+        return self.planner.book
 
     @property
     def bindings(self) -> dict[PciAddress, BindDecision]:
         """The binding plan, by function."""
-        return self.binder.plan
+        return self.planner.plan
 
     def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
-        """Whether a queued `BindDevice` should still be carried out (`Binder.bind_planned`)."""
-        return self.binder.bind_planned(address, driver)
+        """Whether a queued `BindDevice` should still be carried out (see `BindingPlanner`)."""
+        return self.planner.bind_planned(address, driver)
 
     def give_back_planned(self, address: PciAddress) -> bool:
         """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
-        return self.binder.give_back_planned(address)
+        return self.planner.give_back_planned(address)
 
     # -- after a step: the one way news travels between front ends -------------
 
@@ -185,8 +185,8 @@ class Node:
     def _rebuild(self) -> Outcome[Effect]:
         start = all(frontend.holders_known for frontend in self.frontends)
         effects: list[Effect] = []
-        effects += self.binder.replan(self.snapshot, self.config, start=start)
-        effects += self.binder.give_back_stranded()
+        effects += self.planner.replan(self.snapshot, self.config, start=start)
+        effects += self.planner.give_back_stranded()
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
 
@@ -216,16 +216,16 @@ class Node:
         return Outcome()  # what falls due, falls due after every input (`Frontend.due`)
 
     def _binding_finished(self, event: BindingFinished, now: float) -> Outcome[Effect]:
-        effects, rebuild = self.binder.finished(event, self.snapshot, self.config)
+        effects, rebuild = self.planner.finished(event, self.snapshot, self.config)
         if not rebuild:
             return Outcome(tuple(effects))
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
 
     def _unbinding_finished(self, event: UnbindingFinished, now: float) -> Outcome[Effect]:
-        effects = self.binder.unbound(event)
+        effects = self.planner.unbound(event)
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
 
     def _moves_recalled(self, event: MovesRecalled, now: float) -> Outcome[Effect]:
-        return Outcome(tuple(self.binder.recalled(event, scanned=self._scanned)))
+        return Outcome(tuple(self.planner.recalled(event, scanned=self._scanned)))

@@ -29,11 +29,11 @@ from dp_core import (
     UnbindingFinished,
     UsageError,
 )
-from dp_core.binding import TRANSITIONS, MoveEvent, MoveState, Outcome
+from dp_core.binding import TRANSITIONS, MoveEvent, MoveOutcome, MoveState
 
 from core_builders import pci, snapshot
 
-S, E, OUT = MoveState, MoveEvent, Outcome
+S, E, OUT = MoveState, MoveEvent, MoveOutcome
 
 # (state, event) -> (next state, outcome): the table as it must read.
 ROWS = [
@@ -204,7 +204,7 @@ def test_the_table_has_exactly_these_rows() -> None:
     ROWS,
     ids=[f"{s.value}--{e.value}" for s, e, _, _ in ROWS],
 )
-def test_row(state: MoveState, event: MoveEvent, after: MoveState, outcome: Outcome) -> None:
+def test_row(state: MoveState, event: MoveEvent, after: MoveState, outcome: MoveOutcome) -> None:
     book = book_in(state)
     move_before = book.moved.get(A)
     version_before = book.moves_version

@@ -43,7 +43,7 @@ from dp_core.dra.inputs import (
 )
 from dp_core.dra.metadata import prepared_devices, request_metadata
 from dp_core.dra.names import attribute_name_error, mdev_device_name, pci_device_name
-from dp_core.dra.slices import PoolContent, Version
+from dp_core.dra.pool_content import PoolContent, Version
 from dp_core.effects import HealthChanged, Log
 
 from core_builders import AUDIO, GPU, GPU_RESOURCE, Kubelet, effects_of, one, pci, snapshot

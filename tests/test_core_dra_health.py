@@ -31,8 +31,8 @@ from dp_core import (
 from dp_core.config import Dra
 from dp_core.dra.claims import ClaimRef
 from dp_core.dra.effects import ClaimRefused
+from dp_core.dra.health_watch import device_health
 from dp_core.dra.inputs import AllocatedDevice, ClaimPrepareRequested, ClaimUnprepareRequested
-from dp_core.dra.watch import device_health
 from dp_core.effects import Effect, Log
 
 from core_builders import AUDIO, GPU, GPU_RESOURCE, effects_of, pci, snapshot

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dp_core import Config, HostObserved, HostSnapshot, Log, Node, build_inventory
+from dp_core import Config, HostObserved, HostSnapshot, Log, StandardNode, build_inventory
 from dp_core.config import Dra, PciHostDevice, PermittedHostDevices
 from dp_core.explain import Explainer, findings
 from dp_core.host.pci import PciId
@@ -145,7 +145,7 @@ def test_nothing_before_the_first_scan() -> None:
 
 
 def test_the_node_logs_it_when_it_rebuilds_its_inventory() -> None:
-    node = Node(TYPO)
+    node = StandardNode(TYPO)
     first = [e for e in node.handle(HostObserved(HOST, 1.0)) if isinstance(e, Log)]
     assert [log.event for log in first if log.event == "selector-matches-nothing"] == [
         "selector-matches-nothing"

@@ -19,7 +19,7 @@ import dp_core
 from dp_core import effects as effects_module
 from dp_core import inputs as inputs_module
 from dp_core.deviceplugin import answers as answers_module
-from dp_core.dra.slices import PoolContent
+from dp_core.dra.pool_content import PoolContent
 
 REPO = Path(__file__).resolve().parent.parent
 CORE_DIR = REPO / "dp_core"

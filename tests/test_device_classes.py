@@ -155,7 +155,11 @@ def test_scan_says_who_serves_each_resource_and_the_class_dra_needs(tmp_path: Pa
 
     sysfs, dev = write_sysfs(fixture_topology(), tmp_path / "host")
     config = tmp_path / "config.yaml"
-    config.write_text(deploy_config())
+    # The shipped config leaves /dev/kvm to virt-handler; served here, it is
+    # the device plugin's, beside DRA's resources.
+    kvm_off = "devices.kubevirt.io/kvm: {enabled: false}"
+    assert kvm_off in deploy_config()
+    config.write_text(deploy_config().replace(kvm_off, "devices.kubevirt.io/kvm: {enabled: true}"))
     result = subprocess.run(
         [sys.executable, "-m", "dp_server", "scan", "--format", "json"]
         + ["--sysfs", str(sysfs), "--dev", str(dev), "--config", str(config)],

@@ -13,7 +13,13 @@ import attrs
 import pytest
 
 from dp_core import Backoff, DraFeaturesObserved
-from dp_core.dra.slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
+from dp_core.dra.pool_content import (
+    CounterConsumption,
+    CounterSet,
+    DeviceTaint,
+    PoolContent,
+    PoolDevice,
+)
 from dp_server.dra.api import KubeApi
 from dp_server.dra.pacing import RepairPacer
 from dp_server.dra.slices import SlicePublisher

@@ -26,7 +26,7 @@ import pytest
 from dp_core import KubeletCheckpoint, KubeletStarted
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.deviceplugin.kubelet import KubeletFollower
-from dp_server.deviceplugin.runtime import DevicePluginRuntime
+from dp_server.deviceplugin.wiring import DevicePluginRuntime
 from dp_server.loop.memory import CollectionPolicy
 
 from e2e_harness import ALL, GPU, KVM, NVME, QAT, Harness

@@ -24,7 +24,7 @@ from dp_core import (
     Tick,
 )
 from dp_core.config import Dra
-from dp_server.dra.runtime import DraRuntime
+from dp_server.dra.wiring import DraRuntime
 from dp_server.loop import CollectionPolicy, Loop
 from dp_server.runtime.runtime import Runtime, Settings
 

@@ -24,7 +24,7 @@ from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.cli.main import load_settings
 from dp_server.config.loader import parse_config
 from dp_server.deviceplugin import wire
-from dp_server.deviceplugin.runtime import DevicePluginRuntime
+from dp_server.deviceplugin.wiring import DevicePluginRuntime
 from dp_server.runtime.runtime import Runtime
 from dp_testing.emulator._rpc import dp
 

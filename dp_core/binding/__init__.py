@@ -2,8 +2,7 @@
 plan (`plan`), the life cycle of each move as a table (`book`), what dp
 moved (`moves`), and the node's part in it (`binder`)."""
 
-from .binder import Binder
-from .book import TRANSITIONS, BindingBook, MoveEvent, MoveState, Outcome
+from .book import TRANSITIONS, BindingBook, MoveEvent, MoveOutcome, MoveState
 from .events import (
     BindDevice,
     BindingFinished,
@@ -14,12 +13,13 @@ from .events import (
 )
 from .moves import Move
 from .plan import BindDecision, plan_bindings, selected_for_binding
+from .planner import BindingPlanner
 
 __all__ = [
     "TRANSITIONS",
     "BindDecision",
     "BindDevice",
-    "Binder",
+    "BindingPlanner",
     "BindingBook",
     "BindingFinished",
     "Move",
@@ -27,7 +27,7 @@ __all__ = [
     "MoveState",
     "MovesChanged",
     "MovesRecalled",
-    "Outcome",
+    "MoveOutcome",
     "UnbindDevice",
     "UnbindingFinished",
     "plan_bindings",

@@ -28,7 +28,7 @@ from .events import BindDevice, BindingFinished, UnbindDevice, UnbindingFinished
 from .moves import Move
 from .plan import BindDecision, plan_bindings, selected_for_binding
 
-__all__ = ["TRANSITIONS", "BindingBook", "MoveEvent", "MoveState", "Outcome"]
+__all__ = ["TRANSITIONS", "BindingBook", "MoveEvent", "MoveState", "MoveOutcome"]
 
 
 class MoveState(enum.Enum):
@@ -62,7 +62,7 @@ class MoveEvent(enum.Enum):
     RECALL_REFUTED = "recall-refuted"  # the first scan shows it elsewhere, or not at all
 
 
-class Outcome(enum.Enum):
+class MoveOutcome(enum.Enum):
     """What a change of state asks of the book, besides the new state."""
 
     NOTHING = "nothing"
@@ -73,9 +73,9 @@ class Outcome(enum.Enum):
     MOVE_RECALLED = "move-recalled"  # keep the Move an earlier run reported (already kept)
 
 
-_S, _E, _O = MoveState, MoveEvent, Outcome
+_S, _E, _O = MoveState, MoveEvent, MoveOutcome
 
-TRANSITIONS: Mapping[tuple[MoveState, MoveEvent], tuple[MoveState, Outcome]] = {
+TRANSITIONS: Mapping[tuple[MoveState, MoveEvent], tuple[MoveState, MoveOutcome]] = {
     # Binding.
     (_S.IDLE, _E.BIND_ASKED): (_S.BINDING, _O.BIND_DEVICE),
     (_S.BINDING, _E.BIND_DONE): (_S.MOVED, _O.MOVE_RECORDED),
@@ -178,7 +178,7 @@ class BindingBook:
     def state(self, address: PciAddress) -> MoveState:
         return self._states.get(address, MoveState.IDLE)
 
-    def _step(self, address: PciAddress, event: MoveEvent, move: Move | None = None) -> Outcome:
+    def _step(self, address: PciAddress, event: MoveEvent, move: Move | None = None) -> MoveOutcome:
         """Move `address` on by `event` through `TRANSITIONS`; `move` is the Move an
         outcome that keeps one keeps."""
         state = self.state(address)
@@ -192,12 +192,12 @@ class BindingBook:
             self._states.pop(address, None)
         else:
             self._states[address] = after
-        if outcome is Outcome.MOVE_RECORDED or outcome is Outcome.MOVE_RECALLED:
+        if outcome is MoveOutcome.MOVE_RECORDED or outcome is MoveOutcome.MOVE_RECALLED:
             if move is None:
                 raise UsageError(f"{address}: {event.value} keeps a Move, and none came")
             self.moved[address] = move
-            self.moves_version += outcome is Outcome.MOVE_RECORDED
-        elif outcome is Outcome.MOVE_FORGOTTEN:
+            self.moves_version += outcome is MoveOutcome.MOVE_RECORDED
+        elif outcome is MoveOutcome.MOVE_FORGOTTEN:
             del self.moved[address]
             self.moves_version += 1
         return outcome

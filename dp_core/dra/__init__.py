@@ -34,8 +34,8 @@ from .inputs import (
     HealthWatchStarted,
 )
 from .pool import DraDevice, dra_catalogue
+from .pool_content import PoolContent
 from .prepared import ClaimDevice, PreparedClaim
-from .slices import PoolContent
 
 __all__ = [
     "AllocatedDevice",

@@ -6,8 +6,8 @@ import attrs
 
 from .claims import ClaimRef, PreparedDevice
 from .health import DeviceHealth
+from .pool_content import PoolContent
 from .prepared import PreparedClaim
-from .slices import PoolContent
 
 __all__ = [
     "ClaimAnswered",

@@ -52,6 +52,7 @@ from .effects import (
     DraEffect,
 )
 from .features import Features
+from .health_watch import HealthWatch
 from .inputs import (
     ClaimFilesRemoved,
     ClaimFilesWritten,
@@ -65,9 +66,8 @@ from .inputs import (
 from .metadata import prepared_devices
 from .offer import Offer, Refusal
 from .pool import DraDevice
+from .pool_content import PoolContent
 from .prepared import PreparedClaim
-from .slices import PoolContent
-from .watch import HealthWatch
 
 __all__ = ["DraEffects", "DraFrontend"]
 

@@ -23,8 +23,8 @@ import attrs
 from ..cdi.claims import claim_device_id, claim_request_device_id, metadata_device_id
 from .claims import PreparedDevice
 from .extended import request_envs
+from .pool_content import AttributeValue, Version
 from .prepared import ClaimDevice, PreparedClaim
-from .slices import AttributeValue, Version
 
 __all__ = [
     "CONTAINER_METADATA_DIR",

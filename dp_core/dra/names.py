@@ -19,7 +19,7 @@ import re
 
 from ..host.pci import PciAddress, PciDevice
 from ..host.snapshot import HostSnapshot, MdevDevice
-from .slices import MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
+from .pool_content import MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
 
 __all__ = [
     "GROUP_RESOURCE",

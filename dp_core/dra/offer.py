@@ -23,11 +23,11 @@ from ..ledger import Ledger
 from ..log import Log
 from .effects import DraEffect, PoolChanged
 from .features import Features
+from .health_watch import HealthWatch, device_health
 from .inputs import AllocatedDevice
 from .pool import DraDevice, Pool, PoolOptions, dra_catalogue
+from .pool_content import PoolContent
 from .prepared import ClaimDevice, PreparedClaim
-from .slices import PoolContent
-from .watch import HealthWatch, device_health
 
 __all__ = ["Offer", "Refusal"]
 

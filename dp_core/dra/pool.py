@@ -62,7 +62,7 @@ from .names import (
     pci_attributes,
     pci_device_name,
 )
-from .slices import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
+from .pool_content import CounterConsumption, CounterSet, DeviceTaint, PoolContent, PoolDevice
 
 __all__ = [
     "COUNTER",

@@ -51,7 +51,7 @@ from dp_server.config.loader import (
     parse_config_file,
     read_config_file,
 )
-from dp_server.deviceplugin.runtime import DevicePluginRuntime
+from dp_server.deviceplugin.wiring import DevicePluginRuntime
 from dp_server.host.scanner import scan_host
 from dp_testing.topology import fixture_topology, write_sysfs
 

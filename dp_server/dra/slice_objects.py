@@ -37,7 +37,7 @@ from lightkube.models.resource_v1 import (
 )
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from dp_core.dra.slices import (
+from dp_core.dra.pool_content import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE_ADVANCED,
     AttributeValue,
@@ -45,9 +45,9 @@ from dp_core.dra.slices import (
     PoolDevice,
     Version,
 )
-from dp_core.dra.slices import CounterConsumption as CoreCounterConsumption
-from dp_core.dra.slices import CounterSet as CoreCounterSet
-from dp_core.dra.slices import DeviceTaint as CoreDeviceTaint
+from dp_core.dra.pool_content import CounterConsumption as CoreCounterConsumption
+from dp_core.dra.pool_content import CounterSet as CoreCounterSet
+from dp_core.dra.pool_content import DeviceTaint as CoreDeviceTaint
 
 __all__ = [
     "COUNTERS",

@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 from dp_core import Effect, Input, Node
 
-__all__ = ["Answer", "Loop"]
+__all__ = ["CallAnswer", "Loop"]
 
 
-class Answer(Protocol):
+class CallAnswer(Protocol):
     """An effect that answers call `call` (`Reply`, `Reject`, `ClaimAnswered`, ...)."""
 
     @property
@@ -42,7 +42,7 @@ class Loop:
         self._handlers: dict[type[Any], Callable[[Any], None]] = {}
         self._queue: deque[Input] = deque()
         self._feeding = False
-        self._answers: dict[int, Answer | None] = {}  # call -> its answer, while awaited
+        self._answers: dict[int, CallAnswer | None] = {}  # call -> its answer, while awaited
         self._after: list[Callable[[], None]] = []
 
     def now(self) -> float:
@@ -101,6 +101,6 @@ class Loop:
         finally:
             del self._answers[call]
 
-    def _answered(self, effect: Answer) -> None:
+    def _answered(self, effect: CallAnswer) -> None:
         if effect.call in self._answers:
             self._answers[effect.call] = effect

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from dp_core import Config, Ledger
 from dp_server.config.settings import Settings
-from dp_server.deviceplugin.runtime import DevicePluginRuntime
+from dp_server.deviceplugin.wiring import DevicePluginRuntime
 from dp_server.loop import FrontendRuntime
 
 __all__ = ["FRONTENDS", "Plug"]
@@ -25,7 +25,7 @@ def _dra(settings: Settings, config: Config, ledger: Ledger) -> FrontendRuntime 
         return None
     # Only with the config's dra section: the Kubernetes client (lightkube,
     # httpx, anyio) is no part of a device plugin's memory.
-    from dp_server.dra.runtime import DraRuntime
+    from dp_server.dra.wiring import DraRuntime
 
     return DraRuntime(settings, config, ledger)
 

@@ -40,9 +40,9 @@ from dp_core import (
     Tick,
 )
 from dp_server.binding.binder import Binder
-from dp_server.binding.runtime import BindingRuntime
+from dp_server.binding.wiring import BindingRuntime
 from dp_server.config.settings import Settings, SettingsError
-from dp_server.deviceplugin.runtime import KUBELET_SOCKET
+from dp_server.deviceplugin.wiring import KUBELET_SOCKET
 from dp_server.host.scanner import scan_host
 from dp_server.host.uevents import UeventMonitor
 from dp_server.host.watcher import DirectoryWatcher, FileVersion

@@ -21,7 +21,7 @@ import cattrs
 from dp_core import ClaimsRecalled, PreparedClaim
 from dp_core.dra.metadata import attribute_json
 from dp_core.dra.names import Attributes
-from dp_core.dra.slices import AttributeValue, Version
+from dp_core.dra.pool_content import AttributeValue, Version
 from dp_server.files import RecordKind, RecordsFileError, RecordStore, register_strict_scalars
 
 __all__ = ["CLAIMS_FILE", "ClaimsFileError", "ClaimsStore"]

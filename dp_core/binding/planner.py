@@ -1,6 +1,6 @@
 """The node's part in moving functions to vfio-pci and back (docs/design.md §6).
 
-`Binder` holds the binding plan and the `BindingBook` (book.py), which
+`BindingPlanner` holds the binding plan and the `BindingBook` (book.py), which
 keeps what was planned, moved and given back. `Node` owns one and feeds it
 the binding inputs; it answers the shell's two questions about queued
 binds and give-backs. Nothing moves into an IOMMU group the ledger says is
@@ -22,10 +22,10 @@ from .plan import BindDecision, plan_bindings
 
 Effects = list[BindDevice | UnbindDevice | Log]
 
-__all__ = ["Binder"]
+__all__ = ["BindingPlanner"]
 
 
-class Binder:
+class BindingPlanner:
     """The binding plan and book of one node, and the binding inputs' handling."""
 
     def __init__(self, ledger: Ledger) -> None:

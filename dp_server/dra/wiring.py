@@ -63,7 +63,6 @@ from dp_core.cdi import SPEC_PREFIX
 from dp_server.cdi.claim_files import ClaimFiles
 from dp_server.config.settings import Settings, SettingsError
 from dp_server.dra.api import KubeApi, describe
-from dp_server.dra.checkpoint import ClaimsStore
 from dp_server.dra.claim_events import ClaimEvents
 from dp_server.dra.claims import (
     BadClaim,
@@ -72,6 +71,7 @@ from dp_server.dra.claims import (
     read_allocation,
     show,
 )
+from dp_server.dra.claims_store import ClaimsStore
 from dp_server.dra.endpoints import DraEndpoints
 from dp_server.dra.health import HealthReport
 from dp_server.dra.metrics import wiring_families
