@@ -2,7 +2,15 @@
 (`names`), what a spec says (`spec`), the device-plugin front end's spec per
 resource (`resources`), and a prepared DRA claim's specs (`claims`)."""
 
-from .claims import claim_device_id, claim_kind, claim_spec, metadata_device_id, metadata_spec
+from .claims import (
+    claim_device_id,
+    claim_kind,
+    claim_spec,
+    claim_spec_name,
+    metadata_device_id,
+    metadata_spec,
+    metadata_spec_prefix,
+)
 from .names import CLASS_PREFIX, SPEC_PREFIX, cdi_kind, device_name_error, qualified_name, spec_name
 from .resources import CdiKeeper, resource_spec
 from .spec import (
@@ -16,6 +24,8 @@ from .spec import (
 )
 
 __all__ = [
+    "claim_spec_name",
+    "metadata_spec_prefix",
     "CLASS_PREFIX",
     "MIN_CDI_VERSION",
     "SPEC_PREFIX",

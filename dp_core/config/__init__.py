@@ -31,8 +31,11 @@ from .config import (
     VfioInterface,
     driver_name_error,
 )
+from .names import parse_pci_ids, resource_name_error
 
 __all__ = [
+    "parse_pci_ids",
+    "resource_name_error",
     "ANOTHER_PLUGIN_SERVES",
     "DEFAULT_SHARED_DEVICES",
     "DEVICE_PLUGIN",

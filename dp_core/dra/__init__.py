@@ -9,6 +9,7 @@ containers are given; `watch` what the kubelet's health streams are sent;
 """
 
 from .claims import ClaimHold, ClaimRef, PreparedDevice
+from .deviceclasses import DraDeviceClass, device_class_name, device_classes
 from .effects import (
     ClaimAnswered,
     ClaimPrepared,
@@ -19,6 +20,7 @@ from .effects import (
     PoolChanged,
     PublishHealth,
 )
+from .extended import EXTENDED_RESOURCE_CLAIM_ANNOTATION, request_envs
 from .frontend import DraFrontend
 from .health import DeviceHealth, Health
 from .inputs import (
@@ -33,11 +35,42 @@ from .inputs import (
     HealthWatchEnded,
     HealthWatchStarted,
 )
+from .metadata import attribute_json, request_metadata
+from .names import MEMBER_COUNT, MEMBERS, PCI_BUS_ID, Attributes
 from .pool import DraDevice, dra_catalogue
-from .pool_content import PoolContent
+from .pool_content import (
+    MAX_COUNTER_SETS_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_ADVANCED,
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    DeviceTaint,
+    PoolContent,
+    PoolDevice,
+    Version,
+)
 from .prepared import ClaimDevice, PreparedClaim
 
 __all__ = [
+    "DraDeviceClass",
+    "device_class_name",
+    "device_classes",
+    "EXTENDED_RESOURCE_CLAIM_ANNOTATION",
+    "request_envs",
+    "AttributeValue",
+    "CounterConsumption",
+    "CounterSet",
+    "DeviceTaint",
+    "MAX_COUNTER_SETS_PER_SLICE",
+    "MAX_DEVICES_PER_SLICE_ADVANCED",
+    "PoolDevice",
+    "Version",
+    "Attributes",
+    "MEMBERS",
+    "MEMBER_COUNT",
+    "PCI_BUS_ID",
+    "attribute_json",
+    "request_metadata",
     "AllocatedDevice",
     "ClaimAnswered",
     "ClaimDevice",

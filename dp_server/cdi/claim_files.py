@@ -17,9 +17,8 @@ import shutil
 from pathlib import Path
 
 from dp_core import ClaimRef, PreparedClaim
-from dp_core.cdi.claims import claim_spec, claim_spec_name, metadata_spec, metadata_spec_prefix
-from dp_core.dra.extended import request_envs
-from dp_core.dra.metadata import request_metadata
+from dp_core.cdi import claim_spec, claim_spec_name, metadata_spec, metadata_spec_prefix
+from dp_core.dra import request_envs, request_metadata
 from dp_server.cdi.document import render
 from dp_server.files import write_atomically
 

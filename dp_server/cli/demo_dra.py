@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from dp_core import Config, DevicePluginFrontend
-from dp_core.dra.names import MEMBER_COUNT, MEMBERS, PCI_BUS_ID
+from dp_core.dra import MEMBER_COUNT, MEMBERS, PCI_BUS_ID
 from dp_server.cli.demo_node import NODE, Served
 from dp_testing.apiserver import ApiServerEmulator
 from dp_testing.dra_kubelet import Claim

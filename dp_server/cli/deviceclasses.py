@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from dp_core.dra.deviceclasses import DraDeviceClass
+from dp_core.dra import DraDeviceClass
 
 __all__ = ["HEADER", "render"]
 

@@ -297,7 +297,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _device_classes(args: argparse.Namespace) -> int:
-    from dp_core.dra.deviceclasses import device_classes
+    from dp_core.dra import device_classes
     from dp_server.cli.deviceclasses import render
 
     loaded = read_config_file(args.config, args.kubevirt_resources)

@@ -25,7 +25,7 @@ from dp_core import (
     ScanProblem,
     cdev_state,
 )
-from dp_core.dra.deviceclasses import device_class_name
+from dp_core.dra import device_class_name
 from dp_core.explain import EntryReport
 from dp_server.cli.explain import Explained
 

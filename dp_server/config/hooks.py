@@ -33,9 +33,9 @@ from dp_core.config import (
     PermittedHostDevices,
     SharedDevice,
     Vfio,
+    resource_name_error,
 )
-from dp_core.config.names import resource_name_error
-from dp_core.host.pci import PciId
+from dp_core.host import PciId
 from dp_server.files.codec import FieldError, register_strict_scalars, show, structure_str
 
 __all__ = [

@@ -45,7 +45,7 @@ from dp_core.config import (
     PciHostDevice,
     PermittedHostDevices,
 )
-from dp_core.host.pci import PciId
+from dp_core.host import PciId
 from dp_server.config.hooks import (
     IGNORED_KEYS,
     KEYS,

@@ -13,8 +13,8 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from dp_core.config.names import parse_pci_ids
-from dp_core.host.pci import PciId
+from dp_core.config import parse_pci_ids
+from dp_core.host import PciId
 from dp_server.config.loader import ConfigFileError
 
 __all__ = ["PCI_IDS_SEARCH_PATHS", "find_pci_ids", "load_pci_names"]

@@ -34,7 +34,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.events_v1 import Event
 
 from dp_core import MetricFamily, Sample
-from dp_core.dra.claims import ClaimRef
+from dp_core.dra import ClaimRef
 from dp_server.dra.api import KubeApi
 
 __all__ = ["ClaimEvents"]

@@ -12,7 +12,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from dp_core import AllocatedDevice, ClaimRef
-from dp_core.dra.extended import EXTENDED_RESOURCE_CLAIM_ANNOTATION
+from dp_core.dra import EXTENDED_RESOURCE_CLAIM_ANNOTATION
 
 __all__ = [
     "POD_CLAIM_NAME",

@@ -19,9 +19,7 @@ from typing import Any
 import cattrs
 
 from dp_core import ClaimsRecalled, PreparedClaim
-from dp_core.dra.metadata import attribute_json
-from dp_core.dra.names import Attributes
-from dp_core.dra.pool_content import AttributeValue, Version
+from dp_core.dra import Attributes, AttributeValue, Version, attribute_json
 from dp_server.files import RecordKind, RecordsFileError, RecordStore, register_strict_scalars
 
 __all__ = ["CLAIMS_FILE", "ClaimsFileError", "ClaimsStore"]

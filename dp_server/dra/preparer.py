@@ -14,7 +14,7 @@ from typing import Protocol
 
 import attrs
 
-from dp_core.dra.claims import ClaimRef, PreparedDevice
+from dp_core.dra import ClaimRef, PreparedDevice
 
 __all__ = ["ClaimPreparer", "PrepareFailed", "PrepareOutcome", "Prepared"]
 

@@ -22,7 +22,7 @@ import grpclib.server
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
-from dp_core.dra.claims import ClaimRef, PreparedDevice
+from dp_core.dra import ClaimRef, PreparedDevice
 from dp_server.dra.preparer import ClaimPreparer, Prepared, PrepareFailed
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1

@@ -37,7 +37,7 @@ from lightkube.models.resource_v1 import (
 )
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from dp_core.dra.pool_content import (
+from dp_core.dra import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE_ADVANCED,
     AttributeValue,
@@ -45,9 +45,9 @@ from dp_core.dra.pool_content import (
     PoolDevice,
     Version,
 )
-from dp_core.dra.pool_content import CounterConsumption as CoreCounterConsumption
-from dp_core.dra.pool_content import CounterSet as CoreCounterSet
-from dp_core.dra.pool_content import DeviceTaint as CoreDeviceTaint
+from dp_core.dra import CounterConsumption as CoreCounterConsumption
+from dp_core.dra import CounterSet as CoreCounterSet
+from dp_core.dra import DeviceTaint as CoreDeviceTaint
 
 __all__ = [
     "COUNTERS",

@@ -26,7 +26,7 @@ import attrs
 from lightkube.models.meta_v1 import OwnerReference
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from dp_core.dra.pool_content import PoolContent
+from dp_core.dra import PoolContent
 from dp_server.dra.slice_cache import slice_name
 from dp_server.dra.slice_objects import SliceBody, content_key, cut, slice_object
 

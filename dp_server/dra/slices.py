@@ -56,7 +56,7 @@ from lightkube.models.meta_v1 import OwnerReference
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from dp_core import Backoff, DraFeaturesObserved, MetricFamily, Sample
-from dp_core.dra.pool_content import PoolContent
+from dp_core.dra import PoolContent
 from dp_server.dra.api import TRANSIENT_ERRORS, ApiError, KubeApi, describe, is_status
 from dp_server.dra.pacing import RepairPacer, jitter
 from dp_server.dra.slice_cache import SliceCache
