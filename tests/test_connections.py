@@ -29,7 +29,7 @@ from dp_core.dra.claims import ClaimRef
 from dp_server.deviceplugin import wire
 from dp_server.deviceplugin.connections import ConnectionServer, NoConnection, current_connection
 from dp_server.deviceplugin.service import SERVICE_PREFIX, DevicePluginService
-from dp_server.dra import DraEndpoints, PrepareFailed, PrepareOutcome
+from dp_server.dra import DraEndpoints, PrepareOutcome, refused
 from dp_server.proto import v1beta1 as pb
 
 
@@ -241,7 +241,7 @@ def test_outside_a_call_there_is_no_connection() -> None:
 
 class Preparer:
     async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
-        return [PrepareFailed("not in this test") for _ in claims]
+        return [refused(claim, "not in this test", "Test") for claim in claims]
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         return None

@@ -30,7 +30,7 @@ import grpc
 import pytest
 
 from dp_core.dra.claims import ClaimRef
-from dp_server.dra import DraEndpoints, PrepareFailed, PrepareOutcome
+from dp_server.dra import DraEndpoints, PrepareOutcome, refused
 from dp_server.monitoring.probes import runtime_families
 from dp_testing.dra_kubelet import HEALTH_MESSAGES, DraKubeletEmulator, ResourceHealth
 from tests.e2e_harness import FAST
@@ -266,7 +266,7 @@ async def test_a_grpc_go_kubelet_sees_a_held_device_go_unhealthy_and_come_back(
 
 class _NoClaims:
     async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
-        return [PrepareFailed("no claims in this test") for _ in claims]
+        return [refused(claim, "no claims in this test", "Test") for claim in claims]
 
     async def unprepare(self, claim: ClaimRef) -> str | None:
         return None

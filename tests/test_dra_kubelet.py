@@ -19,14 +19,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dp_core.dra import ClaimAnswered
 from dp_core.dra.claims import ClaimRef, PreparedDevice
 from dp_server.dra import (
     DraEndpoints,
     ForeignSocket,
-    Prepared,
-    PrepareFailed,
     PrepareOutcome,
     RegistrationStatus,
+    refused,
 )
 from dp_testing.dra_kubelet import (
     Claim,
@@ -60,13 +60,15 @@ class FakePreparer:
         if claim.name == "crash":
             raise RuntimeError("boom")
         if claim.name.startswith("bad"):
-            return PrepareFailed(f"IOMMU group 7 is held by claim {claim.namespace}/other")
-        return Prepared(
+            return refused(claim, f"IOMMU group 7 is held by claim {claim.namespace}/other", "Held")
+        return ClaimAnswered(
+            0,
+            claim,
             (
                 PreparedDevice(
                     ("gpu",), "node-a", f"dev-{claim.name}", (f"{DRIVER}/pci={claim.uid}",)
                 ),
-            )
+            ),
         )
 
     async def unprepare(self, claim: ClaimRef) -> str | None:

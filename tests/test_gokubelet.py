@@ -29,14 +29,14 @@ from typing import Any
 
 import pytest
 
+from dp_core.dra import ClaimAnswered
 from dp_core.dra.claims import ClaimRef, PreparedDevice
 from dp_server.cli.demo import DEMO_CONFIG
 from dp_server.dra import (
     DraEndpoints,
-    Prepared,
-    PrepareFailed,
     PrepareOutcome,
     RegistrationStatus,
+    refused,
 )
 from dp_testing.topology import fixture_topology, write_sysfs
 
@@ -340,13 +340,15 @@ class _DraPreparer:
 
     def _prepare(self, claim: ClaimRef) -> PrepareOutcome:
         if claim.name == "bad":
-            return PrepareFailed("IOMMU group 7 is held by claim ns/other")
-        return Prepared(
+            return refused(claim, "IOMMU group 7 is held by claim ns/other", "Held")
+        return ClaimAnswered(
+            0,
+            claim,
             (
                 PreparedDevice(
                     ("gpu",), "node-a", f"dev-{claim.name}", (f"x.example.com/pci={claim.uid}",)
                 ),
-            )
+            ),
         )
 
     async def unprepare(self, claim: ClaimRef) -> str | None:

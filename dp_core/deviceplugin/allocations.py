@@ -290,9 +290,8 @@ class AllocationBook:
         return {h.group: h for h in self._ledger.holders() if isinstance(h, UnlistedHold)}
 
     def next_release_check(self) -> float | None:
-        for allocation in self._allocations():
-            return allocation.at + self.release_grace
-        return None
+        oldest = self._ledger.oldest(Allocation)
+        return oldest.at + self.release_grace if oldest is not None else None
 
 
 def as_advertised(

@@ -6,7 +6,7 @@ prepared claims' checkpoint."""
 
 from dp_server.dra.endpoints import DRA_SOCKET, DraEndpoints, registration_socket_name
 from dp_server.dra.health import HEALTH_SERVICES, HealthReport, HealthWatcher, health_message
-from dp_server.dra.preparer import ClaimPreparer, Prepared, PrepareFailed, PrepareOutcome
+from dp_server.dra.preparer import ClaimPreparer, PrepareOutcome, refused
 from dp_server.dra.registration import PLUGIN_TYPE, RegistrationStatus
 from dp_server.dra.service import SUPPORTED_VERSIONS
 from dp_server.dra.sockets import ForeignSocket
@@ -21,9 +21,8 @@ __all__ = [
     "ForeignSocket",
     "HealthReport",
     "HealthWatcher",
-    "PrepareFailed",
     "PrepareOutcome",
-    "Prepared",
+    "refused",
     "RegistrationStatus",
     "health_message",
     "registration_socket_name",

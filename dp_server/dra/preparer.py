@@ -5,6 +5,12 @@ claims come in one request, and each may need a read from the API server),
 and answers each with its own outcome; unprepares go one call each, in the
 order the kubelet listed them. Idempotence (a claim prepared twice, or
 unprepared when it was never prepared) is the implementor's to decide.
+
+An outcome is the core's own answer, as the device-plugin service's is the
+core's `Reply` or `Reject`: `ClaimAnswered` (its devices, or the error its
+files met) or `ClaimRefused` (why it cannot be prepared here). What the
+shell refuses before the core is asked (a claim it cannot read) is a
+`ClaimRefused` too, under call 0.
 """
 
 from __future__ import annotations
@@ -12,28 +18,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import attrs
+from dp_core.dra import ClaimAnswered, ClaimRef, ClaimRefused
 
-from dp_core.dra import ClaimRef, PreparedDevice
+__all__ = ["ClaimPreparer", "PrepareOutcome", "refused"]
 
-__all__ = ["ClaimPreparer", "PrepareFailed", "PrepareOutcome", "Prepared"]
-
-
-@attrs.frozen
-class Prepared:
-    """The claim is ready; the container gets `devices`."""
-
-    devices: tuple[PreparedDevice, ...]
+PrepareOutcome = ClaimAnswered | ClaimRefused
 
 
-@attrs.frozen
-class PrepareFailed:
-    """The claim could not be prepared; `error` goes to the kubelet as the claim's error."""
-
-    error: str
-
-
-PrepareOutcome = Prepared | PrepareFailed
+def refused(claim: ClaimRef, error: str, reason: str) -> ClaimRefused:
+    """A refusal the shell makes before the core is asked (no call of the core's)."""
+    return ClaimRefused(0, claim, error, reason)
 
 
 class ClaimPreparer(Protocol):

@@ -22,8 +22,8 @@ import grpclib.server
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
-from dp_core.dra import ClaimRef, PreparedDevice
-from dp_server.dra.preparer import ClaimPreparer, Prepared, PrepareFailed
+from dp_core.dra import ClaimAnswered, ClaimRef, PreparedDevice
+from dp_server.dra.preparer import ClaimPreparer, refused
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
 from dp_server.proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
 from dp_server.rpc import read_request
@@ -56,17 +56,18 @@ class DraPluginService:
             outcomes = dict(zip(asked, await self._preparer.prepare(asked), strict=True))
         except Exception as exc:  # the preparer's bug: every claim is told, the call answered
             _log.exception("dra-prepare-crashed", extra={"dp_fields": {"claims": len(asked)}})
-            failed = PrepareFailed(f"internal error preparing claims: {exc}")
-            outcomes = {claim: failed for claim in asked}
+            error = f"internal error preparing claims: {exc}"
+            outcomes = {claim: refused(claim, error, "InternalError") for claim in asked}
         replies = {}
         for claim, problem in claims:
             outcome = outcomes.get(claim)
             if isinstance(outcome, Exception):  # one claim's bug must not fail the others
                 _log.error("dra-prepare-crashed", exc_info=outcome, extra=_fields(claim))
-                outcome = PrepareFailed(f"internal error preparing claim {_name(claim)}: {outcome}")
-            error = problem or (outcome.error if isinstance(outcome, PrepareFailed) else "")
+                error = f"internal error preparing claim {_name(claim)}: {outcome}"
+                outcome = refused(claim, error, "InternalError")
+            error = problem or (outcome.error if outcome is not None else "")
             devices: Sequence[PreparedDevice] = (
-                outcome.devices if isinstance(outcome, Prepared) else ()
+                outcome.devices if isinstance(outcome, ClaimAnswered) else ()
             )
             # The core logs the outcome (claim-prepared, claim-refused); this is the call's trace.
             _log.debug("dra-prepare", extra=_fields(claim, error=error, devices=len(devices)))

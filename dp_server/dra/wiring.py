@@ -75,7 +75,7 @@ from dp_server.dra.claims_store import ClaimsStore
 from dp_server.dra.endpoints import DraEndpoints
 from dp_server.dra.health import HealthReport
 from dp_server.dra.metrics import wiring_families
-from dp_server.dra.preparer import Prepared, PrepareFailed, PrepareOutcome
+from dp_server.dra.preparer import PrepareOutcome, refused
 from dp_server.dra.slices import SlicePublisher
 from dp_server.loop import Loop, Readiness, Services, Spawn, Timer
 from dp_server.rpc import StreamSlot
@@ -259,7 +259,7 @@ class DraRuntime:
         )
         outcomes: list[PrepareOutcome | Exception] = []
         for claim, read in zip(claims, reads, strict=True):
-            if isinstance(read, PrepareFailed | Exception):
+            if isinstance(read, ClaimRefused | Exception):
                 outcomes.append(read)
             elif isinstance(read, BaseException):
                 raise read  # cancelled: the call is over
@@ -270,7 +270,7 @@ class DraRuntime:
                     outcomes.append(error)
         return outcomes
 
-    async def _read_unless_prepared(self, claim: ClaimRef) -> _Read | PrepareFailed:
+    async def _read_unless_prepared(self, claim: ClaimRef) -> _Read | ClaimRefused:
         if self._core.is_prepared(claim.uid):
             # A claim prepared already is answered from the ledger, API server or not.
             return (), None, ()
@@ -280,7 +280,7 @@ class DraRuntime:
             _log.warning(
                 "claim-refused", extra={"dp_fields": {"claim": show(claim), "reason": str(error)}}
             )
-            return PrepareFailed(str(error))
+            return refused(claim, str(error), "ClaimUnreadable")
 
     def _prepare_read(
         self,
@@ -296,12 +296,10 @@ class DraRuntime:
         )
         if isinstance(answer, ClaimRefused):
             self._record(claim, answer)
-            return PrepareFailed(answer.error)
+            return answer
         if not isinstance(answer, ClaimAnswered):  # pragma: no cover - the core always answers
-            return PrepareFailed(f"claim {show(claim)}: the core gave no answer")
-        if answer.error:
-            return PrepareFailed(answer.error)
-        return Prepared(answer.devices)
+            return refused(claim, f"claim {show(claim)}: the core gave no answer", "NoAnswer")
+        return answer
 
     def _record(self, claim: ClaimRef, refused: ClaimRefused) -> None:
         posting = self.events.refusal(claim, refused.reason, refused.error)
