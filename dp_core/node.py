@@ -16,7 +16,7 @@ out what it returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .binding.book import BindingBook
@@ -154,8 +154,7 @@ class Node:
             effects += self._follow(self._rebuild())
         return effects
 
-    def _tell_holders(self, groups: Iterable[int]) -> list[Effect]:
-        groups = frozenset(groups)
+    def _tell_holders(self, groups: frozenset[int]) -> list[Effect]:
         if not groups:
             return []
         effects: list[Effect] = []
