@@ -82,6 +82,7 @@ from bench_serve import (  # noqa: E402
     serve_command,
     server_env,
     source_version,
+    stop_server,
     summary,
     warm_page_cache,
 )
@@ -564,12 +565,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         raise
     finally:
         if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                result["exit_code"] = server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            result["exit_code"] = stop_server(server)
         log_file.close()
         if args.server_log:
             with contextlib.suppress(OSError):

@@ -65,6 +65,7 @@ from bench_serve import (  # noqa: E402
     serve_command,
     server_env,
     source_version,
+    stop_server,
     warm_page_cache,
 )
 
@@ -190,13 +191,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         print_log_tail(log_file, log_path, "memory run")
         raise
     finally:
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        stop_server(server)
         log_file.close()
         kubelet.stop()
         dra_kubelet.stop()

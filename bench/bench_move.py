@@ -62,6 +62,7 @@ from bench_serve import (  # noqa: E402
     serve_command,
     server_env,
     source_version,
+    stop_server,
     summary,
 )
 
@@ -283,13 +284,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         print_log_tail(log_file, log_path, "move run")
         raise
     finally:
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        stop_server(server)
         log_file.close()
         if args.server_log:
             with contextlib.suppress(OSError):

@@ -189,6 +189,19 @@ def add_server_python(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def stop_server(server: subprocess.Popen[bytes] | None) -> int | None:
+    """Stop a server still running as SIGTERM does (killed after 10 s); its exit code."""
+    if server is None or server.poll() is not None:
+        return None
+    server.terminate()
+    try:
+        return server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        return None
+
+
 def print_log_tail(log_file: Any, log_path: Path, label: str, size: int = 4000) -> None:
     """The end of a server's log, on stderr: why a run failed."""
     log_file.flush()
