@@ -1,6 +1,7 @@
 """dp_core: the pure state machine of a node that hands its devices to pods.
 
-A `Node` coordinates two front ends as peers on one ledger: the kubelet's
+A `Node` coordinates the front ends it is given as peers on one ledger,
+knowing none by name; `StandardNode` gives it dp's two: the kubelet's
 device-plugin API (`deviceplugin`) and DRA (`dra`). It models the host
 (`host`), what the operator asked for (`config`), the one inventory of every
 front end's devices (`inventory`), the IOMMU groups each holder has
