@@ -24,15 +24,11 @@ from .allocations import AllocationBook, allocation_log
 from .answers import AllocateAnswer, Answer, PreferredAnswer
 from .effects import AttributeConnection, RefreshAllocations, Reject, Reply
 from .inputs import (
-    AllocateRequested,
     ContainerPreference,
-    OptionsRequested,
-    PreferredAllocationRequested,
-    PreStartRequested,
 )
 from .preferred import preferred_devices
 from .registration import Registrar
-from .tally import OK
+from .tally import OK, UnaryInput
 
 Effect = Log | RefreshAllocations
 
@@ -48,9 +44,6 @@ __all__ = [
 ]
 
 Answered = Reply | Reject | AttributeConnection | Effect
-
-#: The kubelet's unary calls: each is answered with a `Reply` or a `Reject`.
-UnaryInput = OptionsRequested | PreferredAllocationRequested | AllocateRequested | PreStartRequested
 
 _SHOWN_ID_LENGTH = 64
 

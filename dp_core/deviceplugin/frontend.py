@@ -64,9 +64,6 @@ from .watches import Watches
 
 __all__ = ["DevicePluginFrontend", "DevicePluginEffects"]
 
-#: The kubelet's unary calls: each is answered with a `Reply` or a `Reject`.
-UnaryInput = OptionsRequested | PreferredAllocationRequested | AllocateRequested | PreStartRequested
-
 #: What the device-plugin front end asks of the shell.
 DevicePluginEffects = DevicePluginEffect | CdiSpecsChanged | Log
 Effects = list[DevicePluginEffects]

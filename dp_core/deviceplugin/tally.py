@@ -20,15 +20,12 @@ from .inputs import (
     WatchStarted,
 )
 
-RpcInput = (
-    OptionsRequested
-    | WatchStarted
-    | PreferredAllocationRequested
-    | AllocateRequested
-    | PreStartRequested
-)
+#: The kubelet's unary calls: each is answered with a `Reply` or a `Reject`.
+UnaryInput = OptionsRequested | PreferredAllocationRequested | AllocateRequested | PreStartRequested
+#: Every call of the kubelet's the front end counts (ListAndWatch is a stream).
+RpcInput = UnaryInput | WatchStarted
 
-__all__ = ["OK", "RPC_METHODS", "RpcInput", "RpcTally"]
+__all__ = ["OK", "RPC_METHODS", "RpcInput", "RpcTally", "UnaryInput"]
 
 #: The status of an RPC that was answered; a rejected one counts under its code's name.
 OK = "OK"
