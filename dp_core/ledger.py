@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from .errors import UsageError
 
 __all__ = ["Holder", "Ledger", "holds"]
-
-H = TypeVar("H")
 
 
 class Holder(Protocol):
@@ -88,14 +86,6 @@ class Ledger:
     def holders(self) -> Iterator[Holder]:
         """Every holder, oldest first, as they are now (holds may change meanwhile)."""
         return iter(list(self._by_key.values()))
-
-    def oldest(self, kind: type[H]) -> H | None:
-        """The oldest holder of class `kind`: asked after every input, so it
-        copies nothing (the ledger must not change while it looks)."""
-        for holder in self._by_key.values():
-            if isinstance(holder, kind):
-                return holder
-        return None
 
     def refusal(
         self, owner: str, devices: Iterable[tuple[str, int | None]], *, takes_over: bool

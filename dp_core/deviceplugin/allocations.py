@@ -11,7 +11,7 @@ puts each into the node's one `Ledger`, which holds DRA's claims too.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import overload
 
 import attrs
@@ -162,23 +162,16 @@ class AllocationBook:
         # nested dicts share the resource's name.
         self._by_device: dict[str, dict[str, int]] = {}
         self._serial = 0
-        self._count = 0  # allocations held: asked after every input (the poll's schedule)
+        # serial -> the allocation, oldest first: its holds in the ledger, in the
+        # order they were booked (asked after every input: the poll's schedule).
+        self._by_serial: dict[int, Allocation] = {}
 
     def __len__(self) -> int:
-        return self._count
-
-    def _allocations(self) -> Iterator[Allocation]:
-        return (h for h in self._ledger.holders() if isinstance(h, Allocation))
+        return len(self._by_serial)
 
     def all(self) -> tuple[Allocation, ...]:
         """Every live allocation, oldest first."""
-        return tuple(self._allocations())
-
-    def _holding(self, serial: int) -> Allocation:
-        allocation = self._ledger.holding(("allocation", serial))
-        if not isinstance(allocation, Allocation):
-            raise UsageError(f"allocation #{serial} is not held")
-        return allocation
+        return tuple(self._by_serial.values())
 
     def conflict(self, resource: str, devices: Sequence[AdvertisedDevice]) -> str | None:
         """Why giving `devices` to one container would split a held group."""
@@ -204,7 +197,7 @@ class AllocationBook:
             for device_id in ids
             if (serial := self._by_device.get(resource, {}).get(device_id)) is not None
         }
-        gone = tuple(self._remove(self._holding(serial)) for serial in sorted(replaced))
+        gone = tuple(self._remove(self._by_serial[serial]) for serial in sorted(replaced))
         self._serial += 1
         groups = tuple(sorted({d.iommu_group for d in devices if d.iommu_group is not None}))
         allocation = Allocation(self._serial, resource, ids, groups, now)
@@ -213,7 +206,7 @@ class AllocationBook:
                 # The kubelet gave a device the hold names: it holds it no more.
                 self.release_unlisted(group)
             self._ledger.hold(allocation)
-            self._count += 1
+            self._by_serial[allocation.serial] = allocation
             by_id = self._by_device.setdefault(resource, {})
             for device_id in ids:
                 by_id[device_id] = allocation.serial
@@ -221,7 +214,7 @@ class AllocationBook:
 
     def _remove(self, allocation: Allocation) -> Allocation:
         self._ledger.release(allocation)
-        self._count -= 1
+        del self._by_serial[allocation.serial]
         by_id = self._by_device.get(allocation.resource, {})
         for device_id in allocation.device_ids:
             if by_id.get(device_id) == allocation.serial:
@@ -231,7 +224,7 @@ class AllocationBook:
     def release_unheld(self, held: Mapping[str, frozenset[str]], now: float) -> list[Allocation]:
         """Drop allocations none of whose devices any active pod holds."""
         released = []
-        for allocation in self._allocations():
+        for allocation in list(self._by_serial.values()):
             if now - allocation.at < self.release_grace:
                 break  # oldest first: every later one is younger still
             still_held = held.get(allocation.resource, frozenset())
@@ -290,8 +283,9 @@ class AllocationBook:
         return {h.group: h for h in self._ledger.holders() if isinstance(h, UnlistedHold)}
 
     def next_release_check(self) -> float | None:
-        oldest = self._ledger.oldest(Allocation)
-        return oldest.at + self.release_grace if oldest is not None else None
+        for oldest in self._by_serial.values():
+            return oldest.at + self.release_grace
+        return None
 
 
 def as_advertised(
