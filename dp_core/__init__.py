@@ -22,6 +22,8 @@ from .binding import (
     MovesRecalled,
     UnbindDevice,
     UnbindingFinished,
+    WriteDecided,
+    WriteDue,
     plan_bindings,
 )
 from .cdi import (
@@ -287,6 +289,8 @@ __all__ = [
     "VfioInterface",
     "WatchEnded",
     "WatchStarted",
+    "WriteDecided",
+    "WriteDue",
     "build_inventory",
     "cdi_kind",
     "cdev_state",

@@ -7,7 +7,7 @@ class is importable from here.
 
 from __future__ import annotations
 
-from .binding.events import BindDevice, MovesChanged, UnbindDevice
+from .binding.events import BindDevice, MovesChanged, UnbindDevice, WriteDecided
 from .cdi.spec import CdiSpecsChanged
 from .deviceplugin.effects import (
     AttributeConnection,
@@ -54,12 +54,14 @@ __all__ = [
     "Reject",
     "Reply",
     "UnbindDevice",
+    "WriteDecided",
 ]
 
 Effect = (
     DevicePluginEffect
     | BindDevice
     | UnbindDevice
+    | WriteDecided
     | MovesChanged
     | CdiSpecsChanged
     | DraEffect

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .binding.events import BindingFinished, MovesRecalled, UnbindingFinished
+from .binding.events import BindingFinished, MovesRecalled, UnbindingFinished, WriteDue
 from .cdi.spec import CdiSpecsWritten
 from .config.config import Config
 from .deviceplugin.inputs import (
@@ -82,6 +82,7 @@ __all__ = [
     "UnbindingFinished",
     "WatchEnded",
     "WatchStarted",
+    "WriteDue",
 ]
 
 
@@ -116,6 +117,7 @@ Input = (
     | DevicePluginInput
     | BindingFinished
     | UnbindingFinished
+    | WriteDue
     | MovesRecalled
     | CdiSpecsWritten
     | DraInput

@@ -20,7 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .binding.book import BindingBook
-from .binding.events import BindingFinished, MovesChanged, MovesRecalled, UnbindingFinished
+from .binding.events import (
+    BindingFinished,
+    MovesChanged,
+    MovesRecalled,
+    UnbindDevice,
+    UnbindingFinished,
+    WriteDecided,
+    WriteDue,
+)
 from .binding.plan import BindDecision
 from .binding.planner import BindingPlanner
 from .config.config import Config
@@ -80,6 +88,7 @@ class Node:
             Tick: self._tick,
             BindingFinished: self._binding_finished,
             UnbindingFinished: self._unbinding_finished,
+            WriteDue: self._write_due,
             MovesRecalled: self._moves_recalled,
         }
         for frontend in self.frontends:
@@ -134,14 +143,6 @@ class Node:
     def bindings(self) -> dict[PciAddress, BindDecision]:
         """The binding plan, by function."""
         return self.planner.plan
-
-    def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
-        """Whether a queued `BindDevice` should still be carried out (see `BindingPlanner`)."""
-        return self.planner.bind_planned(address, driver)
-
-    def give_back_planned(self, address: PciAddress) -> bool:
-        """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
-        return self.planner.give_back_planned(address)
 
     # -- after a step: the one way news travels between front ends -------------
 
@@ -225,6 +226,19 @@ class Node:
         effects = self.planner.unbound(event)
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
+
+    def _write_due(self, event: WriteDue, now: float) -> Outcome[Effect]:
+        """A queued write's turn: it goes, or the node withdraws it here."""
+        if self.planner.still_planned(event):
+            return Outcome((WriteDecided(event.call, carry_out=True),))
+        address = event.write.address
+        withdrawn = (
+            self._unbinding_finished(UnbindingFinished(address, None, now, withdrawn=True), now)
+            if isinstance(event.write, UnbindDevice)
+            else self._binding_finished(BindingFinished(address, None, now, withdrawn=True), now)
+        )
+        answer = WriteDecided(event.call, carry_out=False)
+        return Outcome((*withdrawn.effects, answer), withdrawn.held)
 
     def _moves_recalled(self, event: MovesRecalled, now: float) -> Outcome[Effect]:
         return Outcome(tuple(self.planner.recalled(event, scanned=self._scanned)))

@@ -41,6 +41,8 @@ from dp_core import (
     UnbindDevice,
     UnbindingFinished,
     UsageError,
+    WriteDecided,
+    WriteDue,
     build_inventory,
     plan_bindings,
 )
@@ -292,6 +294,16 @@ def binding_node(config_: Config) -> StandardNode:
 # The StandardNode: BindDevice once, BindingFinished, failures until the config changes
 
 
+def turn(
+    node: StandardNode, write: BindDevice | UnbindDevice, now: float
+) -> tuple[bool, list[object]]:
+    """`write`'s turn in the queue has come: whether it goes, and the effects."""
+    effects = node.handle(WriteDue(7, write, now))
+    (decided,) = effects_of(effects, WriteDecided)
+    assert decided.call == 7
+    return decided.carry_out, effects
+
+
 def test_node_binds_once_and_reports_the_result() -> None:
     node = binding_node(NIC_CONFIG)
     effects = node.handle(HostObserved(host([nic()]), 1.0))
@@ -318,12 +330,14 @@ def test_a_failed_bind_withdraws_the_queued_binds_of_its_group() -> None:
         BindDevice(gpu, "nouveau"),
         BindDevice(audio, "snd_hda_intel"),
     ]
-    assert node.bind_planned(audio, "snd_hda_intel")
+    goes, effects = turn(node, BindDevice(audio, "snd_hda_intel"), 1.5)
+    assert goes and effects == [WriteDecided(7, carry_out=True)]
     effects = node.handle(BindingFinished(gpu, "unbind: device busy", 2.0))
     assert [e.event for e in effects_of(effects, Log)] == ["bind-failed"]
-    assert not node.bind_planned(audio, "snd_hda_intel")
-    effects = node.handle(BindingFinished(audio, None, 2.1, withdrawn=True))
+    goes, effects = turn(node, BindDevice(audio, "snd_hda_intel"), 2.1)
+    assert not goes  # withdrawn by the core itself: nothing is written or reported
     assert [e.event for e in effects_of(effects, Log)] == ["bind-withdrawn"]
+    assert node.bind_book.in_flight == {}
     assert effects_of(node.handle(HostObserved(gpu_and_audio(), 3.0)), BindDevice) == []
 
 
@@ -539,7 +553,8 @@ def test_a_device_being_given_back_is_not_allocatable() -> None:
     node, kubelet, unbound_audio = gpu_beside_driverless_audio()
     node.handle(BindingFinished(gpu, None, 2.0))
     effects = node.handle(BindingFinished(audio, "after the probe it has no driver", 2.1))
-    assert [u.address for u in effects_of(effects, UnbindDevice)] == [gpu]
+    (give_back,) = effects_of(effects, UnbindDevice)
+    assert give_back.address == gpu
     node.handle(HostObserved(host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER),
                                    unbound_audio]), 2.2))  # fmt: skip
     (advertised,) = node.device_plugin.advertised("devices.kubevirt.io/10de_1eb8")
@@ -547,7 +562,7 @@ def test_a_device_being_given_back_is_not_allocatable() -> None:
     kubelet.now = 2.3
     refused = kubelet.allocate("devices.kubevirt.io/10de_1eb8", ("0000:d8:00.0",))
     assert effects_of(refused, Reply) == [] and effects_of(refused, Reject)
-    assert node.give_back_planned(gpu)
+    assert turn(node, give_back, 2.4)[0]
 
 
 def test_a_give_back_whose_device_the_config_dropped_is_withdrawn_when_its_turn_comes() -> None:
@@ -555,11 +570,11 @@ def test_a_give_back_whose_device_the_config_dropped_is_withdrawn_when_its_turn_
     node.handle(HostObserved(gpu_and_audio(), 1.0))
     gpu, audio = a("0000:d8:00.0"), a("0000:d8:00.1")
     node.handle(BindingFinished(gpu, None, 2.0))
-    node.handle(BindingFinished(audio, "EBUSY", 2.1))
-    assert node.give_back_planned(gpu)
+    (give_back,) = effects_of(node.handle(BindingFinished(audio, "EBUSY", 2.1)), UnbindDevice)
+    assert turn(node, give_back, 2.15)[0]
     node.handle(ConfigApplied(config(AUDIO, drivers=("snd_hda_intel",)), now=2.2))
-    assert not node.give_back_planned(gpu)
-    done = node.handle(UnbindingFinished(gpu, None, 2.3, withdrawn=True))
+    goes, done = turn(node, give_back, 2.3)
+    assert not goes
     assert [e.event for e in effects_of(done, Log)] == ["give-back-withdrawn"]
     assert node.bind_book.giving_back == set()
 
@@ -625,7 +640,7 @@ def test_nothing_is_moved_before_podresources_says_which_groups_pods_hold() -> N
     assert effects_of(later, RefreshAllocations)
     effects = node.handle(AllocationsObserved({T4_RESOURCE: frozenset({"0000:d8:00.0"})}, 1.0))
     assert effects_of(effects, BindDevice) == []
-    assert not node.bind_planned(audio, None)
+    assert not node.bindings[audio].binds and audio not in node.bind_book.in_flight
     assert "an allocation holds IOMMU group 216" in refusal(node.bindings, "0000:d8:00.1")
     assert effects_of(node.handle(HostObserved(on_vfio, 3.0)), BindDevice) == []
     released = node.handle(AllocationsObserved({}, 40.0))
@@ -640,7 +655,8 @@ def test_a_group_with_a_bind_under_way_is_not_allocatable() -> None:
     on_vfio = host([pci("0000:d8:00.0", GPU, 216, driver=VFIO_DRIVER), unbound_audio])
     node, kubelet = live_node(config(GPU, AUDIO, drivers=("nouveau",), unbound=True), on_vfio)
     node.handle(AllocationsObserved({}, 1.0))
-    assert node.bind_planned(a("0000:d8:00.1"), None)
+    assert list(node.bind_book.in_flight) == [a("0000:d8:00.1")]
+    assert turn(node, BindDevice(a("0000:d8:00.1"), None), 1.5)[0]
     (gpu,) = node.device_plugin.advertised(T4_RESOURCE)
     assert not gpu.healthy and "moving a member of IOMMU group 216" in gpu.reason
     kubelet.now = 2.0
@@ -672,16 +688,34 @@ def test_a_give_back_put_off_by_a_holder_podresources_reports_goes_ahead_after_i
     node.handle(AllocationsObserved({"devices.kubevirt.io/10de_1eb8": frozenset({str(gpu)})}, 2.05))
     effects = node.handle(BindingFinished(audio, "EBUSY", 2.1))
     assert effects_of(effects, UnbindDevice) == []  # put off: a pod holds group 216
-    assert not node.give_back_planned(gpu)
+    assert gpu not in node.bind_book.giving_back
     released = node.handle(AllocationsObserved({}, 40.0))
-    assert [u.address for u in effects_of(released, UnbindDevice)] == [gpu]
-    assert node.give_back_planned(gpu)
+    (give_back,) = effects_of(released, UnbindDevice)
+    assert give_back.address == gpu
+    assert turn(node, give_back, 40.5)[0]
 
 
 @pytest.mark.parametrize("finished", [BindingFinished, UnbindingFinished])
 def test_a_withdrawn_result_has_no_error(finished: type[BindingFinished]) -> None:
     with pytest.raises(ValueError, match="wrote nothing, so has no error"):
         finished(a("0000:18:00.0"), "EBUSY", 1.0, withdrawn=True)
+
+
+@pytest.mark.parametrize(
+    ("write", "what"),
+    [
+        (BindDevice(a("0000:18:00.0"), "i40e"), "no bind of 0000:18:00.0 is in flight"),
+        (
+            UnbindDevice(a("0000:18:00.0"), "i40e", "a sibling failed"),
+            "no give-back of 0000:18:00.0 is in flight",
+        ),
+    ],
+)
+def test_the_turn_of_a_write_never_asked_for_is_a_caller_error(
+    write: BindDevice | UnbindDevice, what: str
+) -> None:
+    with pytest.raises(UsageError, match=f"WriteDue: {what}"):
+        StandardNode(NIC_CONFIG).handle(WriteDue(1, write, 1.0))
 
 
 def test_a_give_back_result_never_asked_for_is_a_caller_error() -> None:

@@ -220,6 +220,8 @@ def _value_for(field_name: str) -> object:
         "content": PoolContent("vfio.dp.example.com", "node-a", "node-a"),
         "at": 1.0,
         "valid_for": 31,
+        "write": dp_core.BindDevice(dp_core.PciAddress.parse("0000:18:00.0"), "i40e"),
+        "carry_out": True,
     }
     return samples[field_name]
 

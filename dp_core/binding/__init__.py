@@ -10,6 +10,8 @@ from .events import (
     MovesRecalled,
     UnbindDevice,
     UnbindingFinished,
+    WriteDecided,
+    WriteDue,
 )
 from .moves import Move
 from .plan import BindDecision, plan_bindings, selected_for_binding
@@ -30,6 +32,8 @@ __all__ = [
     "MoveOutcome",
     "UnbindDevice",
     "UnbindingFinished",
+    "WriteDecided",
+    "WriteDue",
     "plan_bindings",
     "selected_for_binding",
 ]

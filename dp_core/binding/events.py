@@ -17,6 +17,8 @@ __all__ = [
     "MovesRecalled",
     "UnbindDevice",
     "UnbindingFinished",
+    "WriteDecided",
+    "WriteDue",
 ]
 
 
@@ -26,8 +28,10 @@ class BindDevice:
 
     The shell writes `vfio-pci` to its `driver_override`, unbinds it from
     `driver` (when it has one) and asks the kernel to probe it, checking first
-    that `driver` still holds it. It answers with `BindingFinished`, then a
-    fresh `HostObserved`.
+    that `driver` still holds it. Binds run one at a time: when its turn
+    comes, the shell asks whether it still goes (`WriteDue`), and once it has
+    been carried out answers with `BindingFinished`, then a fresh
+    `HostObserved`.
     """
 
     address: PciAddress
@@ -43,8 +47,9 @@ class UnbindDevice:
     whole group back rather than half of it. The shell unbinds it from
     vfio-pci (checking first that vfio-pci still holds it), clears its
     `driver_override` (or, if `pinned`, writes `driver` there again) and binds
-    it to `driver` (None: leaves it without one).
-    It answers with `UnbindingFinished`, then a fresh `HostObserved`.
+    it to `driver` (None: leaves it without one). Like a bind, it asks
+    `WriteDue` when its turn comes, and answers with `UnbindingFinished`,
+    then a fresh `HostObserved`.
     """
 
     address: PciAddress
@@ -70,9 +75,11 @@ class MovesChanged:
 class _WritesFinished:
     """The shell carried out an effect that writes to a function's sysfs files.
 
-    `error` is None when it did what it was asked. `withdrawn`: when its turn
-    came, the node said it is no longer planned, so nothing was written, and
-    `error` is then None.
+    `error` is None when it did what it was asked. `withdrawn`: nothing was
+    written, and `error` is then None. The node withdraws a write the plan no
+    longer wants itself, when its turn comes (`WriteDue`); the shell reports
+    one withdrawn when the write was found done already (a bind of a function
+    on vfio-pci).
     """
 
     address: PciAddress
@@ -88,8 +95,7 @@ class _WritesFinished:
 @attrs.frozen
 class BindingFinished(_WritesFinished):
     """A `BindDevice` was carried out: `error` is None when the function is on
-    vfio-pci; withdrawn when `Node.bind_planned` said no (a config change or a
-    rescan since, or the function was on vfio-pci already). `pinned`: its
+    vfio-pci; withdrawn when the function was on vfio-pci already. `pinned`: its
     driver_override named the driver it was taken from, which a give-back
     must write there again."""
 
@@ -104,9 +110,7 @@ class BindingFinished(_WritesFinished):
 @attrs.frozen
 class UnbindingFinished(_WritesFinished):
     """An `UnbindDevice` was carried out: `error` is None when the function is
-    back on the driver it was taken from; withdrawn when
-    `Node.give_back_planned` said no (the config changed or dropped the device,
-    or an allocation holds its group)."""
+    back on the driver it was taken from."""
 
 
 def _moves(value: Iterable[Move]) -> tuple[Move, ...]:
@@ -129,3 +133,28 @@ class MovesRecalled:
         twice = sorted({a for a in addresses if addresses.count(a) > 1})
         if twice:
             raise ValueError(f"moved twice: {', '.join(map(str, twice))}")
+
+
+@attrs.frozen
+class WriteDue:
+    """The turn of a queued `BindDevice` or `UnbindDevice` has come; `call`
+    pairs it with its answer, `WriteDecided`.
+
+    Writes run one at a time, and a slow driver can hold one for seconds: a
+    config change or a rescan since the effect was emitted may have taken it
+    out of the plan. The node decides now, and withdraws it itself if so.
+    """
+
+    call: int
+    write: BindDevice | UnbindDevice
+    now: float
+
+
+@attrs.frozen
+class WriteDecided:
+    """The answer to `WriteDue` `call`: carry the write out (and report it with
+    `BindingFinished` or `UnbindingFinished`), or not: the node has withdrawn
+    it already, and nothing is written or reported."""
+
+    call: int
+    carry_out: bool

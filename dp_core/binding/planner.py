@@ -2,8 +2,8 @@
 
 `BindingPlanner` holds the binding plan and the `BindingBook` (book.py), which
 keeps what was planned, moved and given back. `Node` owns one and feeds it
-the binding inputs; it answers the shell's two questions about queued
-binds and give-backs. Nothing moves into an IOMMU group the ledger says is
+the binding inputs; it decides whether a queued write still goes when its
+turn comes (`WriteDue`). Nothing moves into an IOMMU group the ledger says is
 held, whichever front end holds it. The inventory is the node's: `finished`
 says when it must be rebuilt.
 """
@@ -17,7 +17,14 @@ from ..host.snapshot import HostSnapshot
 from ..ledger import Ledger
 from ..log import Log
 from .book import BindingBook
-from .events import BindDevice, BindingFinished, MovesRecalled, UnbindDevice, UnbindingFinished
+from .events import (
+    BindDevice,
+    BindingFinished,
+    MovesRecalled,
+    UnbindDevice,
+    UnbindingFinished,
+    WriteDue,
+)
 from .plan import BindDecision, plan_bindings
 
 Effects = list[BindDevice | UnbindDevice | Log]
@@ -42,18 +49,22 @@ class BindingPlanner:
     def give_back_stranded(self) -> Effects:
         return list(self.book.give_back_stranded(self._held))
 
-    def bind_planned(self, address: PciAddress, driver: str | None) -> bool:
-        """Whether the plan still moves `address` from `driver`.
-
-        Binds run one at a time, and a slow driver can hold one for seconds:
-        ask this when a `BindDevice`'s turn comes, since a config change or a
-        rescan since it was emitted may have withdrawn it (docs/design.md §6).
-        """
-        decision = self.plan.get(address)
+    def still_planned(self, due: WriteDue) -> bool:
+        """Whether the write whose turn has come still goes: the plan still
+        moves the function from the driver it was asked with, or still gives
+        it back, and no front end holds its group (docs/design.md §6)."""
+        write = due.write
+        if isinstance(write, UnbindDevice):
+            if write.address not in self.book.giving_back:
+                raise UsageError(f"WriteDue: no give-back of {write.address} is in flight")
+            return self.book.give_back_planned(write.address, self._held)
+        if write.address not in self.book.in_flight:
+            raise UsageError(f"WriteDue: no bind of {write.address} is in flight")
+        decision = self.plan.get(write.address)
         return (
             decision is not None
             and decision.binds
-            and decision.driver == driver
+            and decision.driver == write.driver
             and decision.iommu_group not in self._held
         )
 
@@ -65,7 +76,7 @@ class BindingPlanner:
         effects: Effects = list(self.book.finished(event, held))
         if event.error is not None:
             # Its group will not become usable: plan again now, so that binds of
-            # its siblings still queued are withdrawn (`bind_planned`) rather
+            # its siblings still queued are withdrawn (`still_planned`) rather
             # than carried out. Only the plan: the snapshot predates the binds
             # just done, and the rescan after the batch acts on what it shows.
             held = self._held
@@ -73,10 +84,6 @@ class BindingPlanner:
         # After a give-back starts: unhealthy from now on, so nothing allocates
         # what is to be unbound.
         return effects, any(isinstance(effect, UnbindDevice) for effect in effects)
-
-    def give_back_planned(self, address: PciAddress) -> bool:
-        """Whether a queued `UnbindDevice` should still be carried out, now its turn has come."""
-        return self.book.give_back_planned(address, self._held)
 
     def unbound(self, event: UnbindingFinished) -> Effects:
         """A give-back ended; the inventory must be rebuilt after it."""

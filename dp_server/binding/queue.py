@@ -1,10 +1,10 @@
 """Carrying out the core's `BindDevice` and `UnbindDevice` effects, one at a time.
 
 Off the event loop: a GPU driver can take seconds to let go, and Allocate
-must not wait for it. Each effect is checked against the core's plan when its
-turn comes (a config change or a rescan may have withdrawn it meanwhile), the
-core always hears back, and after the last of a batch the host is scanned
-again.
+must not wait for it. When an effect's turn comes the core is asked whether
+it still goes (`WriteDue`: a config change or a rescan may have withdrawn it
+meanwhile, and then the core withdraws it itself); the core always hears
+back, and after the last of a batch the host is scanned again.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from dp_core import (
     BindDevice,
     BindingFinished,
     Input,
-    Node,
     UnbindDevice,
     UnbindingFinished,
+    WriteDecided,
+    WriteDue,
 )
 from dp_server.binding.binder import Binder
 
@@ -32,6 +33,9 @@ __all__ = ["BindQueue", "writes_running"]
 STOP_WAIT = 2.0
 
 _T = TypeVar("_T")
+
+# Feeds the input a call number makes and returns the core's answer (`Loop.call`).
+Ask = Callable[[Callable[[int], Input]], object]
 
 _WRITE_THREAD = "dp-sysfs-write"
 
@@ -67,14 +71,14 @@ class BindQueue:
     def __init__(
         self,
         binder: Binder,
-        node: Node,
+        ask: Ask,
         feed: Callable[[Input], object],
         now: Callable[[], float],
         stopping: Callable[[], bool],
         after_batch: Callable[[], object],
     ) -> None:
         self.binder = binder
-        self._node = node
+        self._ask = ask
         self._feed = feed
         self._now = now
         self._stopping = stopping  # once stopping, results are no longer reported
@@ -90,24 +94,26 @@ class BindQueue:
     async def _run(self, effect: BindDevice | UnbindDevice) -> None:
         error: str | None = "it was not carried out"
         withdrawn = pinned = started = False
-        known = True  # whether what the write did is known
+        report = True  # False: what the write did is unknown, or the core withdrew it
         try:
             async with self._turn:
                 # Stopping: nothing more is written (a new dp may be starting).
-                if not self._stopping() and self._planned(effect):
+                if self._stopping():
+                    error, withdrawn = None, True
+                elif not self._goes(effect):
+                    report = False
+                else:
                     started = True
                     result = await self._carried_out(effect)
                     if result is None:
-                        known = False
+                        report = False
                     else:
                         error, withdrawn, pinned = result
-                else:
-                    error, withdrawn = None, True  # the plan changed while it waited
         finally:  # the core must hear back, or the function stays "in flight" for good
             self.pending -= 1
             # A write that started is reported even while stopping: what it did
             # to the host must reach the moves file.
-            if known and (started or not self._stopping()):
+            if report and (started or not self._stopping()):
                 now = self._now()
                 self._feed(
                     UnbindingFinished(effect.address, error, now, withdrawn=withdrawn)
@@ -135,10 +141,11 @@ class BindQueue:
                 # move whose give-back may not happen; keep the file as it is.
                 return None
 
-    def _planned(self, effect: BindDevice | UnbindDevice) -> bool:
-        if isinstance(effect, UnbindDevice):
-            return self._node.give_back_planned(effect.address)
-        return self._node.bind_planned(effect.address, effect.driver)
+    def _goes(self, effect: BindDevice | UnbindDevice) -> bool:
+        answer = self._ask(lambda call: WriteDue(call, effect, self._now()))
+        if not isinstance(answer, WriteDecided):  # pragma: no cover - the core always answers
+            raise RuntimeError(f"WriteDue for {effect.address}: the core gave no answer")
+        return answer.carry_out
 
     def carry_out(self, effect: BindDevice | UnbindDevice) -> tuple[str | None, bool, bool]:
         """(error, withdrawn, pinned), off the loop.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from dp_core import BindDevice, MovesChanged, MovesRecalled, UnbindDevice
+from dp_core import BindDevice, MovesChanged, MovesRecalled, UnbindDevice, WriteDecided
 from dp_server.binding.binder import Binder
 from dp_server.binding.moves_file import MovesStore
 from dp_server.binding.queue import BindQueue
@@ -32,10 +32,11 @@ class BindingRuntime:
         self._spawn = spawn
         self._stopping = stopping
         self.moves = MovesStore(state_dir)
-        self.queue = BindQueue(binder, loop.node, loop.feed, loop.now, stopping, rescan)
+        self.queue = BindQueue(binder, loop.call, loop.feed, loop.now, stopping, rescan)
         loop.on(BindDevice, self._move)
         loop.on(UnbindDevice, self._move)
         loop.on(MovesChanged, self._keep_moves)
+        loop.answers(WriteDecided)
 
     def recall(self) -> None:
         """Hand the core what an earlier run moved; before the first scan."""
