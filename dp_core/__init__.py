@@ -155,7 +155,7 @@ from .inventory import (
 from .ledger import Holder, Ledger
 from .metric import MetricFamily, Sample
 from .metrics import collect
-from .node import Node
+from .node import Node, NodeEffect
 from .tally import Tally
 from .timing import Backoff, Timing
 
@@ -249,6 +249,7 @@ __all__ = [
     "MovesRecalled",
     "Naming",
     "Node",
+    "NodeEffect",
     "StandardNode",
     "OptionsRequested",
     "PciAddress",

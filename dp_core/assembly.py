@@ -9,6 +9,7 @@ these two, if wanted) instead; docs/core.md shows how.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from .config.config import Config
 from .deviceplugin.endpoints import NAME_MAX
@@ -24,8 +25,10 @@ from .timing import Timing
 
 __all__ = ["StandardNode"]
 
+M = TypeVar("M")  # the effects of the `more` front ends
 
-class StandardNode(Node):
+
+class StandardNode(Node[Effect | M]):
     """A node with the device-plugin front end (`device_plugin`) and the DRA
     front end (`dra`), and any `more` after them, made with the node's ledger."""
 
@@ -43,7 +46,7 @@ class StandardNode(Node):
         dra_partitionable: bool = True,
         dra_device_taints: bool = True,
         ledger: Ledger | None = None,
-        more: Sequence[Frontend[Effect]] = (),
+        more: Sequence[Frontend[M]] = (),
     ) -> None:
         timing = timing or Timing()
         ledger = ledger if ledger is not None else Ledger()

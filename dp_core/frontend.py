@@ -21,7 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
-from .config.config import Config, FrontendName
+from .config.config import Config
 from .host.snapshot import HostSnapshot
 from .inventory.resources import Inventory
 from .metric import MetricFamily
@@ -95,8 +95,10 @@ class Frontend(Protocol[E_co]):
     """One front end, as the node drives it. `E_co` is the union of its effects."""
 
     @property
-    def name(self) -> FrontendName:
-        """Its config label (`frontend:`): the resources of the inventory it offers."""
+    def name(self) -> str:
+        """Its name, unique on the node. dp's two are also config labels
+        (`frontend:`, `FrontendName`): each offers the resources of the
+        inventory labelled with its name."""
         ...
 
     @property

@@ -8,13 +8,15 @@ the shell's job, so another shell can export them another way.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .metric import MetricFamily, family
 from .node import Node
 
 __all__ = ["collect"]
 
 
-def _node_wide(node: Node) -> list[MetricFamily]:
+def _node_wide(node: Node[Any]) -> list[MetricFamily]:
     tally = node.tally
     return [
         family(
@@ -59,7 +61,7 @@ def _node_wide(node: Node) -> list[MetricFamily]:
     ]
 
 
-def collect(node: Node) -> tuple[MetricFamily, ...]:
+def collect(node: Node[Any]) -> tuple[MetricFamily, ...]:
     """Every dp metric family of `node`, in a stable order: the node's, then
     each front end's in the node's order."""
     return (

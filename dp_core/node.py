@@ -17,10 +17,11 @@ out what it returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .binding.book import BindingBook
 from .binding.events import (
+    BindDevice,
     BindingFinished,
     MovesChanged,
     MovesRecalled,
@@ -32,25 +33,30 @@ from .binding.events import (
 from .binding.plan import BindDecision
 from .binding.planner import BindingPlanner
 from .config.config import Config
-from .effects import Effect
 from .errors import UsageError
 from .explain import Explainer
 from .frontend import Frontend, Outcome, World
 from .host.pci import PciAddress, PciId
 from .host.snapshot import HostSnapshot
-from .inputs import ConfigApplied, HostObserved, Input, Tick
+from .inputs import ConfigApplied, HostObserved, Tick
 from .inventory.build import build_inventory
 from .inventory.moves import FrontendMoves
 from .ledger import Ledger
+from .log import Log
 from .tally import Tally
 
-__all__ = ["Node"]
+__all__ = ["Node", "NodeEffect"]
 
 F = TypeVar("F")
-_Step = Callable[[Any, float], Outcome[Effect]]
+E = TypeVar("E")
+
+NodeEffect = BindDevice | UnbindDevice | WriteDecided | MovesChanged | Log
+"""The effects of the node's own: moves to vfio-pci and back, and logs."""
+
+_Step = Callable[[Any, float], Outcome[NodeEffect | E]]
 
 
-class Node:
+class Node(Generic[E]):
     """One node's state. Not thread-safe; one caller at a time.
 
     `frontends` share `ledger`, the one book of IOMMU groups: each was made
@@ -60,7 +66,7 @@ class Node:
     def __init__(
         self,
         config: Config,
-        frontends: Sequence[Frontend[Effect]],
+        frontends: Sequence[Frontend[E]],
         *,
         ledger: Ledger,
         pci_names: Mapping[PciId, str] | None = None,
@@ -81,8 +87,8 @@ class Node:
         names = [frontend.name for frontend in frontends]
         if len(set(names)) != len(names):
             raise UsageError(f"two front ends have one name: {names}")
-        self.frontends: tuple[Frontend[Effect], ...] = tuple(frontends)
-        self._handlers: dict[type[Any], _Step] = {
+        self.frontends: tuple[Frontend[E], ...] = tuple(frontends)
+        self._handlers: dict[type[Any], _Step[E]] = {
             HostObserved: self._host_observed,
             ConfigApplied: self._config_applied,
             Tick: self._tick,
@@ -99,7 +105,10 @@ class Node:
 
     # -- public API ----------------------------------------------------------
 
-    def handle(self, event: Input) -> list[Effect]:
+    def handle(self, event: object) -> list[NodeEffect | E]:
+        """The effects of `event`, in order: an input of the node's own (a scan,
+        a config, a tick, the binding reports) or one a front end declares
+        (`Input` lists those of dp's two); any other is a `UsageError`."""
         handler = self._handlers.get(type(event))
         if handler is None:
             raise UsageError(f"{type(event).__name__} is not an input of this node")
@@ -115,7 +124,6 @@ class Node:
             effects.append(MovesChanged(self.bind_book.moves()))
         for frontend in self.frontends:
             effects.extend(frontend.due(self._now))
-        self.tally.observe(event)
         return effects
 
     def next_deadline(self) -> float | None:
@@ -146,7 +154,7 @@ class Node:
 
     # -- after a step: the one way news travels between front ends -------------
 
-    def _follow(self, outcome: Outcome[Effect]) -> list[Effect]:
+    def _follow(self, outcome: Outcome[NodeEffect | E]) -> list[NodeEffect | E]:
         """`outcome`'s effects, then what every front end does about the holders
         it changed, then the binding replanned if it let holds go."""
         effects = list(outcome.effects)
@@ -155,19 +163,20 @@ class Node:
             effects += self._follow(self._rebuild())
         return effects
 
-    def _tell_holders(self, groups: frozenset[int]) -> list[Effect]:
+    def _tell_holders(self, groups: frozenset[int]) -> list[NodeEffect | E]:
         if not groups:
             return []
-        effects: list[Effect] = []
+        effects: list[NodeEffect | E] = []
         for frontend in self.frontends:
             effects.extend(frontend.holders_changed(groups))
         return effects
 
     # -- the host, the config, the plan -----------------------------------------
 
-    def _host_observed(self, event: HostObserved, now: float) -> Outcome[Effect]:
+    def _host_observed(self, event: HostObserved, now: float) -> Outcome[NodeEffect | E]:
         self.snapshot = event.snapshot
         self._scanned = True
+        self.tally.host_scans += 1
         self.bind_book.observed(event.snapshot)
         rebuilt = self._rebuild()
         waiting = [frontend for frontend in self.frontends if not frontend.holders_known]
@@ -176,21 +185,21 @@ class Node:
         wanted = [effect for frontend in waiting for effect in frontend.holders_wanted()]
         return Outcome((*rebuilt.effects, *wanted), rebuilt.held)
 
-    def _config_applied(self, event: ConfigApplied, now: float) -> Outcome[Effect]:
+    def _config_applied(self, event: ConfigApplied, now: float) -> Outcome[NodeEffect | E]:
         self.config = event.config
         self.pci_names = event.pci_names
         self.bind_book.retry_all(self.snapshot, self.config)
         return self._rebuild()
 
-    def _rebuild(self) -> Outcome[Effect]:
+    def _rebuild(self) -> Outcome[NodeEffect | E]:
         start = all(frontend.holders_known for frontend in self.frontends)
-        effects: list[Effect] = []
+        effects: list[NodeEffect | E] = []
         effects += self.planner.replan(self.snapshot, self.config, start=start)
         effects += self.planner.give_back_stranded()
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
 
-    def _rebuild_inventory(self) -> Outcome[Effect]:
+    def _rebuild_inventory(self) -> Outcome[NodeEffect | E]:
         """The inventory again from the snapshot, plan and give-backs held now,
         and every front end told of it (the holders they changed on the way
         are told once every front end has seen the new world)."""
@@ -203,7 +212,7 @@ class Node:
             self.bind_book.moving_groups,
         )
         world = World(self.snapshot, self.config, self.inventory, self._now)
-        effects: list[Effect] = []
+        effects: list[NodeEffect | E] = []
         effects += self.explainer.changed(self.snapshot, self.config, self.inventory, self._scanned)
         held: set[int] = set()
         for frontend in self.frontends:
@@ -212,22 +221,24 @@ class Node:
             held |= outcome.held
         return Outcome(tuple(effects), frozenset(held))
 
-    def _tick(self, event: Tick, now: float) -> Outcome[Effect]:
+    def _tick(self, event: Tick, now: float) -> Outcome[NodeEffect | E]:
         return Outcome()  # what falls due, falls due after every input (`Frontend.due`)
 
-    def _binding_finished(self, event: BindingFinished, now: float) -> Outcome[Effect]:
+    def _binding_finished(self, event: BindingFinished, now: float) -> Outcome[NodeEffect | E]:
         effects, rebuild = self.planner.finished(event, self.snapshot, self.config)
+        if not event.withdrawn:
+            self.tally.bindings[event.error is None] += 1
         if not rebuild:
             return Outcome(tuple(effects))
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
 
-    def _unbinding_finished(self, event: UnbindingFinished, now: float) -> Outcome[Effect]:
+    def _unbinding_finished(self, event: UnbindingFinished, now: float) -> Outcome[NodeEffect | E]:
         effects = self.planner.unbound(event)
         world = self._rebuild_inventory()
         return Outcome((*effects, *world.effects), world.held)
 
-    def _write_due(self, event: WriteDue, now: float) -> Outcome[Effect]:
+    def _write_due(self, event: WriteDue, now: float) -> Outcome[NodeEffect | E]:
         """A queued write's turn: it goes, or the node withdraws it here."""
         if self.planner.still_planned(event):
             return Outcome((WriteDecided(event.call, carry_out=True),))
@@ -240,5 +251,5 @@ class Node:
         answer = WriteDecided(event.call, carry_out=False)
         return Outcome((*withdrawn.effects, answer), withdrawn.held)
 
-    def _moves_recalled(self, event: MovesRecalled, now: float) -> Outcome[Effect]:
+    def _moves_recalled(self, event: MovesRecalled, now: float) -> Outcome[NodeEffect | E]:
         return Outcome(tuple(self.planner.recalled(event, scanned=self._scanned)))

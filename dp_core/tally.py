@@ -9,21 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .binding.events import BindingFinished
-from .inputs import HostObserved, Input
-
 __all__ = ["Tally"]
 
 
 class Tally:
-    """Monotonic counters, keyed by the labels they are reported with."""
+    """Monotonic counters, keyed by the labels they are reported with; the
+    node counts each where it handles it."""
 
     def __init__(self) -> None:
         self.bindings: Counter[bool] = Counter()  # succeeded -> binds carried out
         self.host_scans = 0
-
-    def observe(self, event: Input) -> None:
-        if isinstance(event, BindingFinished) and not event.withdrawn:
-            self.bindings[event.error is None] += 1
-        elif isinstance(event, HostObserved):
-            self.host_scans += 1

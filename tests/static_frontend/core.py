@@ -72,6 +72,13 @@ Effect = ConsumerHanded | ConsumerRefused | Log
 Done = Outcome[Effect]
 
 
+def _unclocked(step: Callable[[Any], Done]) -> Handler[Effect]:
+    def handle(event: Any, now: float) -> Done:
+        return step(event)
+
+    return handle
+
+
 class StaticFrontend:
     """Holds `consumers`' devices (consumer -> PCI addresses) while they run."""
 
@@ -96,7 +103,7 @@ class StaticFrontend:
             ConsumerStarted: self._started,
             ConsumerStopped: self._stopped,
         }
-        return {kind: (lambda event, now, step=step: step(event)) for kind, step in steps.items()}
+        return {kind: _unclocked(step) for kind, step in steps.items()}
 
     def world_changed(self, world: World) -> Done:
         self._snapshot = world.snapshot
