@@ -56,6 +56,7 @@ from .inputs import (
 )
 from .lists import Change, DeviceLists
 from .metrics import families
+from .notices import Notices
 from .polls import HeldPolls
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
@@ -120,6 +121,7 @@ class DevicePluginFrontend:
         self.cdi = CdiKeeper() if cdi else None
         self.tally = RpcTally()
         self.watches = Watches()  # the ListAndWatch streams
+        self._notices = Notices()  # what the shell hears of its state, by change
 
     # -- as a front end ----------------------------------------------------------
 
@@ -176,7 +178,8 @@ class DevicePluginFrontend:
     def due(self, now: float) -> Effects:
         effects: Effects = [*self.sync.poll_due(now), *self.polls.due(now)]
         effects.extend(self._start_due_registrations(now))
-        return effects
+        settled, wanted = self.registrar.settled(), self.sync.wants_checkpoint
+        return effects + self._notices.changed(settled=settled, checkpoint_wanted=wanted)
 
     def next_deadline(self) -> float | None:
         deadlines = (self.registrar.next_deadline(), self.sync.next_poll, self.polls.next_at())
@@ -186,13 +189,6 @@ class DevicePluginFrontend:
         return families(self)
 
     # -- what it exposes ---------------------------------------------------------
-
-    @property
-    def wants_kubelet_checkpoint(self) -> bool:
-        """Whether the shell should read the kubelet's checkpoint again when
-        it changes (`KubeletCheckpointObserved`): while the kubelet syncs and
-        something it wrote could matter (`KubeletSync.wants_checkpoint`)."""
-        return self.sync.wants_checkpoint
 
     @property
     def offered(self) -> Inventory:

@@ -31,12 +31,14 @@ from dp_core import (
     EndStream,
     HealthChanged,
     KubeletCheckpointObserved,
+    KubeletCheckpointWanted,
     Ledger,
     MetricFamily,
     Phase,
     Publish,
     RefreshAllocations,
     Register,
+    RegistrationsSettled,
     Reject,
     Reply,
     SocketMode,
@@ -85,6 +87,7 @@ class DevicePluginRuntime:
         )
         self._core = self.frontend
         self._checkpoint = CheckpointFile(self.plugin_dir)
+        self._checkpoint_wanted = False  # as the core last said (KubeletCheckpointWanted)
         self._streams = Streams()
         self._pods = PodResourcesPoller(
             settings.pod_resources_socket, settings.pod_resources_min_gap
@@ -132,8 +135,9 @@ class DevicePluginRuntime:
         loop.on(CdiSpecsChanged, self._keep_cdi_specs)
         loop.on(AttributeConnection, self._log_attribution)
         loop.on(HealthChanged, _nothing)  # logged through the Log effect that comes with it
+        loop.on(RegistrationsSettled, self._registrations_settled)
+        loop.on(KubeletCheckpointWanted, self._checkpoint_wanted_changed)
         loop.answers(Reply, Reject)
-        loop.after_input(lambda: memory.after_input(self._core.registrar.settled()))
 
     def timers(self) -> Sequence[Timer]:
         """PodResources polls, as the core asks for them (`RefreshAllocations`),
@@ -189,7 +193,7 @@ class DevicePluginRuntime:
         given; until kubelet.sock is there, keep looking for it."""
         await self._sockets.restore()
         self.kubelet.probe()
-        if self._core.wants_kubelet_checkpoint and self._checkpoint.changed():
+        if self._checkpoint_wanted and self._checkpoint.changed():
             self._loop.feed(KubeletCheckpointObserved(self._checkpoint.read(), self._loop.now()))
         if not self.kubelet.present:
             self.kubelet.follow(fast=False)
@@ -260,9 +264,14 @@ class DevicePluginRuntime:
         self._streams.end(effect.stream, effect.reason)
 
     def _register(self, effect: Register) -> None:
-        self._memory.registering()
         if not self._stopping():
             self._spawn(self._registers.call(effect))
+
+    def _registrations_settled(self, effect: RegistrationsSettled) -> None:
+        self._memory.registrations_settled()
+
+    def _checkpoint_wanted_changed(self, effect: KubeletCheckpointWanted) -> None:
+        self._checkpoint_wanted = effect.wanted
 
     def _refresh_allocations(self, effect: RefreshAllocations) -> None:
         self._pods.request(self._loop.now())
