@@ -715,6 +715,23 @@ def test_a_node_with_nothing_to_register_never_says_it_settled() -> None:
     assert settled(effects) == 0
 
 
+def test_monitoring_reads_a_view_taken_at_one_moment() -> None:
+    node, _ = started_node()  # A registering, B waiting its turn
+    before = node.device_plugin.view()
+    assert before.phases == ((A, Phase.REGISTERING), (B, Phase.WAITING))
+    assert before.resources == (A, B)
+    assert before.cdi_problem == ""  # no CDI
+    make_live(node, A, 1, connection=1, now=0.1)
+    make_live(node, B, 2, connection=2, now=0.2)
+    assert node.device_plugin.view().phases == ((A, Phase.LIVE), (B, Phase.LIVE))
+    # A value: what was taken before does not follow the front end.
+    assert before.phases == ((A, Phase.REGISTERING), (B, Phase.WAITING))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        before.phases = ()  # type: ignore[misc]
+    with pytest.raises(ValueError, match="two phases"):
+        attrs.evolve(before, phases=((A, Phase.LIVE), (A, Phase.WAITING)))
+
+
 def test_per_resource_mode_registers_everything_at_once() -> None:
     node, effects = started_node(mode=SocketMode.PER_RESOURCE)
     found = effects_of(effects, Register)

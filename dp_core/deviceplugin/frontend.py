@@ -61,6 +61,7 @@ from .polls import HeldPolls
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
 from .tally import RPC_METHODS, RpcTally
+from .view import DevicePluginView
 from .watches import Watches
 
 __all__ = ["DevicePluginFrontend", "DevicePluginEffects"]
@@ -189,6 +190,12 @@ class DevicePluginFrontend:
         return families(self)
 
     # -- what it exposes ---------------------------------------------------------
+
+    def view(self) -> DevicePluginView:
+        """What monitoring reads of it, as a value that does not change under it."""
+        phases = sorted(self.registrar.phases().items())
+        problem = self.cdi.problem if self.cdi is not None else ""
+        return DevicePluginView(phases, self.resource_names(), problem)
 
     @property
     def offered(self) -> Inventory:

@@ -7,7 +7,8 @@ core's `DevicePluginFrontend`, then wires it onto the loop: it registers the
 handler of each of the front end's effects, serves the device plugin's calls
 through `Loop.call` (`NodeCalls`), and follows the kubelet
 (`KubeletFollower`), whose connections and restarts it feeds to the core.
-What is served is the core's decision; nothing here decides.
+What is served is the core's decision; nothing here decides. Monitoring
+reads the frozen view the core hands out (`DevicePluginFrontend.view`).
 """
 
 from __future__ import annotations
@@ -210,11 +211,11 @@ class DevicePluginRuntime:
     # -- what monitoring reads --------------------------------------------------------
 
     def readiness(self) -> Readiness:
-        phases = self._core.registrar.phases()
-        pending = sorted(name for name, phase in phases.items() if phase is not Phase.LIVE)
+        phases = self._core.view().phases
+        pending = [(name, phase) for name, phase in phases if phase is not Phase.LIVE]
         if not pending:
             return Readiness(True, f"{len(phases)} resources")
-        shown = ", ".join(f"{name} ({phases[name].value})" for name in pending[:8])
+        shown = ", ".join(f"{name} ({phase.value})" for name, phase in pending[:8])
         more = f" and {len(pending) - 8} more" if len(pending) > 8 else ""
         return Readiness(
             False, f"{len(pending)} of {len(phases)} resources not registered: {shown}{more}"
@@ -223,15 +224,15 @@ class DevicePluginRuntime:
     def remarks(self) -> Sequence[str]:
         # CDI specs that cannot be written do not fail /healthz: a restart would
         # not make the directory writable, and Allocate works without them.
-        cdi = self._core.cdi
-        return (f"CDI specs not in place: {cdi.problem}",) if cdi and cdi.problem else ()
+        problem = self._core.view().cdi_problem
+        return (f"CDI specs not in place: {problem}",) if problem else ()
 
     def families(self) -> Iterable[MetricFamily]:
         return ()  # the core front end's are all there is (`dp_core.collect`)
 
     def serving(self) -> Mapping[str, object]:
         return {
-            "resources": len(self._core.resource_names()),
+            "resources": len(self._core.view().resources),
             "directory": str(self.plugin_dir),
             "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
         }
