@@ -7,8 +7,9 @@ core's `DevicePluginFrontend`, then wires it onto the loop: it registers the
 handler of each of the front end's effects, serves the device plugin's calls
 through `Loop.call` (`NodeCalls`), and follows the kubelet
 (`KubeletFollower`), whose connections and restarts it feeds to the core.
-What is served is the core's decision; nothing here decides. Monitoring
-reads the frozen view the core hands out (`DevicePluginFrontend.view`).
+What is served is the core's decision; nothing here decides. It learns of
+the core only through its effects, and monitoring through the frozen view
+the core hands out (`DevicePluginFrontend.view`).
 """
 
 from __future__ import annotations
@@ -76,13 +77,15 @@ class DevicePluginRuntime:
         self.socket_mode = settings.socket_mode
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
-        prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
+        # Chosen here, told to the core for its Register effects, and kept for
+        # the one socket of single-socket mode, made before any Register.
+        self._prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
         self.frontend = DevicePluginFrontend(
             ledger,
             settings.timing,
             socket_mode=settings.socket_mode,
-            endpoint_prefix=prefix,
-            endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
+            endpoint_prefix=self._prefix,
+            endpoint_max_length=socket_name_room(settings.device_plugin_dir, self._prefix),
             cdi=settings.cdi_spec_dir is not None,
             pod_resources_interval=settings.pod_resources_interval,
         )
@@ -185,7 +188,7 @@ class DevicePluginRuntime:
     async def start(self) -> None:
         """In single-socket mode, listen on the one socket before any Register."""
         if self._present and self.socket_mode is SocketMode.SINGLE:
-            await self._sockets.ensure(endpoint_name(self._core.endpoint_prefix, None), None)
+            await self._sockets.ensure(endpoint_name(self._prefix, None), None)
 
     async def restore(self) -> None:
         """Listen again on sockets the kubelet deleted (PluginDirectoryLost if it
