@@ -124,7 +124,9 @@ class Frontend(Protocol[E_co]):
         ...
 
     def due(self, now: float) -> Sequence[E_co]:
-        """After every input (a `Tick` among them): what its deadlines make due at `now`."""
+        """After every input (a `Tick` among them): what its deadlines make due at
+        `now`, and the effects that tell the shell of a change in its state the
+        shell acts on (the shell reads no front end's state)."""
         ...
 
     def next_deadline(self) -> float | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 import attrs
@@ -441,17 +441,17 @@ class RandomKubelet:
                 self.streams.remove(end.stream)
         return effects
 
-    def start(self) -> list[tuple[Input, list[Effect]]]:
-        return [
-            (event, self.feed(event))
-            for event in (HostObserved(self.host, 0.0), KubeletStarted(0.0))
-        ]
+    def start(self) -> Iterator[tuple[Input, list[Effect]]]:
+        for event in (HostObserved(self.host, 0.0), KubeletStarted(0.0)):
+            yield event, self.feed(event)
 
-    def step(self) -> list[tuple[Input, list[Effect]]]:
-        """Do one random thing; returns each input fed with its effects."""
+    def step(self) -> Iterator[tuple[Input, list[Effect]]]:
+        """Do one random thing; yields each input fed with its effects, the
+        next fed only once the caller has had it (and could check the node)."""
         self.now += self.draw(st.sampled_from([0.0, 0.0, 0.05, 0.5, 3.0, 11.0, 31.0]))
         action = self.draw(st.sampled_from(ACTIONS))
-        return [(event, self.feed(event)) for event in self._events(action)]
+        for event in self._events(action):
+            yield event, self.feed(event)
 
     def _events(self, action: str) -> list[Input]:
         now = self.now

@@ -247,6 +247,7 @@ def test_a_spec_reported_in_place_only_for_the_content_asked_for() -> None:
     logs = node.handle(CdiSpecsWritten([stale, *others]))
     assert node.device_plugin.cdi is not None and not node.device_plugin.cdi.in_place
     assert "nvidia.com/T4" in node.device_plugin.cdi.problem
+    assert node.device_plugin.view().cdi_problem == node.device_plugin.cdi.problem  # monitoring's
     assert [log.event for log in effects_of(logs, Log)] == ["cdi-specs-not-written"]
     kubelet = Kubelet(node)
     kubelet.register_all(effects)

@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from dp_core import (
     AllocationsObserved,
     CheckpointEntry,
+    Effect,
     HealthChanged,
     HostObserved,
     KubeletCheckpoint,
     KubeletCheckpointObserved,
+    KubeletCheckpointWanted,
     KubeletStarted,
     Log,
     Publish,
@@ -53,6 +55,11 @@ TIMING = Timing(release_grace=30.0)
 
 def checkpoint(*devices: str, pod: str = POD) -> KubeletCheckpoint:
     return KubeletCheckpoint((CheckpointEntry(pod, "compute", QAT_RESOURCE, devices),))
+
+
+def wanted(effects: list[object]) -> list[bool]:
+    """What the node told the shell, in order, of whether it wants the checkpoint."""
+    return [e.wanted for e in effects if isinstance(e, KubeletCheckpointWanted)]
 
 
 def health(node: StandardNode) -> dict[str, bool]:
@@ -147,12 +154,13 @@ def test_the_siblings_of_a_device_the_checkpoint_names_are_held_until_it_is_list
 def test_a_pod_deleted_while_the_kubelet_was_down_frees_its_group_once_the_kubelet_drops_it() -> (
     None
 ):
-    node, kubelet, _ = young_node(checkpoint(QAT_0))
-    assert node.device_plugin.wants_kubelet_checkpoint
+    node, kubelet, started = young_node(checkpoint(QAT_0))
+    assert wanted(started) == [True]
     # Synced, the kubelet lists no pod: the entry is stale, but only the
     # kubelet can say so, in its checkpoint, which dp's list makes it write.
     effects = node.handle(AllocationsObserved({}, 1.5))
     assert one(effects, Publish).resource == QAT_RESOURCE
+    assert wanted(effects) == []  # still wanted: told once
     assert health(node)[QAT_1] is False
     freed = node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 1.55))
     assert node.device_plugin.sync.phase is SyncPhase.SYNCED
@@ -160,7 +168,7 @@ def test_a_pod_deleted_while_the_kubelet_was_down_frees_its_group_once_the_kubel
     assert [r.reason for r in effects_of(freed, RefreshAllocations)] == [
         "the kubelet has synced its pods: which still hold devices"
     ]
-    assert not node.device_plugin.wants_kubelet_checkpoint
+    assert wanted(freed) == [False]
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     report = one(freed, HealthChanged)
     assert (report.device_id, report.healthy) == (QAT_1, True)
@@ -172,7 +180,7 @@ def test_a_device_alone_in_its_group_holds_nothing_back() -> None:
     node, _, effects = young_node(checkpoint(QAT_2))
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     assert not node.device_plugin.allocations.unlisted_holds()
-    assert not node.device_plugin.wants_kubelet_checkpoint  # nothing a later write could change
+    assert wanted(effects) == []  # nothing a later write could change
     assert "kubelet-syncing" not in [e.event for e in effects_of(effects, Log)]
     # Nothing to account for: the first answer is trusted, listed or not.
     node.handle(AllocationsObserved({}, 0.3))
@@ -230,10 +238,10 @@ def test_an_unreadable_checkpoint_holds_every_shared_group_until_it_can_be_read(
     assert warning.level == "warning"
     assert dict(warning.fields)["reason"] == problem
     assert health(node) == {QAT_0: False, QAT_1: False, QAT_2: True}
-    assert node.device_plugin.wants_kubelet_checkpoint
-    node.handle(AllocationsObserved({}, 0.5))
+    assert wanted(effects) == [True]
+    assert wanted(node.handle(AllocationsObserved({}, 0.5))) == []
     assert node.device_plugin.sync.phase is SyncPhase.SYNCING  # an answer alone does not do
-    node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 0.6))
+    assert wanted(node.handle(KubeletCheckpointObserved(KubeletCheckpoint(), 0.6))) == [False]
     assert health(node) == {QAT_0: True, QAT_1: True, QAT_2: True}
     node.handle(AllocationsObserved({}, 0.8))
     assert node.device_plugin.sync.phase is SyncPhase.SYNCED
@@ -269,6 +277,27 @@ def test_a_kubelet_restart_starts_over() -> None:
     node.handle(KubeletStarted(50.0, checkpoint(QAT_1)))
     assert node.device_plugin.sync.phase is SyncPhase.SYNCING
     assert health(node) == {QAT_0: False, QAT_1: True, QAT_2: True}
+
+
+def test_the_shell_is_told_each_time_the_checkpoint_becomes_wanted_or_stops_being() -> None:
+    """`KubeletCheckpointWanted` with the input that changed whether a write
+    of the checkpoint could change what is held, and with no other: the
+    shell reads the file only while it is wanted."""
+    node, _, started = young_node(checkpoint(QAT_0))
+    assert wanted(started) == [True]  # QAT_0's pod is not listed yet
+    table: list[tuple[object, list[bool]]] = [
+        (AllocationsObserved({}, 0.3), []),  # a young answer: still in doubt
+        (Tick(0.4), []),
+        (KubeletCheckpointObserved(checkpoint(QAT_0), 0.5), []),  # the same entry
+        (KubeletCheckpointObserved(KubeletCheckpoint(), 0.6), [False]),  # dropped: synced
+        (AllocationsObserved({}, 0.8), []),
+        (KubeletStarted(50.0, checkpoint(QAT_1)), [True]),  # a kubelet restart: in doubt again
+        (KubeletStarted(51.0, checkpoint(QAT_1)), []),  # and again: nothing changed
+        (AllocationsObserved({QAT_RESOURCE: frozenset({QAT_1})}, 52.0), [False]),  # listed
+        (KubeletStarted(60.0, checkpoint(QAT_2)), []),  # alone in its group: not in doubt
+    ]
+    for event, expected in table:
+        assert wanted(node.handle(event)) == expected, event  # type: ignore[arg-type]
 
 
 def test_binds_wait_until_the_answer_can_be_trusted() -> None:
@@ -352,29 +381,37 @@ class World:
         self.kubelet = KubeletModel()
         self.now = 0.0
         self.uids = (f"pod-{n}" for n in itertools.count())
+        self.checkpoint_wanted = False
         self.node, self.driver = self._dp()
 
     def _dp(self) -> tuple[StandardNode, Kubelet]:
         """A dp process starting: it registers once it sees kubelet.sock (`start_kubelet`)."""
         node = StandardNode(qat_config(shared_devices=()), timing=TIMING)
-        node.handle(HostObserved(shared_group_host(), self.now))
+        self.checkpoint_wanted = False  # a new process has been told nothing yet
+        self._told(node.handle(HostObserved(shared_group_host(), self.now)))
         return node, Kubelet(node, self.now)
 
+    def _told(self, effects: list[Effect]) -> list[Effect]:
+        """`effects`, after following what they say of the checkpoint, as dp's shell does."""
+        for told in effects_of(effects, KubeletCheckpointWanted):
+            self.checkpoint_wanted = told.wanted
+        return effects
+
     def feed(self, event: object) -> list[object]:
-        effects = list(self.node.handle(event))  # type: ignore[arg-type]
+        effects: list[Effect] = self._told(self.node.handle(event))  # type: ignore[arg-type]
         # Every list a plugin sends makes the kubelet write its checkpoint.
         if effects_of(effects, Publish):
             self.kubelet.write()
-            if self.node.device_plugin.wants_kubelet_checkpoint:
-                effects += self.node.handle(
-                    KubeletCheckpointObserved(self.kubelet.checkpoint, self.now)
+            if self.checkpoint_wanted:
+                effects += self._told(
+                    self.node.handle(KubeletCheckpointObserved(self.kubelet.checkpoint, self.now))
                 )
-        return effects
+        return list(effects)
 
     def start_kubelet(self) -> None:
         effects = self.feed(KubeletStarted(self.now, self.kubelet.checkpoint))
         self.driver.now = self.now
-        self.driver.register_all(effects)  # type: ignore[arg-type]
+        self._told(self.driver.register_all(effects))  # type: ignore[arg-type]
 
     def step(self, action: str) -> None:
         self.now += self.data.draw(st.sampled_from([0.0, 0.1, 0.3, 2.0, 31.0]))
@@ -399,7 +436,7 @@ class World:
             ]
             if free:
                 device = self.data.draw(st.sampled_from(free))
-                answer = self.driver.allocate(QAT_RESOURCE, (device,))
+                answer = self._told(self.driver.allocate(QAT_RESOURCE, (device,)))
                 if effects_of(answer, Reply):
                     uid = next(self.uids)
                     kubelet.pod_devices[uid] = (device,)
@@ -433,6 +470,8 @@ def test_no_group_is_ever_split_whatever_the_order_of_starts_and_answers(
         world.step(data.draw(st.sampled_from(ACTIONS)))
         split = {group: pods for group, pods in world.holders().items() if len(pods) > 1}
         assert not split, f"IOMMU groups split between pods: {split}"
+        # What the shell was told is what the node wants, whatever happened.
+        assert world.checkpoint_wanted == world.node.device_plugin.sync.wants_checkpoint
     # And once the kubelet has synced and answered, nothing stays held back
     # that no running pod holds.
     world.kubelet.sync()

@@ -27,6 +27,7 @@ from dp_core import (
     EndStream,
     HostSnapshot,
     Input,
+    KubeletCheckpointWanted,
     KubeletStarted,
     MediatedDevice,
     PciAddress,
@@ -35,6 +36,7 @@ from dp_core import (
     Phase,
     Publish,
     Register,
+    RegistrationsSettled,
     Reject,
     Reply,
     SharedDevice,
@@ -167,14 +169,31 @@ class Invariants:
         self.calls: Counter[tuple[str, bool]] = Counter()  # (method, answered) -> count
         self.handed_out = 0
         self.last_rpcs: Counter[tuple[str, str, str]] = Counter()
+        # What the shell was told, as it starts: nothing unregistered, no checkpoint wanted.
+        self.settled = True
+        self.checkpoint_wanted = False
 
     def check(self, event: Input, effects: list[Effect]) -> None:
+        self.told(event, effects)
         self.counted(event, effects)
         self.answers_exactly_the_call(event, effects)
         self.registration(event, effects)
         self.connections(event, effects)
         self.allocations()
         self.publishes(effects)
+
+    def told(self, event: Input, effects: list[Effect]) -> None:
+        """The shell hears of a change of the state it acts on with the input
+        that made it, and on no other input."""
+        front = self.node.device_plugin
+        settled = front.registrar.settled()
+        expected = 1 if settled and not self.settled else 0
+        assert len(effects_of(effects, RegistrationsSettled)) == expected, (event, effects)
+        self.settled = settled
+        wanted = front.sync.wants_checkpoint
+        changed = [wanted] if wanted != self.checkpoint_wanted else []
+        assert [e.wanted for e in effects_of(effects, KubeletCheckpointWanted)] == changed, event
+        self.checkpoint_wanted = wanted
 
     def answers_exactly_the_call(self, event: Input, effects: list[Effect]) -> None:
         answers = [e for e in effects if isinstance(e, Reply | Reject)]

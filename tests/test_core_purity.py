@@ -201,6 +201,7 @@ def _value_for(field_name: str) -> object:
         "message": "no",
         "device_id": "a",
         "healthy": True,
+        "wanted": True,
         "level": "info",
         "event": "e",
         "container_path": "/dev/x",

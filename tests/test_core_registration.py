@@ -20,6 +20,7 @@ from dp_core import (
     ConnectionOpened,
     EndStream,
     HostObserved,
+    HostSnapshot,
     KubeletStarted,
     KubeletStopped,
     Log,
@@ -30,6 +31,7 @@ from dp_core import (
     RefreshAllocations,
     Register,
     RegistrationFailed,
+    RegistrationsSettled,
     RegistrationSucceeded,
     Reject,
     Reply,
@@ -658,6 +660,76 @@ def test_kubelet_stopped_holds_registration_until_started() -> None:
     for now in (2.0, 10.0, 100.0):
         assert registers(node.handle(Tick(now))) == []
     assert registers(node.handle(KubeletStarted(101.0))) == [(A, 2)]
+
+
+def settled(effects: list[object]) -> int:
+    return len([e for e in effects if isinstance(e, RegistrationsSettled)])
+
+
+def test_the_shell_is_told_once_each_time_every_registration_has_settled() -> None:
+    """`RegistrationsSettled` comes with the input that makes the last
+    resource live again, after a kubelet start, a lost connection or a
+    failed Register, and with no other input: the shell collects what a
+    storm of Registers left, once it is over."""
+    node = StandardNode(gpu_config(shared_devices=()), timing=Timing(backoff=Backoff(first=1.0)))
+    table: list[tuple[object, int]] = [
+        (HostObserved(two_gpus_and_vfs(), 0.0), 0),  # A and B wait for a kubelet
+        (KubeletStarted(0.0), 0),  # A registers
+        (AllocationsObserved({}, 0.0), 0),
+        (ConnectionOpened(1, 0.1), 0),
+        (OptionsRequested(1, 1, 0.1), 0),  # A's dial: B registers
+        (RegistrationSucceeded(A, 1, 0.2), 0),  # A live, B not yet
+        (ConnectionOpened(2, 0.3), 0),
+        (OptionsRequested(2, 2, 0.3), 0),
+        (RegistrationSucceeded(B, 2, 0.4), 1),  # both live
+        (WatchStarted(2, 100, 0.5), 0),
+        (Tick(5.0), 0),
+        (ConnectionClosed(1, 6.0), 0),  # A lost: it registers again
+        (RegistrationFailed(A, 3, "refused", 6.1), 0),  # and backs off 2 s
+        (Tick(7.1), 0),
+        (Tick(8.1), 0),  # A registers again
+        (ConnectionOpened(3, 8.2), 0),
+        (OptionsRequested(3, 3, 8.2), 0),
+        (RegistrationSucceeded(A, 4, 8.3), 1),  # both live again
+        (Tick(9.0), 0),
+        (KubeletStarted(10.0), 0),  # a kubelet restart: everything registers again
+        (ConnectionOpened(4, 10.1), 0),
+        (OptionsRequested(4, 4, 10.1), 0),
+        (RegistrationSucceeded(A, 5, 10.2), 0),
+        (ConnectionOpened(5, 10.3), 0),
+        (OptionsRequested(5, 5, 10.3), 0),
+        (RegistrationSucceeded(B, 6, 10.4), 1),
+        (AllocationsObserved({}, 11.0), 0),
+    ]
+    for event, expected in table:
+        assert settled(node.handle(event)) == expected, event  # type: ignore[arg-type]
+    assert set(node.device_plugin.registrar.phases().values()) == {Phase.LIVE}
+
+
+def test_a_node_with_nothing_to_register_never_says_it_settled() -> None:
+    node = StandardNode(Config(shared_devices=()))
+    effects = node.handle(HostObserved(HostSnapshot(), 0.0))
+    effects += node.handle(KubeletStarted(0.1))
+    effects += node.handle(Tick(5.0))
+    assert node.device_plugin.resource_names() == ()
+    assert settled(effects) == 0
+
+
+def test_monitoring_reads_a_view_taken_at_one_moment() -> None:
+    node, _ = started_node()  # A registering, B waiting its turn
+    before = node.device_plugin.view()
+    assert before.phases == ((A, Phase.REGISTERING), (B, Phase.WAITING))
+    assert before.resources == (A, B)
+    assert before.cdi_problem == ""  # no CDI
+    make_live(node, A, 1, connection=1, now=0.1)
+    make_live(node, B, 2, connection=2, now=0.2)
+    assert node.device_plugin.view().phases == ((A, Phase.LIVE), (B, Phase.LIVE))
+    # A value: what was taken before does not follow the front end.
+    assert before.phases == ((A, Phase.REGISTERING), (B, Phase.WAITING))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        before.phases = ()  # type: ignore[misc]
+    with pytest.raises(ValueError, match="two phases"):
+        attrs.evolve(before, phases=((A, Phase.LIVE), (A, Phase.WAITING)))
 
 
 def test_per_resource_mode_registers_everything_at_once() -> None:

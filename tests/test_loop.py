@@ -96,16 +96,13 @@ def test_a_call_gets_its_own_answer() -> None:
 
 
 def test_lost_connections_are_collected_once_the_registrations_settle() -> None:
+    """When they settle is the core's to say, once per storm (`RegistrationsSettled`;
+    tests/test_deviceplugin_wiring.py follows one through the wiring)."""
     scheduled: list[tuple[float, typing.Callable[[], None]]] = []
     policy = CollectionPolicy(schedule=lambda delay, call: scheduled.append((delay, call)))
-    policy.after_input(settled=True)  # nothing was registering
-    policy.registering()
-    policy.after_input(settled=False)  # still registering: not yet
     assert scheduled == []
-    policy.after_input(settled=True)
-    assert scheduled == [(1.0, gc.collect)]
-    policy.after_input(settled=True)  # once per storm
-    assert scheduled == [(1.0, gc.collect)]
+    policy.registrations_settled()
+    assert scheduled == [(1.0, gc.collect)]  # a second later: off the last Register's path
     policy.after_kubelet_left()  # at once, before the kubelet is back
     assert scheduled[1:] == [(0, gc.collect)]
 

@@ -5,7 +5,8 @@
 registration and one-socket attribution, through the table of registration
 phases in `phases`; `calls` the answers to the kubelet's calls; `allocations`
 its holds on the ledger; `sync` whether PodResources can be trusted yet;
-`checkpoint` what the kubelet's own checkpoint says.
+`checkpoint` what the kubelet's own checkpoint says; `notices` what the
+shell hears of its state by change, and `view` what monitoring reads of it.
 """
 
 from .allocations import Allocation, AllocationBook, UnlistedHold, allocation_log
@@ -24,9 +25,11 @@ from .effects import (
     DevicePluginEffect,
     EndStream,
     HealthChanged,
+    KubeletCheckpointWanted,
     Publish,
     RefreshAllocations,
     Register,
+    RegistrationsSettled,
     Reject,
     Reply,
 )
@@ -53,6 +56,7 @@ from .inputs import (
 from .preferred import preferred_devices
 from .registration import Phase, Registrar, SocketMode
 from .sync import SyncPhase
+from .view import DevicePluginView
 
 __all__ = [
     "NAME_MAX",
@@ -72,10 +76,12 @@ __all__ = [
     "DevicePluginEffect",
     "DevicePluginFrontend",
     "DevicePluginInput",
+    "DevicePluginView",
     "EndStream",
     "HealthChanged",
     "KubeletCheckpoint",
     "KubeletCheckpointObserved",
+    "KubeletCheckpointWanted",
     "KubeletStarted",
     "KubeletStopped",
     "OptionsRequested",
@@ -91,6 +97,7 @@ __all__ = [
     "Registrar",
     "RegistrationFailed",
     "RegistrationSucceeded",
+    "RegistrationsSettled",
     "Reject",
     "Reply",
     "SocketMode",

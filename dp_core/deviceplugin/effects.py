@@ -13,9 +13,11 @@ __all__ = [
     "DevicePluginEffect",
     "EndStream",
     "HealthChanged",
+    "KubeletCheckpointWanted",
     "Publish",
     "RefreshAllocations",
     "Register",
+    "RegistrationsSettled",
     "Reject",
     "Reply",
 ]
@@ -89,6 +91,24 @@ class RefreshAllocations:
     reason: str
 
 
+@attrs.frozen
+class RegistrationsSettled:
+    """Every resource is registered and has its connection again, after some
+    had not: the Registers asked for since have all settled. Sent once per
+    such change (`notices`), with the input that made the last one live; a
+    node without resources sends none."""
+
+
+@attrs.frozen
+class KubeletCheckpointWanted:
+    """Whether to read the kubelet's checkpoint again each time it is written,
+    and feed it (`KubeletCheckpointObserved`): while the kubelet syncs its pods
+    and a write could still change what is held (`sync`). Sent when it
+    changes; until the first, it is not wanted."""
+
+    wanted: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+
+
 DevicePluginEffect = (
     Register
     | AttributeConnection
@@ -98,4 +118,6 @@ DevicePluginEffect = (
     | Reject
     | HealthChanged
     | RefreshAllocations
+    | RegistrationsSettled
+    | KubeletCheckpointWanted
 )

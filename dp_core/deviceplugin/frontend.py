@@ -56,10 +56,12 @@ from .inputs import (
 )
 from .lists import Change, DeviceLists
 from .metrics import families
+from .notices import Notices
 from .polls import HeldPolls
 from .registration import Registrar, SocketMode
 from .sync import KubeletSync
 from .tally import RPC_METHODS, RpcTally
+from .view import DevicePluginView
 from .watches import Watches
 
 __all__ = ["DevicePluginFrontend", "DevicePluginEffects"]
@@ -120,6 +122,7 @@ class DevicePluginFrontend:
         self.cdi = CdiKeeper() if cdi else None
         self.tally = RpcTally()
         self.watches = Watches()  # the ListAndWatch streams
+        self._notices = Notices()  # what the shell hears of its state, by change
 
     # -- as a front end ----------------------------------------------------------
 
@@ -176,7 +179,8 @@ class DevicePluginFrontend:
     def due(self, now: float) -> Effects:
         effects: Effects = [*self.sync.poll_due(now), *self.polls.due(now)]
         effects.extend(self._start_due_registrations(now))
-        return effects
+        settled, wanted = self.registrar.settled(), self.sync.wants_checkpoint
+        return effects + self._notices.changed(settled=settled, checkpoint_wanted=wanted)
 
     def next_deadline(self) -> float | None:
         deadlines = (self.registrar.next_deadline(), self.sync.next_poll, self.polls.next_at())
@@ -187,12 +191,11 @@ class DevicePluginFrontend:
 
     # -- what it exposes ---------------------------------------------------------
 
-    @property
-    def wants_kubelet_checkpoint(self) -> bool:
-        """Whether the shell should read the kubelet's checkpoint again when
-        it changes (`KubeletCheckpointObserved`): while the kubelet syncs and
-        something it wrote could matter (`KubeletSync.wants_checkpoint`)."""
-        return self.sync.wants_checkpoint
+    def view(self) -> DevicePluginView:
+        """What monitoring reads of it, as a value that does not change under it."""
+        phases = sorted(self.registrar.phases().items())
+        problem = self.cdi.problem if self.cdi is not None else ""
+        return DevicePluginView(phases, self.resource_names(), problem)
 
     @property
     def offered(self) -> Inventory:

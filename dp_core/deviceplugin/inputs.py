@@ -61,7 +61,7 @@ class KubeletStarted:
 
 @attrs.frozen
 class KubeletCheckpointObserved:
-    """The kubelet wrote its checkpoint again (`DevicePluginFrontend.wants_kubelet_checkpoint`)."""
+    """The kubelet wrote its checkpoint again, while `KubeletCheckpointWanted` said so."""
 
     checkpoint: KubeletCheckpoint
     now: float

@@ -7,7 +7,9 @@ core's `DevicePluginFrontend`, then wires it onto the loop: it registers the
 handler of each of the front end's effects, serves the device plugin's calls
 through `Loop.call` (`NodeCalls`), and follows the kubelet
 (`KubeletFollower`), whose connections and restarts it feeds to the core.
-What is served is the core's decision; nothing here decides.
+What is served is the core's decision; nothing here decides. It learns of
+the core only through its effects, and monitoring through the frozen view
+the core hands out (`DevicePluginFrontend.view`).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from dp_core import (
     EndStream,
     HealthChanged,
     KubeletCheckpointObserved,
+    KubeletCheckpointWanted,
     Ledger,
     MetricFamily,
     Phase,
     Publish,
     RefreshAllocations,
     Register,
+    RegistrationsSettled,
     Reject,
     Reply,
     SocketMode,
@@ -73,18 +77,21 @@ class DevicePluginRuntime:
         self.socket_mode = settings.socket_mode
         self.plugin_dir = Path(settings.device_plugin_dir)
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
-        prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
+        # Chosen here, told to the core for its Register effects, and kept for
+        # the one socket of single-socket mode, made before any Register.
+        self._prefix = settings.endpoint_prefix or f"dp-{os.urandom(3).hex()}"
         self.frontend = DevicePluginFrontend(
             ledger,
             settings.timing,
             socket_mode=settings.socket_mode,
-            endpoint_prefix=prefix,
-            endpoint_max_length=socket_name_room(settings.device_plugin_dir, prefix),
+            endpoint_prefix=self._prefix,
+            endpoint_max_length=socket_name_room(settings.device_plugin_dir, self._prefix),
             cdi=settings.cdi_spec_dir is not None,
             pod_resources_interval=settings.pod_resources_interval,
         )
         self._core = self.frontend
         self._checkpoint = CheckpointFile(self.plugin_dir)
+        self._checkpoint_wanted = False  # as the core last said (KubeletCheckpointWanted)
         self._streams = Streams()
         self._pods = PodResourcesPoller(
             settings.pod_resources_socket, settings.pod_resources_min_gap
@@ -132,8 +139,9 @@ class DevicePluginRuntime:
         loop.on(CdiSpecsChanged, self._keep_cdi_specs)
         loop.on(AttributeConnection, self._log_attribution)
         loop.on(HealthChanged, _nothing)  # logged through the Log effect that comes with it
+        loop.on(RegistrationsSettled, self._registrations_settled)
+        loop.on(KubeletCheckpointWanted, self._checkpoint_wanted_changed)
         loop.answers(Reply, Reject)
-        loop.after_input(lambda: memory.after_input(self._core.registrar.settled()))
 
     def timers(self) -> Sequence[Timer]:
         """PodResources polls, as the core asks for them (`RefreshAllocations`),
@@ -180,7 +188,7 @@ class DevicePluginRuntime:
     async def start(self) -> None:
         """In single-socket mode, listen on the one socket before any Register."""
         if self._present and self.socket_mode is SocketMode.SINGLE:
-            await self._sockets.ensure(endpoint_name(self._core.endpoint_prefix, None), None)
+            await self._sockets.ensure(endpoint_name(self._prefix, None), None)
 
     async def restore(self) -> None:
         """Listen again on sockets the kubelet deleted (PluginDirectoryLost if it
@@ -189,7 +197,7 @@ class DevicePluginRuntime:
         given; until kubelet.sock is there, keep looking for it."""
         await self._sockets.restore()
         self.kubelet.probe()
-        if self._core.wants_kubelet_checkpoint and self._checkpoint.changed():
+        if self._checkpoint_wanted and self._checkpoint.changed():
             self._loop.feed(KubeletCheckpointObserved(self._checkpoint.read(), self._loop.now()))
         if not self.kubelet.present:
             self.kubelet.follow(fast=False)
@@ -206,11 +214,11 @@ class DevicePluginRuntime:
     # -- what monitoring reads --------------------------------------------------------
 
     def readiness(self) -> Readiness:
-        phases = self._core.registrar.phases()
-        pending = sorted(name for name, phase in phases.items() if phase is not Phase.LIVE)
+        phases = self._core.view().phases
+        pending = [(name, phase) for name, phase in phases if phase is not Phase.LIVE]
         if not pending:
             return Readiness(True, f"{len(phases)} resources")
-        shown = ", ".join(f"{name} ({phases[name].value})" for name in pending[:8])
+        shown = ", ".join(f"{name} ({phase.value})" for name, phase in pending[:8])
         more = f" and {len(pending) - 8} more" if len(pending) > 8 else ""
         return Readiness(
             False, f"{len(pending)} of {len(phases)} resources not registered: {shown}{more}"
@@ -219,15 +227,15 @@ class DevicePluginRuntime:
     def remarks(self) -> Sequence[str]:
         # CDI specs that cannot be written do not fail /healthz: a restart would
         # not make the directory writable, and Allocate works without them.
-        cdi = self._core.cdi
-        return (f"CDI specs not in place: {cdi.problem}",) if cdi and cdi.problem else ()
+        problem = self._core.view().cdi_problem
+        return (f"CDI specs not in place: {problem}",) if problem else ()
 
     def families(self) -> Iterable[MetricFamily]:
         return ()  # the core front end's are all there is (`dp_core.collect`)
 
     def serving(self) -> Mapping[str, object]:
         return {
-            "resources": len(self._core.resource_names()),
+            "resources": len(self._core.view().resources),
             "directory": str(self.plugin_dir),
             "sockets": ", ".join(p.name for p in self.socket_paths) or "none yet",
         }
@@ -260,9 +268,14 @@ class DevicePluginRuntime:
         self._streams.end(effect.stream, effect.reason)
 
     def _register(self, effect: Register) -> None:
-        self._memory.registering()
         if not self._stopping():
             self._spawn(self._registers.call(effect))
+
+    def _registrations_settled(self, effect: RegistrationsSettled) -> None:
+        self._memory.registrations_settled()
+
+    def _checkpoint_wanted_changed(self, effect: KubeletCheckpointWanted) -> None:
+        self._checkpoint_wanted = effect.wanted
 
     def _refresh_allocations(self, effect: RefreshAllocations) -> None:
         self._pods.request(self._loop.now())

@@ -37,25 +37,17 @@ class CollectionPolicy:
     def __init__(self, schedule: Schedule = _call_later) -> None:
         self._schedule = schedule
         self._scanned = False
-        self._registering = False
         self._collection_pending = False  # the one after a rescan
 
-    def registering(self) -> None:
-        """The core asked for a Register."""
-        self._registering = True
+    def registrations_settled(self) -> None:
+        """Every resource is registered again, after some were not (the core's
+        `RegistrationsSettled`: once per storm of Registers, after a closed
+        connection, failed Registers or a kubelet restart).
 
-    def after_input(self, settled: bool) -> None:
-        """The core handled an input; `settled`: every resource is registered
-        (or waiting out a backoff).
-
-        Once the Registers asked for since the last collection have settled
-        (after a closed connection, or failed Registers), collect what the lost
-        connections left, a second later: off the path of the last
-        registrations, once the storm is over.
+        Collect what the lost connections left, a second later: off the path
+        of the last registrations, once the storm is over.
         """
-        if self._registering and settled:
-            self._registering = False
-            self._schedule(_AFTER_REGISTRATIONS, gc.collect)
+        self._schedule(_AFTER_REGISTRATIONS, gc.collect)
 
     @contextlib.contextmanager
     def scanning(self) -> Iterator[None]:
