@@ -1,6 +1,6 @@
 """The loop's core: every effect the core can emit has exactly one handler,
-an input that arises while effects run is fed after them (never nested), and
-a call gets its own answer."""
+an input that arises while effects run is fed after them (never nested), a
+call gets its own answer, and a call is made or resumed only between inputs."""
 
 from __future__ import annotations
 
@@ -93,6 +93,24 @@ def test_a_call_gets_its_own_answer() -> None:
     # A call is answered once: the next one gets its own.
     again = loop.call(lambda call: OptionsRequested(8, call, 1.0))
     assert isinstance(again, Reject) and again.call == answer.call + 1
+
+
+def test_a_call_is_neither_made_nor_resumed_while_an_input_is_handled() -> None:
+    refused: list[str] = []
+
+    def record(effect: object) -> None:
+        if isinstance(effect, Log) and not refused:
+            for attempt in (
+                lambda: loop.call(lambda call: OptionsRequested(7, call, 1.0)),
+                lambda: loop.resume(1, OptionsRequested(7, 1, 1.0)),
+            ):
+                with pytest.raises(RuntimeError) as error:
+                    attempt()
+                refused.append(str(error.value))
+
+    loop = _loop(record)
+    loop.feed(HostObserved(HostSnapshot(dev_nodes={"/dev/kvm"}), 1.0))
+    assert refused == ["a call cannot be made or resumed while an input is being handled"] * 2
 
 
 def test_lost_connections_are_collected_once_the_registrations_settle() -> None:
