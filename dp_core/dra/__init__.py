@@ -1,7 +1,8 @@
 """The DRA front end (docs/design.md §10): ResourceSlices and
 NodePrepareResources for every resource labelled `dra`, on the same ledger.
 
-`frontend` holds its state and handles its inputs; `pool` what the node's
+`frontend` holds its state and handles its inputs; `lifecycle` a claim's
+life on the node (prepared, its files, unprepared); `pool` what the node's
 pool offers; `names` its devices' names and attributes; `claims`, `prepared`
 and `metadata` what a claim is, what it was prepared with and what its
 containers are given; `watch` what the kubelet's health streams are sent;
