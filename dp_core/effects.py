@@ -29,6 +29,7 @@ from .dra.effects import (
     DraEffect,
     PoolChanged,
     PublishHealth,
+    ReadClaim,
 )
 from .log import Log
 
@@ -49,6 +50,7 @@ __all__ = [
     "PoolChanged",
     "Publish",
     "PublishHealth",
+    "ReadClaim",
     "RefreshAllocations",
     "Register",
     "Reject",

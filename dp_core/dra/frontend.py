@@ -1,7 +1,7 @@
 """The DRA front end: its devices, its prepared claims and its pool.
 
 It shares the node's one ledger with the device-plugin front end: the life
-of its claims (`lifecycle`: prepared, their files, unprepared) holds
+of its claims (`lifecycle`: read, prepared, their files, unprepared) holds
 and frees the IOMMU groups of their devices there, so a claim can never
 take a group a device-plugin allocation holds, nor the other way round.
 
@@ -126,6 +126,12 @@ class DraFrontend:
             ),
             family(
                 "gauge",
+                "dp_dra_claim_reads_waiting",
+                "Prepare calls waiting for their claim to be read from the API server.",
+                [(driver, self._claims.reads_waiting())],
+            ),
+            family(
+                "gauge",
                 "dp_dra_devices",
                 "Devices in the driver's pool (a whole IOMMU group's device counts once).",
                 [(driver, len(self.offer.devices()))],
@@ -182,9 +188,6 @@ class DraFrontend:
     def prepared(self) -> tuple[PreparedClaim, ...]:
         """Every prepared claim, sorted by UID: the checkpoint."""
         return self._claims.prepared()
-
-    def is_prepared(self, uid: str) -> bool:
-        return self._claims.is_prepared(uid)
 
     def holds(self) -> tuple[ClaimHold, ...]:
         """Every prepared claim's hold on the ledger."""
