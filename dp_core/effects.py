@@ -31,6 +31,7 @@ from .dra.effects import (
     DraEffect,
     PoolChanged,
     PublishHealth,
+    ReadClaim,
 )
 from .log import Log
 
@@ -52,6 +53,7 @@ __all__ = [
     "PoolChanged",
     "Publish",
     "PublishHealth",
+    "ReadClaim",
     "RefreshAllocations",
     "Register",
     "RegistrationsSettled",

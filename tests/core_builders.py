@@ -9,8 +9,12 @@ import attrs
 from hypothesis import strategies as st
 
 from dp_core import (
+    AllocatedDevice,
     AllocateRequested,
     AllocationsObserved,
+    ClaimPrepareRequested,
+    ClaimRead,
+    ClaimRef,
     Config,
     ConnectionClosed,
     ConnectionOpened,
@@ -36,6 +40,7 @@ from dp_core import (
     PermittedHostDevices,
     PreferredAllocationRequested,
     PreStartRequested,
+    ReadClaim,
     Register,
     RegistrationFailed,
     RegistrationSucceeded,
@@ -177,6 +182,25 @@ def one(effects: Iterable[Effect], kind: type[E]) -> E:
 
 def without_logs(effects: Iterable[Effect]) -> list[Effect]:
     return [effect for effect in effects if not isinstance(effect, Log)]
+
+
+def prepare_claim(
+    node: StandardNode,
+    call: int,
+    claim: ClaimRef,
+    results: Iterable[AllocatedDevice],
+    now: float,
+    *,
+    pod_claim_name: str | None = None,
+    extended_resources: Iterable[tuple[str, str]] = (),
+) -> list[Effect]:
+    """NodePrepareResources for `claim`, its read (`results`) fed when the node
+    asks for it: the effects of both inputs, in order."""
+    effects = node.handle(ClaimPrepareRequested(call, claim, now))
+    if effects_of(effects, ReadClaim) == [ReadClaim(call, claim)]:
+        read = ClaimRead(call, results, now, pod_claim_name, extended_resources)  # type: ignore[arg-type]
+        effects += node.handle(read)
+    return effects
 
 
 def started_node(

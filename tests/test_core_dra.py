@@ -31,14 +31,17 @@ from dp_core.dra.effects import (
     ClaimsChanged,
     ClaimUnprepared,
     PoolChanged,
+    ReadClaim,
 )
 from dp_core.dra.inputs import (
     AllocatedDevice,
     ClaimFilesRemoved,
     ClaimFilesWritten,
     ClaimPrepareRequested,
+    ClaimRead,
     ClaimsRecalled,
     ClaimUnprepareRequested,
+    ClaimUnreadable,
     DraFeaturesObserved,
 )
 from dp_core.dra.metadata import prepared_devices, request_metadata
@@ -46,7 +49,17 @@ from dp_core.dra.names import attribute_name_error, mdev_device_name, pci_device
 from dp_core.dra.pool_content import PoolContent, Version
 from dp_core.effects import HealthChanged, Log
 
-from core_builders import AUDIO, GPU, GPU_RESOURCE, Kubelet, effects_of, one, pci, snapshot
+from core_builders import (
+    AUDIO,
+    GPU,
+    GPU_RESOURCE,
+    Kubelet,
+    effects_of,
+    one,
+    pci,
+    prepare_claim,
+    snapshot,
+)
 
 DRIVER = "vfio.dp.example.com"
 NODE = "worker-1"
@@ -110,7 +123,7 @@ def prepare(
     now: float = 1.0,
 ):
     results = [AllocatedDevice(f"req{i}", DRIVER, pool, name) for i, name in enumerate(devices)]
-    return node.handle(ClaimPrepareRequested(call, claim, results, now))
+    return prepare_claim(node, call, claim, results, now)
 
 
 def unprepare(node: StandardNode, claim: ClaimRef, call: int = 2, now: float = 2.0):
@@ -599,6 +612,118 @@ def test_a_files_report_for_a_call_that_asked_for_none_is_the_shells_mistake(
         node.handle(ClaimFilesRemoved(3))  # it waits for its files to be written
 
 
+def read(call: int, *devices: str, now: float = 1.5) -> ClaimRead:
+    results = [AllocatedDevice(f"req{i}", DRIVER, NODE, name) for i, name in enumerate(devices)]
+    return ClaimRead(call, results, now)
+
+
+def reads_waiting(node: StandardNode) -> float:
+    (gauge,) = [f for f in node.dra.metrics() if f.name == "dp_dra_claim_reads_waiting"]
+    (sample,) = gauge.samples
+    return sample.value
+
+
+def test_a_claim_not_prepared_is_read_first_and_nothing_is_held_meanwhile() -> None:
+    node, _ = started()
+    assert node.handle(ClaimPrepareRequested(7, CLAIM_A, 1.0)) == [ReadClaim(7, CLAIM_A)]
+    assert node.ledger.held() == {} and node.dra.prepared() == ()
+    assert reads_waiting(node) == 1
+    effects = node.handle(read(7, "pci-0000-af-00-0"))
+    prepared = one(effects, ClaimPrepared).prepared
+    assert (prepared.claim, prepared.groups) == (CLAIM_A, (20,))
+    assert one(effects, ClaimsChanged).prepared == (prepared,)
+    assert reads_waiting(node) == 0
+    assert node.handle(ClaimFilesWritten(7)) == [
+        ClaimAnswered(7, CLAIM_A, prepared_devices(DRIVER, prepared))
+    ]
+
+
+def test_a_claim_prepared_already_is_answered_without_a_read() -> None:
+    node, _ = started()
+    prepared = one(prepare(node, CLAIM_A, "pci-0000-af-00-0", call=7), ClaimPrepared).prepared
+    node.handle(ClaimFilesWritten(7))
+    # The API server may be away: the node answers from what it holds.
+    assert node.handle(ClaimPrepareRequested(8, CLAIM_A, 2.0)) == [ClaimPrepared(8, prepared)]
+    assert node.handle(ClaimFilesWritten(8)) == [
+        ClaimAnswered(8, CLAIM_A, prepared_devices(DRIVER, prepared))
+    ]
+
+
+def test_a_claim_that_could_not_be_read_is_refused_by_the_core_and_nothing_is_released() -> None:
+    node, _ = started()
+    prepare(node, CLAIM_A, "pci-0000-af-00-0", call=1)
+    node.handle(ClaimFilesWritten(1))
+    node.handle(ClaimPrepareRequested(2, CLAIM_B, 2.0))
+    problem = "cannot read claim vms/vm-b (UID uid-b): the API server is unavailable"
+    effects = node.handle(ClaimUnreadable(2, problem))
+    assert effects == [
+        ClaimRefused(2, CLAIM_B, problem, "ClaimUnreadable"),
+        Log.warning("claim-refused", claim="vms/vm-b", uid="uid-b", reason=problem),
+    ]
+    assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
+    assert [p.claim for p in node.dra.prepared()] == [CLAIM_A]
+    assert reads_waiting(node) == 0
+
+
+def test_a_claim_that_could_not_be_read_needs_the_reason() -> None:
+    with pytest.raises(ValueError, match="needs the problem it met"):
+        ClaimUnreadable(1, "")
+
+
+def test_reads_continued_in_another_order_than_asked_are_judged_in_theirs() -> None:
+    """Two claims on one IOMMU group: the one whose read is handed over first
+    gets the group, whichever was asked for first."""
+    node, _ = started(config(audio_frontend="dra"))
+    node.handle(ClaimPrepareRequested(1, CLAIM_A, 1.0))
+    node.handle(ClaimPrepareRequested(2, CLAIM_B, 1.0))
+    assert reads_waiting(node) == 2
+    assert effects_of(node.handle(read(2, "pci-0000-3b-00-1")), ClaimPrepared)
+    refused = one(node.handle(read(1, "pci-0000-3b-00-0")), ClaimRefused)
+    assert (refused.call, refused.claim, refused.reason) == (1, CLAIM_A, "IOMMUGroupHeld")
+    assert "held by claim vms/vm-b (UID uid-b)" in refused.error
+    assert node.ledger.holder(10).claim == CLAIM_B  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "second",
+    [read(2, "pci-0000-3b-00-0"), ClaimUnreadable(2, "cannot read claim vms/vm-a: timed out")],
+    ids=["read", "unreadable"],
+)
+def test_a_claim_prepared_by_another_call_while_it_was_read_is_answered_from_what_is_held(
+    second: ClaimRead | ClaimUnreadable,
+) -> None:
+    """The kubelet asked twice (its first call timed out): the second read is
+    not needed, whatever it says, and the claim is not this call's to let go."""
+    node, _ = started()
+    node.handle(ClaimPrepareRequested(1, CLAIM_A, 1.0))
+    node.handle(ClaimPrepareRequested(2, CLAIM_A, 1.0))
+    prepared = one(node.handle(read(1, "pci-0000-af-00-0")), ClaimPrepared).prepared
+    assert node.handle(second) == [ClaimPrepared(2, prepared)]
+    (answer,) = node.handle(ClaimFilesWritten(2, "read-only file system"))
+    assert answer.error.endswith("its CDI files could not be written: read-only file system")
+    assert node.dra.prepared() == (prepared,)
+    assert node.handle(ClaimFilesWritten(1)) == [
+        ClaimAnswered(1, CLAIM_A, prepared_devices(DRIVER, prepared))
+    ]
+
+
+@pytest.mark.parametrize(
+    "report",
+    [read(3, "pci-0000-af-00-0"), ClaimUnreadable(3, "cannot read claim")],
+    ids=["read", "unreadable"],
+)
+def test_a_read_for_a_call_that_waits_for_none_is_the_shells_mistake(report: object) -> None:
+    node, _ = started()
+    with pytest.raises(UsageError, match="call 3, which waits for no such report"):
+        node.handle(report)  # type: ignore[arg-type]
+    node.handle(ClaimPrepareRequested(3, CLAIM_A, 1.5))
+    with pytest.raises(UsageError, match="ClaimFilesWritten for call 3"):
+        node.handle(ClaimFilesWritten(3))  # it waits for its read
+    node.handle(report)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="call 3, which waits for no such report"):
+        node.handle(report)  # type: ignore[arg-type]  # once only
+
+
 def test_a_claim_that_would_split_a_group_is_refused_naming_the_holder() -> None:
     node, _ = started(config(audio_frontend="dra"))
     prepare(node, CLAIM_A, "pci-0000-3b-00-0")
@@ -702,7 +827,7 @@ def test_unknown_device_or_other_pool_is_refused_and_nothing_is_released(
 ) -> None:
     node, _ = started()
     prepare(node, CLAIM_A, "pci-0000-af-00-0")
-    effects = node.handle(ClaimPrepareRequested(3, CLAIM_B, results, 2.0))
+    effects = prepare_claim(node, 3, CLAIM_B, results, 2.0)
     assert one(effects, ClaimRefused).error == error
     assert node.ledger.holder(20).claim == CLAIM_A  # type: ignore[union-attr]
 
@@ -713,7 +838,7 @@ def test_other_drivers_results_are_not_ours() -> None:
         AllocatedDevice("gpu", DRIVER, NODE, "pci-0000-3b-00-0"),
         AllocatedDevice("net", "sriov.example.com", "elsewhere", "vf-1"),
     ]
-    prepared = one(node.handle(ClaimPrepareRequested(1, CLAIM_A, results, 1.0)), ClaimPrepared)
+    prepared = one(prepare_claim(node, 1, CLAIM_A, results, 1.0), ClaimPrepared)
     assert [d.name for d in prepared.prepared.devices] == ["pci-0000-3b-00-0"]
 
 
@@ -771,7 +896,7 @@ def test_cdi_ids_and_metadata_for_a_prepared_claim() -> None:
         AllocatedDevice("vgpu/small", DRIVER, NODE, f"mdev-{VGPU_UUID}"),
     ]
     prepared = one(
-        node.handle(ClaimPrepareRequested(1, claim, results, 1.0, pod_claim_name="gpus")),
+        prepare_claim(node, 1, claim, results, 1.0, pod_claim_name="gpus"),
         ClaimPrepared,
     ).prepared
     answer = prepared_devices(DRIVER, prepared)

@@ -35,7 +35,7 @@ from dp_core.dra.health_watch import device_health
 from dp_core.dra.inputs import AllocatedDevice, ClaimPrepareRequested, ClaimUnprepareRequested
 from dp_core.effects import Effect, Log
 
-from core_builders import AUDIO, GPU, GPU_RESOURCE, effects_of, pci, snapshot
+from core_builders import AUDIO, GPU, GPU_RESOURCE, effects_of, pci, prepare_claim, snapshot
 
 DRIVER = "vfio.dp.example.com"
 NODE = "worker-1"
@@ -230,7 +230,7 @@ def test_a_change_is_logged_once_and_the_reason_is_the_message() -> None:
 
 def prepare(node: StandardNode, *devices: str, now: float = 2.0) -> list[Effect]:
     results = [AllocatedDevice(f"req{i}", DRIVER, NODE, name) for i, name in enumerate(devices)]
-    return node.handle(ClaimPrepareRequested(1, CLAIM, results, now))
+    return prepare_claim(node, 1, CLAIM, results, now)
 
 
 # A device a prepared claim holds that is offered no longer: (what happens, its health).
@@ -361,12 +361,15 @@ def test_every_open_stream_holds_the_current_health_and_is_never_overdue(
             event = Tick(now)
         elif kind == "prepare" and not prepared:
             results = [AllocatedDevice("r", DRIVER, NODE, step[1])]  # type: ignore[arg-type]
-            event = ClaimPrepareRequested(1, CLAIM, results, now)
+            event = ClaimPrepareRequested(1, CLAIM, now)
         elif kind == "unprepare" and prepared:
             event = ClaimUnprepareRequested(2, CLAIM, now)
         else:
             continue
-        effects = node.handle(event)  # type: ignore[arg-type]
+        if isinstance(event, ClaimPrepareRequested):  # and its read, which the node asks for
+            effects = prepare_claim(node, event.call, event.claim, results, now)
+        else:
+            effects = node.handle(event)  # type: ignore[arg-type]
         if isinstance(event, ClaimPrepareRequested):
             prepared = not any(isinstance(e, ClaimRefused) for e in effects)
         elif isinstance(event, ClaimUnprepareRequested):

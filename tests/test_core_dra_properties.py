@@ -1,7 +1,9 @@
 """Both front ends on one ledger, driven at random (hypothesis).
 
 Random interleavings of DRA prepare and unprepare, the shell's reports on the
-claims' files (written or not, removed or not, in any order), device-plugin
+claims' reads (read or not, handed back in any order, another call's claim
+prepared meanwhile) and on their files (written or not, removed or not, in
+any order), device-plugin
 Allocates, PodResources answers that release pods, health changes (a group's
 node gone and back) and restarts (a new Node given the checkpoint and what
 pods hold) over generated hosts. Invariants: no IOMMU group is ever held by
@@ -47,14 +49,17 @@ from dp_core.dra.effects import (
     ClaimRefused,
     ClaimsChanged,
     ClaimUnprepared,
+    ReadClaim,
 )
 from dp_core.dra.inputs import (
     AllocatedDevice,
     ClaimFilesRemoved,
     ClaimFilesWritten,
     ClaimPrepareRequested,
+    ClaimRead,
     ClaimsRecalled,
     ClaimUnprepareRequested,
+    ClaimUnreadable,
 )
 from dp_core.dra.metadata import prepared_devices
 from dp_core.dra.pool import PoolOptions, pool_content
@@ -88,20 +93,23 @@ def split_configs(draw: st.DrawFn) -> Config:
     return Config(PermittedHostDevices(pci_entries, mdevs), shared_devices=(), dra=Dra(DRIVER))
 
 
-# A Prepare or Unprepare is answered only after the shell's report on the
-# claim's files: `ClaimPrepared` and `ClaimUnprepared` each open a wait that
-# `ClaimFilesWritten` or `ClaimFilesRemoved` for the same call closes. `Calls`
-# keeps which calls wait for which report, checks each input's call effects
-# against it, and knows which calls were answered, refused or lost with dp.
-CALL_EFFECTS = (ClaimPrepared, ClaimUnprepared, ClaimAnswered, ClaimRefused)
+# A Prepare or Unprepare is answered only after the shell's reports: a
+# Prepare of a claim not prepared yet waits for its read (`ReadClaim`, closed
+# by `ClaimRead` or `ClaimUnreadable`), and `ClaimPrepared` and
+# `ClaimUnprepared` each open a wait that `ClaimFilesWritten` or
+# `ClaimFilesRemoved` for the same call closes. `Calls` keeps which calls wait
+# for which report, checks each input's call effects against it, and knows
+# which calls were answered or lost with dp.
+CALL_EFFECTS = (ReadClaim, ClaimPrepared, ClaimUnprepared, ClaimAnswered, ClaimRefused)
+REPORTS = ("read", "written", "removed")  # what a call may wait for
 
 
 @attrs.frozen
 class Waiting:
-    """A call that waits for the shell's report on its claim's files."""
+    """A call that waits for the shell's report on its claim."""
 
     claim: ClaimRef
-    removing: bool  # waits for ClaimFilesRemoved (else ClaimFilesWritten)
+    wait: str  # one of REPORTS
     fresh: bool = False  # the call prepared the claim: a failed write lets it go
     written: str = ""  # the problem its files could not be written for, answered once removed
 
@@ -113,10 +121,12 @@ class Calls:
         self.driver = driver
         self.last = 0
         self.waiting: dict[int, Waiting] = {}
-        self.answered: dict[int, bool] = {}  # call -> the kind of report it was answered on
-        self.refused: set[int] = set()
+        self.answered: dict[int, str] = {}  # call -> the kind of report it was answered on
+        self.refused: set[int] = set()  # answered on their read with ClaimRefused
         self.lost: set[int] = set()  # waiting when dp restarted: the kubelet's calls died with it
-        self.opened: set[int] = set()  # every call that got ClaimPrepared or ClaimUnprepared
+        self.opened: set[int] = (
+            set()
+        )  # every call that got ReadClaim, ClaimPrepared or ClaimUnprepared
 
     def new(self) -> int:
         self.last += 1
@@ -126,18 +136,18 @@ class Calls:
         self.lost.update(self.waiting)
         self.waiting.clear()
 
-    def strays(self) -> dict[str, list[tuple[int, bool]]]:
-        """Reports, as (call, removing), that wait for no report of their kind, by
-        why: the report a call was answered on, again; the other kind of report
-        than a call waits for; any report for a call refused, lost with dp or
-        never made."""
+    def strays(self) -> dict[str, list[tuple[int, str]]]:
+        """Reports, as (call, kind), that wait for no report of their kind, by
+        why: any report for a call answered (the one it was answered on, again,
+        or another); another kind of report than a call waits for; any report
+        for a call lost with dp or never made."""
         return {
-            "again": sorted(self.answered.items()),
-            "other kind": sorted((c, not w.removing) for c, w in self.waiting.items()),
+            "answered": [(call, kind) for call in sorted(self.answered) for kind in REPORTS],
+            "other kind": sorted(
+                (c, kind) for c, w in self.waiting.items() for kind in REPORTS if kind != w.wait
+            ),
             "no wait": [
-                (call, removing)
-                for call in sorted({*self.refused, *self.lost, self.last + 1})
-                for removing in (False, True)
+                (call, kind) for call in sorted({*self.lost, self.last + 1}) for kind in REPORTS
             ],
         }
 
@@ -147,7 +157,7 @@ class Calls:
         assert not waiting & answered and not waiting & self.lost
         assert not answered & self.lost
         assert self.opened == waiting | answered | self.lost
-        assert not self.refused & self.opened, "a refused call waits for nothing"
+        assert self.refused <= {c for c, kind in self.answered.items() if kind == "read"}
 
     def observe(
         self,
@@ -163,15 +173,17 @@ class Calls:
         calls = [e for e in effects if isinstance(e, CALL_EFFECTS)]
         if isinstance(event, ClaimPrepareRequested):
             self._prepare(event, calls, before, after)
+        elif isinstance(event, ClaimRead | ClaimUnreadable):
+            self._read(event, calls, before, after)
         elif isinstance(event, ClaimUnprepareRequested):
             uid = event.claim.uid
             assert calls == [ClaimUnprepared(event.call, event.claim, before.get(uid))]
             assert uid not in after
-            self._open(event.call, Waiting(event.claim, removing=True))
+            self._open(event.call, Waiting(event.claim, "removed"))
         elif isinstance(event, ClaimFilesWritten):
             self._written(event, calls, before, after)
         elif isinstance(event, ClaimFilesRemoved):
-            waiting = self._close(event.call, removing=True)
+            waiting = self._close(event.call, "removed")
             claim = waiting.claim
             assert len(calls) == 1, calls
             (answer,) = calls
@@ -186,7 +198,7 @@ class Calls:
             else:
                 assert answer.error == ""
             assert after == before  # it was let go when its files were asked to go
-            self.answered[event.call] = True
+            self.answered[event.call] = "removed"
         else:
             assert calls == [], f"{type(event).__name__} answered calls: {calls}"
 
@@ -197,21 +209,46 @@ class Calls:
         before: Mapping[str, PreparedClaim],
         after: Mapping[str, PreparedClaim],
     ) -> None:
+        """A claim prepared already goes to its files; any other is read first."""
+        uid = event.claim.uid
+        assert after == before  # nothing is held before the claim is read
+        if uid in before:  # idempotent: the same answer, and no read
+            assert calls == [ClaimPrepared(event.call, before[uid])], calls
+            hypothesis.event("prepare: again, unread")
+            self._open(event.call, Waiting(event.claim, "written"))
+            return
+        assert calls == [ReadClaim(event.call, event.claim)], calls
+        self._open(event.call, Waiting(event.claim, "read"))
+
+    def _read(
+        self,
+        event: ClaimRead | ClaimUnreadable,
+        calls: list[object],
+        before: Mapping[str, PreparedClaim],
+        after: Mapping[str, PreparedClaim],
+    ) -> None:
+        waiting = self._close(event.call, "read")
+        claim, uid = waiting.claim, waiting.claim.uid
+        read = "read" if isinstance(event, ClaimRead) else "unreadable"
         assert len(calls) == 1, calls
         (effect,) = calls
-        uid = event.claim.uid
         if isinstance(effect, ClaimRefused):
-            assert (effect.call, effect.claim) == (event.call, event.claim)
-            assert after == before  # nothing held is released, nothing new held
-            hypothesis.event("prepare: refused")
+            assert (effect.call, effect.claim) == (event.call, claim)
+            if isinstance(event, ClaimUnreadable):  # the shell's reason, as it stands
+                assert (effect.error, effect.reason) == (event.problem, "ClaimUnreadable")
+            assert uid not in before and after == before  # nothing held is released
+            hypothesis.event(f"{read}: refused")
+            self.answered[event.call] = "read"
             self.refused.add(event.call)
             return
         assert isinstance(effect, ClaimPrepared) and effect.call == event.call, calls
-        assert effect.prepared.claim == event.claim and after.get(uid) == effect.prepared
-        if uid in before:  # idempotent: the same answer, whatever it asks now
+        assert effect.prepared.claim == claim and after.get(uid) == effect.prepared
+        if uid in before:  # prepared by another call while read: what is held, read or not
             assert effect.prepared == before[uid] and after == before
-        hypothesis.event(f"prepare: {'again' if uid in before else 'fresh'}")
-        self._open(event.call, Waiting(event.claim, removing=False, fresh=uid not in before))
+        else:
+            assert isinstance(event, ClaimRead), "an unread claim is never prepared"
+        hypothesis.event(f"{read}: {'prepared meanwhile' if uid in before else 'fresh'}")
+        self.waiting[event.call] = Waiting(claim, "written", fresh=uid not in before)
 
     def _written(
         self,
@@ -220,7 +257,7 @@ class Calls:
         before: Mapping[str, PreparedClaim],
         after: Mapping[str, PreparedClaim],
     ) -> None:
-        waiting = self._close(event.call, removing=False)
+        waiting = self._close(event.call, "written")
         claim, uid = waiting.claim, waiting.claim.uid
         how = "fresh" if waiting.fresh else "again"
         hypothesis.event(f"written: {'failed' if event.problem else 'ok'}, {how}")
@@ -228,7 +265,7 @@ class Calls:
             # Nothing stays held for a claim the kubelet is told failed.
             assert calls == [ClaimUnprepared(event.call, claim, before.get(uid))], calls
             assert uid not in after
-            self.waiting[event.call] = Waiting(claim, removing=True, written=event.problem)
+            self.waiting[event.call] = Waiting(claim, "removed", written=event.problem)
             return
         assert len(calls) == 1, calls
         (answer,) = calls
@@ -245,16 +282,16 @@ class Calls:
                 event.call, claim, prepared_devices(self.driver, after[uid])
             )
         assert after == before
-        self.answered[event.call] = False
+        self.answered[event.call] = "written"
 
     def _open(self, call: int, waiting: Waiting) -> None:
-        assert call not in self.opened and call not in self.refused, f"call {call} made twice"
+        assert call not in self.opened, f"call {call} made twice"
         self.opened.add(call)
         self.waiting[call] = waiting
 
-    def _close(self, call: int, *, removing: bool) -> Waiting:
+    def _close(self, call: int, wait: str) -> Waiting:
         waiting = self.waiting.pop(call)  # the machine reports only a call that waits
-        assert waiting.removing is removing
+        assert waiting.wait == wait
         assert call not in self.answered, f"call {call} answered twice"
         return waiting
 
@@ -308,7 +345,7 @@ def check_released(unprepared: ClaimUnprepared, dra: DraFrontend, ledger: Ledger
     """A claim let go (unprepared, or its fresh files failed) is not prepared,
     holds nothing, and the groups it held are free."""
     claim = unprepared.claim
-    assert not dra.is_prepared(claim.uid)
+    assert claim not in [p.claim for p in dra.prepared()]
     assert all(getattr(h, "claim", None) != claim for h in ledger.held().values())
     if unprepared.prepared is not None:
         for group in unprepared.prepared.groups:
@@ -398,19 +435,37 @@ class World:
             check_released(unprepared, self.dra, self.ledger)
         return effects
 
-    def report(self, call: int, problem: str) -> None:
-        """The shell's report on call `call`'s files."""
-        waiting = self.calls.waiting[call]
-        if waiting.removing:
-            self.feed(ClaimFilesRemoved(call, problem))
+    def report(self, call: int, data: st.DataObject) -> None:
+        """The shell's report on call `call`'s claim: its read, or its files."""
+        wait = self.calls.waiting[call].wait
+        if wait == "read":
+            self.read(call, data)
+        elif wait == "removed":
+            self.feed(ClaimFilesRemoved(call, data.draw(PROBLEMS)))
+        else:
+            self.feed(ClaimFilesWritten(call, data.draw(PROBLEMS)))
+
+    def read(self, call: int, data: st.DataObject) -> None:
+        """Hand the claim of call `call` back as read: mostly healthy devices,
+        so that most claims get prepared; now and then any device, or one not
+        offered, to be refused; now and then a claim that cannot be read."""
+        reads = sorted(c for c, w in self.calls.waiting.items() if w.wait == "read")
+        hypothesis.event(f"read: {'in' if call == reads[0] else 'out of'} the order asked")
+        if data.draw(st.integers(0, 4)) == 0:
+            self.feed(ClaimUnreadable(call, f"cannot read claim {call}: the API server is away"))
             return
-        self.feed(ClaimFilesWritten(call, problem))
+        names = [d.name for d in self.dra.devices() if d.advertised.healthy]
+        if not names or data.draw(st.integers(0, 3)) == 0:
+            names = [d.name for d in self.dra.devices()] + ["pci-0000-ff-00-0"]
+        chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True))
+        results = [AllocatedDevice(f"r{i}", DRIVER, NODE, n) for i, n in enumerate(chosen)]
+        self.feed(ClaimRead(call, results, self.now))
 
     def drain(self, data: st.DataObject) -> None:
-        """Report every call's files, in any order, until none waits."""
+        """Report every call's read and files, in any order, until none waits."""
         while self.calls.waiting:
             call = data.draw(st.sampled_from(sorted(self.calls.waiting)))
-            self.report(call, data.draw(PROBLEMS))
+            self.report(call, data)
             self.check()
         assert self.calls.opened == set(self.calls.answered) | self.calls.lost
 
@@ -431,6 +486,8 @@ class World:
 ACTIONS = [
     "prepare",
     "prepare",
+    "read",
+    "read",
     "written",
     "written",
     "written",
@@ -469,22 +526,22 @@ def test_no_group_has_two_holders_no_call_is_left_waiting_and_a_restart_rebuilds
         world.tick()
         dra = world.dra
         if action == "prepare":
-            claim = data.draw(st.sampled_from(CLAIMS))
-            # Mostly healthy devices, so that most claims get prepared; now
-            # and then any device, or one not offered, to be refused.
-            names = [d.name for d in dra.devices() if d.advertised.healthy]
-            if not names or data.draw(st.integers(0, 3)) == 0:
-                names = [d.name for d in dra.devices()] + ["pci-0000-ff-00-0"]
-            chosen = data.draw(
-                st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)
+            # Now and then a claim prepared or being read already: the kubelet
+            # asks again (a retry, a second pod), and reads overlap.
+            busy = sorted(
+                {p.claim for p in dra.prepared()} | {w.claim for w in calls.waiting.values()},
+                key=lambda c: c.uid,
             )
-            results = [AllocatedDevice(f"r{i}", DRIVER, NODE, n) for i, n in enumerate(chosen)]
-            world.feed(ClaimPrepareRequested(calls.new(), claim, results, world.now))
-        elif action in ("written", "removed"):
-            waiting = [c for c, w in calls.waiting.items() if w.removing is (action == "removed")]
+            claims = busy if busy and data.draw(st.booleans()) else CLAIMS
+            claim = data.draw(st.sampled_from(claims))
+            world.feed(ClaimPrepareRequested(calls.new(), claim, world.now))
+        elif action in ("read", "written", "removed"):
+            # Any call that waits, not the one asked first: the shell reads
+            # claims at once and each read may come back in any order.
+            waiting = [c for c, w in calls.waiting.items() if w.wait == action]
             if not waiting:
                 continue
-            world.report(data.draw(st.sampled_from(waiting)), data.draw(PROBLEMS))
+            world.report(data.draw(st.sampled_from(waiting)), data)
         elif action == "unprepare":
             claim = data.draw(st.sampled_from(CLAIMS))
             world.feed(ClaimUnprepareRequested(calls.new(), claim, world.now))
@@ -493,9 +550,14 @@ def test_no_group_has_two_holders_no_call_is_left_waiting_and_a_restart_rebuilds
             # and changes nothing: a call answered is never answered again.
             strays = {why: pairs for why, pairs in calls.strays().items() if pairs}
             why = data.draw(st.sampled_from(sorted(strays)))
-            call, removing = data.draw(st.sampled_from(strays[why]))
-            hypothesis.event(f"stray report: {why}")
-            report = ClaimFilesRemoved(call) if removing else ClaimFilesWritten(call)
+            call, kind = data.draw(st.sampled_from(strays[why]))
+            hypothesis.event(f"stray report: {why}, {kind}")
+            report: object = ClaimFilesRemoved(call)
+            if kind == "read":
+                read = ClaimRead(call, (), world.now)
+                report = data.draw(st.sampled_from([read, ClaimUnreadable(call, "cannot read")]))
+            elif kind == "written":
+                report = ClaimFilesWritten(call)
             before = (dra.prepared(), dict(world.ledger.held()))
             with pytest.raises(UsageError, match=f"call {call}, which waits for no such report"):
                 world.node.handle(report)

@@ -13,12 +13,12 @@ from dp_core.cdi.claims import claim_request_device_id, claim_spec
 from dp_core.dra.claims import ClaimRef
 from dp_core.dra.effects import ClaimPrepared
 from dp_core.dra.extended import RequestEnv, request_envs
-from dp_core.dra.inputs import AllocatedDevice, ClaimPrepareRequested
+from dp_core.dra.inputs import AllocatedDevice
 from dp_core.dra.metadata import prepared_devices
 from dp_core.dra.prepared import PreparedClaim
 from dp_core.inventory.edits import DeviceSpec
 
-from core_builders import one
+from core_builders import one, prepare_claim
 
 T4 = "nvidia.com/TU104GL_Tesla_T4"
 CLAIM = ClaimRef(
@@ -29,8 +29,8 @@ CLAIM = ClaimRef(
 def prepared(results: list[tuple[str, str]], extended: list[tuple[str, str]]) -> PreparedClaim:
     node, _ = started(config(audio_frontend="dra"))
     allocated = [AllocatedDevice(r, DRIVER, NODE, d) for r, d in results]
-    event = ClaimPrepareRequested(1, CLAIM, allocated, 1.0, extended_resources=extended)
-    return one(node.handle(event), ClaimPrepared).prepared
+    effects = prepare_claim(node, 1, CLAIM, allocated, 1.0, extended_resources=extended)
+    return one(effects, ClaimPrepared).prepared
 
 
 @pytest.mark.parametrize(

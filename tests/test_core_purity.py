@@ -212,7 +212,7 @@ def _value_for(field_name: str) -> object:
         "error": None,
         "checkpoint": dp_core.KubeletCheckpoint(),
         "in_place": (),
-        "problem": "",
+        "problem": "it failed",
         "moves": (),
         "claim": dp_core.ClaimRef("default", "uid-1", "vm"),
         "results": (),

@@ -28,7 +28,7 @@ from dp_server.config.loader import parse_config
 from dp_server.monitoring.probes import runtime_families, runtime_readiness
 from dp_server.runtime.runtime import Runtime
 from dp_testing.apiserver import ApiServerEmulator, Device, Scheduler
-from dp_testing.dra_kubelet import Claim, DraKubeletEmulator, PrepareResult
+from dp_testing.dra_kubelet import Claim, DraCallError, DraKubeletEmulator, PrepareResult
 from tests.cdi_reader import read_spec, resolve
 from tests.e2e_harness import Harness
 
@@ -306,11 +306,28 @@ def _claim_with_status(dra: Dra, name: str, status: Any) -> Claim:
     return Claim("default", created["metadata"]["uid"], name)
 
 
+def reads_waiting(runtime: Runtime) -> float:
+    """What the core says of the Prepare calls waiting for their claim's read."""
+    families = {f.name: f for f in runtime_families(runtime)}
+    (sample,) = families["dp_dra_claim_reads_waiting"].samples
+    return sample.value
+
+
+def refusals_logged(caplog: pytest.LogCaptureFixture) -> dict[str, str]:
+    """The reason of each claim-refused line, by claim UID."""
+    return {
+        r.dp_fields["uid"]: r.dp_fields["reason"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.getMessage() == "claim-refused"
+    }
+
+
 async def test_a_claim_with_a_malformed_status_fails_alone_and_releases_nothing(
-    dra: Dra,
+    dra: Dra, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each malformed claim gets its own error naming what is wrong; the good
     claim in the same request is prepared, and a group held before stays held."""
+    caplog.set_level(logging.INFO, logger="dp")
     await serving(dra)
     held = dra.claim("nvme-a", ("disk", NVME_A))
     assert (await dra.prepare(held))[held.uid].error == ""
@@ -331,6 +348,14 @@ async def test_a_claim_with_a_malformed_status_fails_alone_and_releases_nothing(
     assert "default/not-a-list" in results[not_a_list.uid].error
     assert "no status.allocation.devices.results" in results[unallocated.uid].error
     assert results[good.uid].error == "" and results[good.uid].devices
+    # Refused by the core, as any claim is (claim-refused), with the shell's
+    # reason as it stands; and no Event: a claim that could not be read may
+    # be gone, or another claim of that name by now.
+    refusals = refusals_logged(caplog)
+    for claim in (no_device, not_a_list, unallocated):
+        assert refusals[claim.uid] == results[claim.uid].error
+    await asyncio.sleep(0.2)
+    assert dra.api.store.objects("events", "default") == []
     # Nothing held was let go: the NVMe pair's group is still the first claim's.
     nvme_b = dra.claim("nvme-b", ("disk", NVME_B))
     assert "default/nvme-a" in (await dra.prepare(nvme_b))[nvme_b.uid].error
@@ -366,6 +391,39 @@ async def test_the_api_server_down_at_start_holds_up_nothing_and_gets_its_slices
     await dra.start_api()
     await until(lambda: {GPU_A, NVME_A, NVME_B} <= dra.pool(), timeout=15)
     assert (await dra.prepare(gpu))[gpu.uid].error == ""
+
+
+async def test_a_prepare_the_kubelet_gives_up_on_while_its_claims_are_read_leaves_nothing_waiting(
+    dra: Dra, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet's NodePrepareResources has a deadline, which a slow API
+    server can outlast. The node asked for the claims to be read; the call's
+    end ends those waits too (nobody would ever hand the reads back), and
+    the kubelet's next call prepares the claims."""
+    caplog.set_level(logging.INFO, logger="dp")
+    runtime = await serving(dra)
+    claims = [dra.claim("vm-gpu", ("gpu", GPU_A)), dra.claim("nvme-a", ("disk", NVME_A))]
+    timeout, dra.kubelet.call_timeout = dra.kubelet.call_timeout, 1.0
+    dra.api.delay = 3.0  # before every answer
+    prepare = asyncio.create_task(dra.prepare(*claims))
+    await until(lambda: reads_waiting(runtime) == 2)
+    with pytest.raises(DraCallError) as gave_up:
+        await prepare
+    assert gave_up.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    await until(lambda: reads_waiting(runtime) == 0)
+    refusals = refusals_logged(caplog)
+    for claim in claims:
+        assert refusals[claim.uid] == (
+            f"cannot read claim default/{claim.name} (UID {claim.uid}): "
+            "the call was cancelled while it was read"
+        )
+    assert not (dra.state / "claims.json").exists()  # nothing was prepared
+    dra.api.delay, dra.kubelet.call_timeout = 0.0, timeout
+    replies = await dra.prepare(*claims)
+    assert [replies[c.uid].error for c in claims] == ["", ""]
+    assert reads_waiting(runtime) == 0
+    await asyncio.sleep(0.2)
+    assert dra.api.store.objects("events", "default") == []  # none for a claim never read
 
 
 async def test_readiness_waits_for_the_kubelet_to_register_the_driver(dra: Dra) -> None:
@@ -785,3 +843,24 @@ async def test_a_requests_claims_are_read_at_once_and_prepared_in_the_kubelets_o
     assert [replies[c.uid].error for c in claims[:3]] == ["", "", ""]
     assert "IOMMU group 93" in replies[claims[3].uid].error
     assert took < 2.5, f"4 claims, 1 s per read: {took:.2f} s is one read after another"
+
+
+async def test_two_calls_for_one_claim_read_at_once_get_one_preparation(
+    dra: Dra, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet asks again while the first call's read is under way (its
+    retry after a deadline, a second pod of the claim): both calls wait for
+    a read, the first read back prepares the claim, and the other call is
+    answered from what is held."""
+    caplog.set_level(logging.INFO, logger="dp")
+    runtime = await serving(dra)
+    gpu = dra.claim("vm-gpu", ("gpu", GPU_A))
+    dra.api.delay = 0.5  # before every answer
+    calls = [asyncio.create_task(dra.prepare(gpu)) for _ in range(2)]
+    await until(lambda: reads_waiting(runtime) == 2)
+    first, second = await asyncio.gather(*calls)
+    dra.api.delay = 0.0
+    assert first[gpu.uid].error == "" and first[gpu.uid].devices
+    assert second == first
+    assert [r.getMessage() for r in caplog.records].count("claim-prepared") == 1
+    assert reads_waiting(runtime) == 0

@@ -41,12 +41,19 @@ DRIVER = "vfio.dp.example.com"
 
 
 class FakePreparer:
-    """Prepares any claim whose name does not start with "bad"; "crash" raises."""
+    """Prepares any claim whose name does not start with "bad"; "crash" raises;
+    "slow" is never answered, as under an API server that never answers."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ClaimRef]] = []
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
+        if any(claim.name == "slow" for claim in claims):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.calls.extend(("cancelled", claim) for claim in claims)
+                raise
         outcomes: list[PrepareOutcome | Exception] = []
         for claim in claims:
             try:
@@ -210,6 +217,21 @@ async def test_each_claim_gets_its_own_answer_and_one_failure_fails_only_itself(
         ("unprepare", ClaimRef("ns", "u-good", "vm-a")),
         ("unprepare", ClaimRef("ns", "u-bad", "bad-split")),
     ]
+
+
+async def test_a_call_the_kubelet_gives_up_on_is_cancelled_in_the_preparer(
+    served: tuple[DraEndpoints, FakePreparer], kubelet: DraKubeletEmulator
+) -> None:
+    """The kubelet's deadline reaches the preparer as its task cancelled, so
+    that what it began for the call (the claims' reads, the node's waits for
+    them) can end with it."""
+    _, preparer = served
+    await registered(kubelet)
+    kubelet.call_timeout = 0.5
+    with pytest.raises(DraCallError) as gave_up:
+        await asyncio.to_thread(kubelet.prepare, DRIVER, [Claim("ns", "u-slow", "slow")])
+    assert gave_up.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    await until(lambda: ("cancelled", ClaimRef("ns", "u-slow", "slow")) in preparer.calls)
 
 
 async def test_both_api_versions_are_served_with_the_same_answers(

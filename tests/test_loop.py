@@ -1,6 +1,6 @@
 """The loop's core: every effect the core can emit has exactly one handler,
-an input that arises while effects run is fed after them (never nested), and
-a call gets its own answer."""
+an input that arises while effects run is fed after them (never nested), a
+call gets its own answer, and a call the core continues gets its next one."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from pathlib import Path
 import pytest
 
 from dp_core import (
+    ClaimPrepareRequested,
+    ClaimRef,
+    ClaimRefused,
+    ClaimUnreadable,
     Config,
     Effect,
     HostObserved,
     HostSnapshot,
     Log,
     OptionsRequested,
+    ReadClaim,
     Reject,
     Reply,
     SharedDevice,
@@ -93,6 +98,42 @@ def test_a_call_gets_its_own_answer() -> None:
     # A call is answered once: the next one gets its own.
     again = loop.call(lambda call: OptionsRequested(8, call, 1.0))
     assert isinstance(again, Reject) and again.call == answer.call + 1
+
+
+def test_a_continued_call_is_resumed_under_its_number_and_gets_its_next_answer() -> None:
+    loop = Loop(StandardNode(Config(dra=Dra("vfio.dp.example.com")), node_name="node-a"))
+    answers = (ReadClaim, ClaimRefused)
+    for kind in typing.get_args(Effect):
+        if kind not in answers:
+            loop.on(kind, lambda effect: None)
+    loop.answers(*answers)
+    claims = [ClaimRef("vms", f"uid-{i}", f"vm-{i}") for i in range(2)]
+    asks = [loop.call(lambda call, c=c: ClaimPrepareRequested(call, c, 1.0)) for c in claims]
+    assert asks == [ReadClaim(asks[0].call, claims[0]), ReadClaim(asks[0].call + 1, claims[1])]
+    # The second call first: each continues its own call, in any order.
+    for ask in reversed(asks):
+        answer = loop.resume(ask.call, ClaimUnreadable(ask.call, f"cannot read {ask.claim.name}"))
+        assert answer == ClaimRefused(
+            ask.call, ask.claim, f"cannot read {ask.claim.name}", "ClaimUnreadable"
+        )
+
+
+def test_a_call_is_neither_made_nor_resumed_while_an_input_is_handled() -> None:
+    refused: list[str] = []
+
+    def record(effect: object) -> None:
+        if isinstance(effect, Log) and not refused:
+            for attempt in (
+                lambda: loop.call(lambda call: OptionsRequested(7, call, 1.0)),
+                lambda: loop.resume(1, OptionsRequested(7, 1, 1.0)),
+            ):
+                with pytest.raises(RuntimeError) as error:
+                    attempt()
+                refused.append(str(error.value))
+
+    loop = _loop(record)
+    loop.feed(HostObserved(HostSnapshot(dev_nodes={"/dev/kvm"}), 1.0))
+    assert refused == ["a call cannot be made or resumed while an input is being handled"] * 2
 
 
 def test_lost_connections_are_collected_once_the_registrations_settle() -> None:

@@ -25,11 +25,11 @@ from dp_core import (
 from dp_core.config import Dra
 from dp_core.dra.claims import ClaimRef
 from dp_core.dra.effects import ClaimPrepared, ClaimRefused, PoolChanged
-from dp_core.dra.inputs import AllocatedDevice, ClaimPrepareRequested
+from dp_core.dra.inputs import AllocatedDevice
 from dp_core.effects import HealthChanged
 from dp_server.runtime.frontends import FRONTENDS
 
-from core_builders import AUDIO, GPU, GPU_RESOURCE, effects_of, one, pci, snapshot
+from core_builders import AUDIO, GPU, GPU_RESOURCE, effects_of, one, pci, prepare_claim, snapshot
 from e2e_harness import GPU as FIXTURE_GPU
 from e2e_harness import Harness
 from static_frontend import (
@@ -84,7 +84,7 @@ def three() -> tuple[StandardNode, StaticFrontend]:
 
 def prepare(node: StandardNode, device: str, now: float):
     results = [AllocatedDevice("gpu", DRIVER, NODE, device)]
-    return node.handle(ClaimPrepareRequested(1, CLAIM, results, now))
+    return prepare_claim(node, 1, CLAIM, results, now)
 
 
 def audio(node: StandardNode):

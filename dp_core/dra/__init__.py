@@ -1,8 +1,9 @@
 """The DRA front end (docs/design.md §10): ResourceSlices and
 NodePrepareResources for every resource labelled `dra`, on the same ledger.
 
-`frontend` holds its state and handles its inputs; `pool` what the node's
-pool offers; `names` its devices' names and attributes; `claims`, `prepared`
+`frontend` holds its state and handles its inputs; `lifecycle` a claim's
+life on the node (read, prepared, its files, unprepared); `pool` what the
+node's pool offers; `names` its devices' names and attributes; `claims`, `prepared`
 and `metadata` what a claim is, what it was prepared with and what its
 containers are given; `watch` what the kubelet's health streams are sent;
 `features` which DRA features the pool uses; `slices` a pool's content as values.
@@ -19,6 +20,7 @@ from .effects import (
     DraEffect,
     PoolChanged,
     PublishHealth,
+    ReadClaim,
 )
 from .extended import EXTENDED_RESOURCE_CLAIM_ANNOTATION, request_envs
 from .frontend import DraFrontend
@@ -28,8 +30,10 @@ from .inputs import (
     ClaimFilesRemoved,
     ClaimFilesWritten,
     ClaimPrepareRequested,
+    ClaimRead,
     ClaimsRecalled,
     ClaimUnprepareRequested,
+    ClaimUnreadable,
     DraFeaturesObserved,
     DraInput,
     HealthWatchEnded,
@@ -79,10 +83,12 @@ __all__ = [
     "ClaimHold",
     "ClaimPrepareRequested",
     "ClaimPrepared",
+    "ClaimRead",
     "ClaimRef",
     "ClaimRefused",
     "ClaimUnprepareRequested",
     "ClaimUnprepared",
+    "ClaimUnreadable",
     "ClaimsChanged",
     "ClaimsRecalled",
     "DeviceHealth",
@@ -99,5 +105,6 @@ __all__ = [
     "PreparedClaim",
     "PreparedDevice",
     "PublishHealth",
+    "ReadClaim",
     "dra_catalogue",
 ]

@@ -18,7 +18,19 @@ __all__ = [
     "DraEffect",
     "PoolChanged",
     "PublishHealth",
+    "ReadClaim",
 ]
+
+
+@attrs.frozen
+class ReadClaim:
+    """Call `call` waits for `claim` to be read from the API server: its
+    allocation (`ClaimRead`) or why it cannot be had (`ClaimUnreadable`),
+    fed with the same `call`. The core asks only for a claim it has not
+    prepared."""
+
+    call: int
+    claim: ClaimRef
 
 
 @attrs.frozen
@@ -37,8 +49,8 @@ class ClaimRefused:
     """Answer call `call` for `claim` with `error` in its own entry; nothing was held.
 
     `reason` says why in one CamelCase word, as a Kubernetes Event's reason:
-    `IOMMUGroupHeld`, `DeviceUnhealthy`, `DeviceNotOffered`, `OtherPool` or
-    `DriverOff`.
+    `IOMMUGroupHeld`, `DeviceUnhealthy`, `DeviceNotOffered`, `OtherPool`,
+    `DriverOff`, or `ClaimUnreadable` (the shell could not read the claim).
     """
 
     call: int
@@ -102,7 +114,8 @@ class PublishHealth:
 
 
 DraEffect = (
-    ClaimPrepared
+    ReadClaim
+    | ClaimPrepared
     | ClaimRefused
     | ClaimUnprepared
     | ClaimAnswered

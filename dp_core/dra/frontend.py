@@ -1,39 +1,20 @@
 """The DRA front end: its devices, its prepared claims and its pool.
 
-It shares the node's one ledger with the device-plugin front end: preparing
-a claim holds the IOMMU groups of its devices there (`ClaimHold`), so a claim
-can never take a group a device-plugin allocation holds, nor the other way
-round; unpreparing frees them at once. What it prepared is reported as the
-checkpoint (`ClaimsChanged`) and taken back at start (`ClaimsRecalled`), so
-a restarted dp holds the same groups and an Unprepare for a claim deleted
-from the API meanwhile still frees its group.
-
-A claim is answered once its files are in place: `ClaimPrepared` asks the
-shell to write its CDI specs and metadata, and the shell's report
-(`ClaimFilesWritten`) is answered with `ClaimAnswered`, the devices and their
-CDI IDs. A claim prepared by that call whose files could not be written is
-released again (nothing may stay held for a claim the kubelet is told
-failed), its files removed, and then answered with the error. Unpreparing
-likewise: `ClaimUnprepared` (the groups are free at once), the shell's
-`ClaimFilesRemoved`, then `ClaimAnswered`.
+It shares the node's one ledger with the device-plugin front end: the life
+of its claims (`lifecycle`: read, prepared, their files, unprepared) holds
+and frees the IOMMU groups of their devices there, so a claim can never
+take a group a device-plugin allocation holds, nor the other way round.
 
 It also keeps the kubelet's health streams (`watch`): the health of every
 device is worked out again after each change of the catalogue or of the
 prepared claims, and sent to every stream when it changed. Which DRA
 features the pool uses is `features`.
-
-A claim the core cannot prepare (a device it does not offer, another node's
-pool, a group held elsewhere) is the peer's problem and gets `ClaimRefused`
-with a message naming what; nothing held is released. `UsageError` is kept
-for the shell's mistakes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
-
-import attrs
 
 from ..config.config import DRA, FrontendName
 from ..errors import UsageError
@@ -42,29 +23,13 @@ from ..inventory.resources import Inventory
 from ..ledger import Ledger
 from ..log import Log
 from ..metric import MetricFamily, family
-from .claims import ClaimHold, ClaimRef
-from .effects import (
-    ClaimAnswered,
-    ClaimPrepared,
-    ClaimRefused,
-    ClaimsChanged,
-    ClaimUnprepared,
-    DraEffect,
-)
+from .claims import ClaimHold
+from .effects import DraEffect
 from .features import Features
 from .health_watch import HealthWatch
-from .inputs import (
-    ClaimFilesRemoved,
-    ClaimFilesWritten,
-    ClaimPrepareRequested,
-    ClaimsRecalled,
-    ClaimUnprepareRequested,
-    DraFeaturesObserved,
-    HealthWatchEnded,
-    HealthWatchStarted,
-)
-from .metadata import prepared_devices
-from .offer import Offer, Refusal
+from .inputs import DraFeaturesObserved, HealthWatchEnded, HealthWatchStarted
+from .lifecycle import ClaimLifecycle
+from .offer import Offer
 from .pool import DraDevice
 from .pool_content import PoolContent
 from .prepared import PreparedClaim
@@ -75,24 +40,6 @@ __all__ = ["DraEffects", "DraFrontend"]
 DraEffects = DraEffect | Log
 Effects = list[DraEffects]
 Done = Outcome[DraEffects]
-
-
-@attrs.frozen
-class _Waiting:
-    """A call waiting for the shell's report on its claim's files."""
-
-    claim: ClaimRef
-    removing: bool  # a removal's report (else a write's)
-    fresh: bool = False  # prepared by this call: released if its files cannot be written
-    error: str = ""  # its answer, decided already (a failed write, its files being removed)
-
-
-def _claim_name(prepared: PreparedClaim) -> str:
-    return f"{prepared.claim.namespace}/{prepared.claim.name}"
-
-
-def _show(claim: ClaimRef) -> str:
-    return f"{claim.namespace}/{claim.name} (UID {claim.uid})"
 
 
 class DraFrontend:
@@ -116,8 +63,7 @@ class DraFrontend:
             device_taints=device_taints,
             health_resend=health_resend,
         )
-        self._prepared: dict[str, PreparedClaim] = {}
-        self._waiting: dict[int, _Waiting] = {}  # by call
+        self._claims = ClaimLifecycle(ledger, self.offer, self._clock)
 
     # -- as a front end ----------------------------------------------------------
 
@@ -131,11 +77,7 @@ class DraFrontend:
 
     def handlers(self) -> Mapping[type, Handler[DraEffects]]:
         steps: dict[type, Callable[[Any], Done]] = {
-            ClaimPrepareRequested: self._prepare,
-            ClaimFilesWritten: self._files_written,
-            ClaimUnprepareRequested: self._unprepare,
-            ClaimFilesRemoved: self._files_removed,
-            ClaimsRecalled: self._recalled,
+            **self._claims.steps(),
             DraFeaturesObserved: self._features_observed,
             HealthWatchStarted: self._health_watch_started,
             HealthWatchEnded: self._health_watch_ended,
@@ -146,7 +88,7 @@ class DraFrontend:
         """Take its devices from the inventory again (after a scan or a config)."""
         self._clock.now = world.now
         config = world.config
-        prepared = self._prepared.values()
+        prepared = self._claims.held()
         if config.dra is None or config.permitted_host_devices is None:
             off = self.offer.rebuild(None, Inventory(), world.snapshot, None, world.now, prepared)
             return Outcome(tuple(off))
@@ -180,7 +122,13 @@ class DraFrontend:
                 "gauge",
                 "dp_dra_prepared_claims",
                 "Claims prepared on this node and not unprepared since.",
-                [(driver, len(self._prepared))],
+                [(driver, len(self._claims.held()))],
+            ),
+            family(
+                "gauge",
+                "dp_dra_claim_reads_waiting",
+                "Prepare calls waiting for their claim to be read from the API server.",
+                [(driver, self._claims.reads_waiting())],
             ),
             family(
                 "gauge",
@@ -239,148 +187,8 @@ class DraFrontend:
 
     def prepared(self) -> tuple[PreparedClaim, ...]:
         """Every prepared claim, sorted by UID: the checkpoint."""
-        return tuple(self._prepared[uid] for uid in sorted(self._prepared))
-
-    def is_prepared(self, uid: str) -> bool:
-        return uid in self._prepared
+        return self._claims.prepared()
 
     def holds(self) -> tuple[ClaimHold, ...]:
         """Every prepared claim's hold on the ledger."""
         return tuple(h for h in self._ledger.holders() if isinstance(h, ClaimHold))
-
-    def _prepare(self, event: ClaimPrepareRequested) -> Done:
-        """Prepare one claim: hold its groups and ask for its files (`ClaimPrepared`)."""
-        claim = event.claim
-        known = self._prepared.get(claim.uid)
-        if known is not None:
-            self._waiting[event.call] = _Waiting(claim, removing=False)
-            return Outcome((ClaimPrepared(event.call, known),))
-        try:
-            devices = self.offer.claim_devices(event.results)
-        except Refusal as refusal:
-            message = str(refusal)
-            return Outcome.of(
-                [
-                    ClaimRefused(event.call, claim, message, refusal.reason),
-                    Log.warning(
-                        "claim-refused",
-                        claim=f"{claim.namespace}/{claim.name}",
-                        uid=claim.uid,
-                        reason=message,
-                    ),
-                ]
-            )
-        prepared = PreparedClaim(claim, devices, event.pod_claim_name, event.extended_resources)
-        names = tuple(device.name for device in devices)
-        hold = ClaimHold(claim, names, prepared.groups)
-        self._ledger.hold(hold)
-        self._prepared[claim.uid] = prepared
-        self._waiting[event.call] = _Waiting(claim, removing=False, fresh=True)
-        effects: Effects = [
-            ClaimPrepared(event.call, prepared),
-            Log.info(
-                "claim-prepared",
-                claim=_claim_name(prepared),
-                uid=claim.uid,
-                devices=",".join(names),
-                groups=",".join(str(g) for g in prepared.groups),
-            ),
-            ClaimsChanged(self.prepared()),
-        ]
-        # Its devices are all offered (else it was refused): no device's health changed.
-        return Outcome(tuple(effects), prepared.groups)
-
-    def _files_written(self, event: ClaimFilesWritten) -> Done:
-        """The shell's report on `ClaimPrepared`: the answer, or the claim let go."""
-        waiting = self._take(event.call, removing=False, what="ClaimFilesWritten")
-        claim = waiting.claim
-        if not event.problem:
-            prepared = self._prepared.get(claim.uid)
-            if prepared is None:
-                # The kubelet unprepared it while its files were written (a
-                # shell that writes files while it serves the next call).
-                error = f"claim {_show(claim)} was unprepared while its files were written"
-                return Outcome((ClaimAnswered(event.call, claim, error=error),))
-            devices = prepared_devices(self.driver or "", prepared)
-            return Outcome((ClaimAnswered(event.call, claim, devices),))
-        error = f"claim {_show(claim)}: its CDI files could not be written: {event.problem}"
-        if not waiting.fresh:
-            return Outcome((ClaimAnswered(event.call, claim, error=error),))
-        # Nothing may stay held for a claim the kubelet is told failed: its
-        # files go, and it is answered once they have.
-        released = self._release(claim, event.call, self._clock.now)
-        self._waiting[event.call] = _Waiting(claim, removing=True, error=error)
-        return released
-
-    def _unprepare(self, event: ClaimUnprepareRequested) -> Done:
-        """Unprepare one claim, known or not: free its groups, and ask for its
-        files to go (`ClaimUnprepared`)."""
-        released = self._release(event.claim, event.call, event.now)
-        self._waiting[event.call] = _Waiting(event.claim, removing=True)
-        return released
-
-    def _files_removed(self, event: ClaimFilesRemoved) -> Done:
-        """The shell's report on `ClaimUnprepared`: the answer."""
-        waiting = self._take(event.call, removing=True, what="ClaimFilesRemoved")
-        error = waiting.error
-        if not error and event.problem:
-            # The group is free already; the kubelet asks again, and the files go then.
-            claim = waiting.claim
-            error = f"claim {_show(claim)}: its CDI files could not be removed: {event.problem}"
-        return Outcome((ClaimAnswered(event.call, waiting.claim, error=error),))
-
-    def _take(self, call: int, *, removing: bool, what: str) -> _Waiting:
-        waiting = self._waiting.get(call)
-        if waiting is None or waiting.removing is not removing:
-            raise UsageError(f"{what} for call {call}, which waits for no such report")
-        del self._waiting[call]
-        return waiting
-
-    def _release(self, claim: ClaimRef, call: int, now: float) -> Done:
-        """Let `claim` go: its groups at once, its files through `ClaimUnprepared`."""
-        hold = self._ledger.holding(ClaimHold.key_of(claim))
-        if hold is not None:
-            self._ledger.release(hold)
-        prepared = self._prepared.pop(claim.uid, None)
-        effects: Effects = [ClaimUnprepared(call, claim, prepared)]
-        if prepared is None:
-            return Outcome(tuple(effects))
-        effects += [
-            Log.info(
-                "claim-unprepared",
-                claim=_claim_name(prepared),
-                uid=claim.uid,
-                groups=",".join(str(g) for g in prepared.groups),
-            ),
-            ClaimsChanged(self.prepared()),
-        ]
-        if any(self.offer.device(device.name) is None for device in prepared.devices):
-            # Held but no longer offered: reported for the claim's sake until now.
-            effects.extend(self.offer.health_now(self._prepared.values(), now))
-        # Binds put off while the claim held a group may go now.
-        return Outcome(tuple(effects), prepared.groups, released=bool(prepared.groups))
-
-    def _recalled(self, event: ClaimsRecalled) -> Done:
-        """Hold again what the checkpoint says was prepared; report groups found held."""
-        if self._prepared:
-            raise UsageError("ClaimsRecalled after claims were prepared: recall them first")
-        effects: Effects = []
-        touched: set[int] = set()
-        for prepared in event.prepared:
-            free = []
-            for group in prepared.groups:
-                claimant = f"{prepared.describe()} was prepared with it"
-                report = self._ledger.split_report(group, claimant)
-                if report is None:
-                    free.append(group)
-                else:
-                    effects.append(Log.error("group-split", detail=report))
-            names = tuple(device.name for device in prepared.devices)
-            hold = ClaimHold(prepared.claim, names, tuple(sorted(set(free))))
-            self._ledger.hold(hold)
-            self._prepared[prepared.claim.uid] = prepared
-            touched.update(free)
-        if event.prepared:
-            effects.append(Log.info("claims-recalled", claims=len(event.prepared)))
-        effects.extend(self.offer.health_now(self._prepared.values(), self._clock.now))
-        return Outcome(tuple(effects), touched)

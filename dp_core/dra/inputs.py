@@ -1,8 +1,11 @@
 """What can happen to the DRA front end, as frozen inputs (`Node.handle`).
 
-The shell reads the claim (`GET resourceclaims/<ns>/<name>`), checks its UID
-and hands over its allocation results as they are, every driver's; the core
-keeps those of its own driver and judges the rest.
+A Prepare comes in two steps of one call: `ClaimPrepareRequested` names the
+claim, and unless the claim is prepared already the core asks for it to be
+read (`ReadClaim`). The shell reads it (`GET resourceclaims/<ns>/<name>`),
+checks its UID and hands over its allocation results as they are, every
+driver's (`ClaimRead`), or why it could not (`ClaimUnreadable`); the core
+keeps the results of its own driver and judges the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ __all__ = [
     "ClaimFilesRemoved",
     "ClaimFilesWritten",
     "ClaimPrepareRequested",
+    "ClaimRead",
     "ClaimUnprepareRequested",
+    "ClaimUnreadable",
     "ClaimsRecalled",
     "DraFeaturesObserved",
     "DraInput",
@@ -47,6 +52,21 @@ def _results(value: Iterable[AllocatedDevice]) -> tuple[AllocatedDevice, ...]:
 class ClaimPrepareRequested:
     """NodePrepareResources for one claim; `call` pairs it with its answer.
 
+    A claim prepared already is answered from what the node holds; any other
+    is asked to be read first (`ReadClaim`), and the call goes on with
+    `ClaimRead` or `ClaimUnreadable`.
+    """
+
+    call: int
+    claim: ClaimRef
+    now: float
+
+
+@attrs.frozen
+class ClaimRead:
+    """The shell carried out `ReadClaim` for call `call`: the claim's
+    `status.allocation.devices.results`, its UID checked.
+
     `pod_claim_name` is the claim's `resource.kubernetes.io/pod-claim-name`
     annotation, when it was made from a template. `extended_resources` is
     set for the claim the scheduler made for a pod's extended resources:
@@ -55,13 +75,33 @@ class ClaimPrepareRequested:
     """
 
     call: int
-    claim: ClaimRef
     results: tuple[AllocatedDevice, ...] = attrs.field(converter=_results)
     now: float
     pod_claim_name: str | None = None
     extended_resources: tuple[tuple[str, str], ...] = attrs.field(
         default=(), converter=_request_resources
     )
+
+
+def _problem(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value:
+        raise ValueError("a claim that could not be read needs the problem it met")
+
+
+@attrs.frozen
+class ClaimUnreadable:
+    """The shell could not carry out `ReadClaim` for call `call`: `problem`
+    says why, naming the claim (the API server away, the claim gone or made
+    again under another UID, its allocation incomplete), and is the refusal's
+    message as it stands.
+
+    Its own input rather than a `ClaimRead` with a problem: a read that
+    failed has no allocation, and a separate kind keeps a read with both
+    from being made at all.
+    """
+
+    call: int
+    problem: str = attrs.field(validator=_problem)
 
 
 @attrs.frozen
@@ -150,6 +190,8 @@ class HealthWatchEnded:
 
 DraInput = (
     ClaimPrepareRequested
+    | ClaimRead
+    | ClaimUnreadable
     | ClaimUnprepareRequested
     | ClaimFilesWritten
     | ClaimFilesRemoved

@@ -8,9 +8,10 @@ unprepared when it was never prepared) is the implementor's to decide.
 
 An outcome is the core's own answer, as the device-plugin service's is the
 core's `Reply` or `Reject`: `ClaimAnswered` (its devices, or the error its
-files met) or `ClaimRefused` (why it cannot be prepared here). What the
-shell refuses before the core is asked (a claim it cannot read) is a
-`ClaimRefused` too, under call 0.
+files met) or `ClaimRefused` (why it cannot be prepared here, a claim that
+could not be read included). A claim the core never answered (the service
+reporting a bug as the claim's internal error) gets a `ClaimRefused` made
+here, under call 0 (`refused`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ PrepareOutcome = ClaimAnswered | ClaimRefused
 
 
 def refused(claim: ClaimRef, error: str, reason: str) -> ClaimRefused:
-    """A refusal the shell makes before the core is asked (no call of the core's)."""
+    """A refusal the core did not make, under no call of the core's (a bug's)."""
     return ClaimRefused(0, claim, error, reason)
 
 

@@ -3,9 +3,14 @@
 `DraRuntime` is the front end's `FrontendRuntime`: it makes the core's
 `DraFrontend` with the node's ledger, and is the `ClaimPreparer` behind the
 DRA sockets (`DraEndpoints`).
-A Prepare reads the claim from the API server (`claims`), checks its UID,
-and hands its allocation results to the same `Node` the device-plugin front
-end feeds, on the same loop; the node judges them against its one ledger.
+A Prepare asks the same `Node` the device-plugin front end feeds, on the
+same loop, for each claim; the node answers a claim it prepared already, and
+asks for any other to be read (`ReadClaim`). The claims asked for are read
+from the API server at once (`claims`: its UID checked, its allocation
+results taken), and each read is handed back, in the kubelet's order, as
+the input that continues its call (`ClaimRead`, or `ClaimUnreadable` with
+why); the node judges them against its one ledger. A call that ends while
+its claims are read (the kubelet cancels it) still ends the node's waits.
 The effects the node answers with are carried out by the handlers this
 registers on the loop: a prepared claim's CDI spec and metadata files are
 written (and the core told, `ClaimFilesWritten`), an unprepared one's removed
@@ -44,12 +49,14 @@ from dp_core import (
     ClaimFilesWritten,
     ClaimPrepared,
     ClaimPrepareRequested,
+    ClaimRead,
     ClaimRef,
     ClaimRefused,
     ClaimsChanged,
     ClaimsRecalled,
     ClaimUnprepared,
     ClaimUnprepareRequested,
+    ClaimUnreadable,
     Config,
     DraFrontend,
     HealthWatchEnded,
@@ -58,6 +65,7 @@ from dp_core import (
     MetricFamily,
     PoolChanged,
     PublishHealth,
+    ReadClaim,
 )
 from dp_core.cdi import SPEC_PREFIX
 from dp_server.cdi.claim_files import ClaimFiles
@@ -90,6 +98,14 @@ _Read = tuple[tuple[AllocatedDevice, ...], str | None, tuple[tuple[str, str], ..
 
 METADATA_DIR = "dra-device-metadata"
 _SHUTTING_DOWN = "the DRA driver is shutting down"
+
+
+def _answered(
+    outcome: PrepareOutcome | ReadClaim | Exception,
+) -> PrepareOutcome | Exception:
+    if isinstance(outcome, ReadClaim):  # pragma: no cover - every ask is continued or ended
+        return RuntimeError(f"claim {show(outcome.claim)}: its read was never handed back")
+    return outcome
 
 
 def connect_api(settings: Settings) -> KubeApi:
@@ -185,7 +201,7 @@ class DraRuntime:
         loop.on(ClaimsChanged, self._keep_claims)
         loop.on(PoolChanged, self._publish_pool)
         loop.on(PublishHealth, self._publish_health)
-        loop.answers(ClaimRefused, ClaimAnswered)
+        loop.answers(ReadClaim, ClaimRefused, ClaimAnswered)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -252,52 +268,68 @@ class DraRuntime:
     # -- ClaimPreparer -----------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> list[PrepareOutcome | Exception]:
-        """The claims' allocations are read from the API server at once, then
-        handed to the node one by one, in the kubelet's order."""
-        reads = await asyncio.gather(
-            *(self._read_unless_prepared(claim) for claim in claims), return_exceptions=True
-        )
-        outcomes: list[PrepareOutcome | Exception] = []
-        for claim, read in zip(claims, reads, strict=True):
-            if isinstance(read, ClaimRefused | Exception):
-                outcomes.append(read)
-            elif isinstance(read, BaseException):
-                raise read  # cancelled: the call is over
-            else:
-                try:
-                    outcomes.append(self._prepare_read(claim, *read))
-                except Exception as error:  # noqa: BLE001 - one claim's bug is its own
-                    outcomes.append(error)
-        return outcomes
-
-    async def _read_unless_prepared(self, claim: ClaimRef) -> _Read | ClaimRefused:
-        if self._core.is_prepared(claim.uid):
-            # A claim prepared already is answered from the ledger, API server or not.
-            return (), None, ()
+        """Each claim is asked for in the kubelet's order; those the core wants
+        read are read from the API server at once, and each read is handed
+        back to the core in that order again, continuing its call."""
+        outcomes = [self._ask(claim) for claim in claims]
+        asked = {index: ask for index, ask in enumerate(outcomes) if isinstance(ask, ReadClaim)}
+        waiting = dict(asked)  # the core waits for each of these until it is fed its read
         try:
-            return await self._read_claim(claim)
-        except BadClaim as error:
-            _log.warning(
-                "claim-refused", extra={"dp_fields": {"claim": show(claim), "reason": str(error)}}
+            reads = await asyncio.gather(
+                *(self._read_claim(ask.claim) for ask in asked.values()), return_exceptions=True
             )
-            return refused(claim, str(error), "ClaimUnreadable")
+            for (index, ask), read in zip(asked.items(), reads, strict=True):
+                if not isinstance(read, Exception) and isinstance(read, BaseException):
+                    raise read  # cancelled: the call is over
+                if isinstance(read, Exception) and not isinstance(read, BadClaim):
+                    outcomes[index] = read  # a bug: the service says so in the claim's entry
+                    continue
+                del waiting[index]
+                outcomes[index] = self._continue(ask, read)
+        finally:
+            # Whatever ends the call early (cancelled, a bug in a read) ends the
+            # core's waits too: nothing else would ever feed them.
+            for index, ask in waiting.items():
+                failed = outcomes[index]
+                why = (
+                    f"internal error: {failed}"
+                    if isinstance(failed, Exception)
+                    else "the call was cancelled while it was read"
+                )
+                problem = f"cannot read claim {show(ask.claim)}: {why}"
+                self._loop.feed(ClaimUnreadable(ask.call, problem))
+        return [_answered(outcome) for outcome in outcomes]
 
-    def _prepare_read(
-        self,
-        claim: ClaimRef,
-        results: tuple[AllocatedDevice, ...],
-        pod_claim_name: str | None,
-        extended: tuple[tuple[str, str], ...],
-    ) -> PrepareOutcome:
-        answer = self._loop.call(
-            lambda call: ClaimPrepareRequested(
-                call, claim, results, self._loop.now(), pod_claim_name, extended
+    def _ask(self, claim: ClaimRef) -> PrepareOutcome | ReadClaim | Exception:
+        """The core's answer to the claim's Prepare, or its ask for the claim's read."""
+        try:
+            answer = self._loop.call(
+                lambda call: ClaimPrepareRequested(call, claim, self._loop.now())
             )
-        )
-        if isinstance(answer, ClaimRefused):
-            self._record(claim, answer)
-            return answer
-        if not isinstance(answer, ClaimAnswered):  # pragma: no cover - the core always answers
+        except Exception as error:  # noqa: BLE001 - one claim's bug is its own
+            return error
+        return answer if isinstance(answer, ReadClaim) else self._outcome(claim, answer)
+
+    def _continue(self, ask: ReadClaim, read: _Read | BadClaim) -> PrepareOutcome | Exception:
+        """Hand the claim's read to the core, continuing the call that asked for it."""
+        if isinstance(read, BadClaim):
+            event: ClaimRead | ClaimUnreadable = ClaimUnreadable(ask.call, str(read))
+        else:
+            results, pod_claim_name, extended = read
+            event = ClaimRead(ask.call, results, self._loop.now(), pod_claim_name, extended)
+        try:
+            answer = self._loop.resume(ask.call, event)
+        except Exception as error:  # noqa: BLE001 - one claim's bug is its own
+            return error
+        outcome = self._outcome(ask.claim, answer)
+        if isinstance(outcome, ClaimRefused) and isinstance(event, ClaimRead):
+            # Only a claim that was read gets an Event: one that could not be
+            # read is often gone, or made again under another UID.
+            self._record(ask.claim, outcome)
+        return outcome
+
+    def _outcome(self, claim: ClaimRef, answer: object) -> PrepareOutcome:
+        if not isinstance(answer, ClaimRefused | ClaimAnswered):  # pragma: no cover - it answers
             return refused(claim, f"claim {show(claim)}: the core gave no answer", "NoAnswer")
         return answer
 

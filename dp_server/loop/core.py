@@ -8,7 +8,10 @@ files written) is queued and fed after the current input's effects, in
 order, before control returns to the event loop: whatever reads the core
 next (an Allocate) sees the outcome. An effect that answers a call carries
 the call's number, and `call` finds its answer by it, not by scanning the
-effects. Every kind of effect has exactly one handler, registered by the
+effects. A call the core continues later (a Prepare whose claim must be
+read first) is answered by one of its effects too, and `resume` feeds the
+input that continues it under the same number. Every kind of effect has
+exactly one handler, registered by the
 sub-system that owns it (`on`); nothing here decides anything.
 """
 
@@ -91,12 +94,23 @@ class Loop:
     def call(self, make: Callable[[int], Input]) -> Any:
         """Feed the input `make(call)` builds for a new call number; its answer
         (None: the core gave none)."""
-        if self._feeding:
-            raise RuntimeError("a call cannot be made while an input is being handled")
         call = next(self.ids)
+        return self._answer(call, make(call))
+
+    def resume(self, call: int, event: Input) -> Any:
+        """Feed `event`, which continues call number `call` (a `call` made
+        before, answered by an effect that asks for more); the call's next
+        answer (None: the core gave none)."""
+        return self._answer(call, event)
+
+    def _answer(self, call: int, event: Input) -> Any:
+        if self._feeding:
+            # Its answer would come after the current input's effects, not
+            # before this returns.
+            raise RuntimeError("a call cannot be made or resumed while an input is being handled")
         self._answers[call] = None
         try:
-            self.feed(make(call))
+            self.feed(event)
             return self._answers[call]
         finally:
             del self._answers[call]
