@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from dp_core import Effect, Input, Node
+from dp_core import Node
 
 __all__ = ["CallAnswer", "Loop"]
 
@@ -38,12 +38,12 @@ class CallAnswer(Protocol):
 class Loop:
     """Feeds one `Node` and carries out its effects through registered handlers."""
 
-    def __init__(self, node: Node, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, node: Node[Any], clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self._clock = clock
         self.ids = itertools.count(1)  # connections, calls and streams
         self._handlers: dict[type[Any], Callable[[Any], None]] = {}
-        self._queue: deque[Input] = deque()
+        self._queue: deque[object] = deque()  # inputs: dp's (`Input`) and any front end's
         self._feeding = False
         self._answers: dict[int, CallAnswer | None] = {}  # call -> its answer, while awaited
         self._after: list[Callable[[], None]] = []
@@ -73,7 +73,7 @@ class Loop:
 
     # -- feeding the core ----------------------------------------------------------
 
-    def feed(self, event: Input) -> None:
+    def feed(self, event: object) -> None:
         """Hand `event` to the core and carry out its effects; fed while another
         input's effects run, it waits its turn (see the module's docstring)."""
         self._queue.append(event)
@@ -83,7 +83,7 @@ class Loop:
         try:
             queue, handlers, node = self._queue, self._handlers, self.node
             while queue:
-                effects: list[Effect] = node.handle(queue.popleft())
+                effects = node.handle(queue.popleft())
                 for effect in effects:
                     handlers[type(effect)](effect)
                 for hook in self._after:
@@ -91,19 +91,19 @@ class Loop:
         finally:
             self._feeding = False
 
-    def call(self, make: Callable[[int], Input]) -> Any:
+    def call(self, make: Callable[[int], object]) -> Any:
         """Feed the input `make(call)` builds for a new call number; its answer
         (None: the core gave none)."""
         call = next(self.ids)
         return self._answer(call, make(call))
 
-    def resume(self, call: int, event: Input) -> Any:
+    def resume(self, call: int, event: object) -> Any:
         """Feed `event`, which continues call number `call` (a `call` made
         before, answered by an effect that asks for more); the call's next
         answer (None: the core gave none)."""
         return self._answer(call, event)
 
-    def _answer(self, call: int, event: Input) -> Any:
+    def _answer(self, call: int, event: object) -> Any:
         if self._feeding:
             # Its answer would come after the current input's effects, not
             # before this returns.

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from dp_core import Effect, Frontend, MetricFamily
+from dp_core import Frontend, MetricFamily
 
 from .core import Loop
 from .memory import CollectionPolicy
@@ -66,7 +66,7 @@ class FrontendRuntime(Protocol):
         ...
 
     @property
-    def core(self) -> Frontend[Effect]:
+    def core(self) -> Frontend[object]:
         """The core front end it wires, made with the node's ledger."""
         ...
 

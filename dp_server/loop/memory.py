@@ -23,13 +23,13 @@ __all__ = ["CollectionPolicy", "Schedule"]
 
 # Runs a callback so many seconds later: the running loop's `call_later` unless
 # told otherwise (a test records the decisions instead of waiting for them).
-Schedule = Callable[[float, Callable[[], None]], object]
+Schedule = Callable[[float, Callable[[], object]], object]
 
 _AFTER_REGISTRATIONS = 1.0  # seconds
 _AFTER_RESCAN = 1.0  # seconds
 
 
-def _call_later(delay: float, callback: Callable[[], None]) -> object:
+def _call_later(delay: float, callback: Callable[[], object]) -> object:
     return asyncio.get_running_loop().call_later(delay, callback)
 
 
