@@ -154,7 +154,6 @@ class DraRuntime:
         self.frontend = DraFrontend(
             ledger, settings.node_name, health_resend=settings.timing.health_resend
         )
-        self._core = self.frontend
         self.files = ClaimFiles(
             driver, Path(settings.cdi_spec_dir), Path(settings.plugins_dir) / driver / METADATA_DIR
         )
@@ -162,7 +161,7 @@ class DraRuntime:
         self.api = connect_api(settings)
         self._watch_period = settings.slice_watch_period
         # An Event on each claim dp refuses: its pod stays bound while the kubelet retries.
-        self.events = ClaimEvents(self.api, driver, self._core.node_name)
+        self.events = ClaimEvents(self.api, driver, settings.node_name)
         self._spawn: Spawn | None = None
         try:
             self.endpoints = DraEndpoints(
