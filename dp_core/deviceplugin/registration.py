@@ -156,7 +156,8 @@ class Registrar:
 
     def due(self, now: float) -> list[ResourceRegistration]:
         """Resources whose Register call should start now."""
-        if not self.kubelet_present:
+        # Asked after every input: most find nothing waiting to register.
+        if not self.kubelet_present or not self._in_phase[Phase.WAITING]:
             return []
         single = self.mode is SocketMode.SINGLE
         if single and (
@@ -390,7 +391,9 @@ class Registrar:
         kubelet's connection closed before its first RPC, it registers again
         rather than stay unserved.
         """
-        expired = []
+        expired: list[str] = []
+        if not self._in_phase[Phase.AWAITING_DIAL] and not self._in_phase[Phase.UNBOUND]:
+            return expired  # the common case, after every input: nothing to expire
         for reg in self._phase_members(Phase.AWAITING_DIAL):
             if reg.dial_deadline is not None and now >= reg.dial_deadline:
                 if self._dial_refused and not reg.held_wait:
