@@ -94,13 +94,12 @@ class BindQueue:
     async def _run(self, effect: BindDevice | UnbindDevice) -> None:
         error: str | None = "it was not carried out"
         withdrawn = pinned = started = False
-        report = True  # False: what the write did is unknown, or the core withdrew it
+        report = True  # False: nothing to tell the core, or what the write did is unknown
         try:
             async with self._turn:
-                # Stopping: nothing more is written (a new dp may be starting).
-                if self._stopping():
-                    error, withdrawn = None, True
-                elif not self._goes(effect):
+                # Stopping: nothing more is written (a new dp may be starting);
+                # not going: the core has withdrawn it itself.
+                if self._stopping() or not self._goes(effect):
                     report = False
                 else:
                     started = True
