@@ -27,6 +27,15 @@ class ClaimRef:
     uid: str
     name: str
 
+    @property
+    def path(self) -> str:
+        """`namespace/name`."""
+        return f"{self.namespace}/{self.name}"
+
+    def describe(self) -> str:
+        """How messages name it: `namespace/name (UID uid)`."""
+        return f"{self.path} (UID {self.uid})"
+
 
 @attrs.frozen
 class PreparedDevice:
@@ -68,5 +77,4 @@ class ClaimHold:
         return DRA
 
     def describe(self) -> str:
-        claim = self.claim
-        return f"claim {claim.namespace}/{claim.name} (UID {claim.uid})"
+        return f"claim {self.claim.describe()}"

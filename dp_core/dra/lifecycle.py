@@ -99,14 +99,6 @@ class _Waiting:
     error: str = ""  # its answer, decided already (a failed write, its files being removed)
 
 
-def _claim_name(prepared: PreparedClaim) -> str:
-    return f"{prepared.claim.namespace}/{prepared.claim.name}"
-
-
-def _show(claim: ClaimRef) -> str:
-    return f"{claim.namespace}/{claim.name} (UID {claim.uid})"
-
-
 class ClaimLifecycle:
     """The prepared claims of one DRA front end, and the calls waiting on the shell."""
 
@@ -170,7 +162,7 @@ class ClaimLifecycle:
             ClaimPrepared(event.call, prepared),
             Log.info(
                 "claim-prepared",
-                claim=_claim_name(prepared),
+                claim=claim.path,
                 uid=claim.uid,
                 devices=",".join(names),
                 groups=",".join(str(g) for g in prepared.groups),
@@ -198,7 +190,7 @@ class ClaimLifecycle:
                 ClaimRefused(call, claim, message, reason),
                 Log.warning(
                     "claim-refused",
-                    claim=f"{claim.namespace}/{claim.name}",
+                    claim=claim.path,
                     uid=claim.uid,
                     reason=message,
                 ),
@@ -214,11 +206,11 @@ class ClaimLifecycle:
             if prepared is None:
                 # The kubelet unprepared it while its files were written (a
                 # shell that writes files while it serves the next call).
-                error = f"claim {_show(claim)} was unprepared while its files were written"
+                error = f"claim {claim.describe()} was unprepared while its files were written"
                 return Outcome((ClaimAnswered(event.call, claim, error=error),))
             devices = prepared_devices(self._offer.driver or "", prepared)
             return Outcome((ClaimAnswered(event.call, claim, devices),))
-        error = f"claim {_show(claim)}: its CDI files could not be written: {event.problem}"
+        error = f"claim {claim.describe()}: its CDI files could not be written: {event.problem}"
         if not waiting.fresh:
             return Outcome((ClaimAnswered(event.call, claim, error=error),))
         # Nothing may stay held for a claim the kubelet is told failed: its
@@ -243,7 +235,7 @@ class ClaimLifecycle:
         if not error and event.problem:
             # The group is free already; the kubelet asks again, and the files go then.
             claim = waiting.claim
-            error = f"claim {_show(claim)}: its CDI files could not be removed: {event.problem}"
+            error = f"claim {claim.describe()}: its CDI files could not be removed: {event.problem}"
         return Outcome((ClaimAnswered(event.call, waiting.claim, error=error),))
 
     def _take(self, report: _Report) -> _Waiting:
@@ -268,7 +260,7 @@ class ClaimLifecycle:
         effects += [
             Log.info(
                 "claim-unprepared",
-                claim=_claim_name(prepared),
+                claim=prepared.claim.path,
                 uid=claim.uid,
                 groups=",".join(str(g) for g in prepared.groups),
             ),

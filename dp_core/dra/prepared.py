@@ -82,5 +82,4 @@ class PreparedClaim:
         return tuple(sorted({d.iommu_group for d in self.devices if d.iommu_group is not None}))
 
     def describe(self) -> str:
-        claim = self.claim
-        return f"claim {claim.namespace}/{claim.name} (UID {claim.uid})"
+        return f"claim {self.claim.describe()}"

@@ -20,7 +20,6 @@ __all__ = [
     "extended_owner",
     "extended_resources",
     "read_allocation",
-    "show",
 ]
 
 # Set on a claim made from a pod's template (k8s.io/api/resource/v1 annotation).
@@ -31,10 +30,6 @@ class BadClaim(Exception):
     """The claim as read cannot be prepared; the message says why."""
 
 
-def show(claim: ClaimRef) -> str:
-    return f"{claim.namespace}/{claim.name} (UID {claim.uid})"
-
-
 def read_allocation(
     claim: ClaimRef, obj: ResourceClaim, driver: str
 ) -> tuple[tuple[AllocatedDevice, ...], str | None]:
@@ -43,25 +38,25 @@ def read_allocation(
     uid = metadata.uid if metadata is not None else None
     if uid != claim.uid:
         raise BadClaim(
-            f"claim {show(claim)} has UID {uid}, not {claim.uid}: "
+            f"claim {claim.describe()} has UID {uid}, not {claim.uid}: "
             "it was deleted and made again since the kubelet asked"
         )
     status = obj.status
     allocation = status.allocation if status is not None else None
     devices = allocation.devices if allocation is not None else None
     if devices is None or not devices.results:
-        raise BadClaim(f"claim {show(claim)} has no status.allocation.devices.results")
+        raise BadClaim(f"claim {claim.describe()} has no status.allocation.devices.results")
     results = []
     for index, result in enumerate(devices.results):
         fields = (result.request, result.driver, result.pool, result.device)
         if not all(isinstance(value, str) and value for value in fields):
             raise BadClaim(
-                f"claim {show(claim)}: status.allocation.devices.results[{index}] lacks "
+                f"claim {claim.describe()}: status.allocation.devices.results[{index}] lacks "
                 "request, driver, pool or device"
             )
         results.append(AllocatedDevice(*fields))
     if not any(result.driver == driver for result in results):
-        raise BadClaim(f"claim {show(claim)} has no device of driver {driver}")
+        raise BadClaim(f"claim {claim.describe()} has no device of driver {driver}")
     annotations = (metadata.annotations if metadata is not None else None) or {}
     return tuple(results), annotations.get(POD_CLAIM_NAME) or None
 
@@ -83,7 +78,7 @@ def extended_owner(claim: ClaimRef, obj: ResourceClaim) -> tuple[str, str] | Non
         if owner.kind == "Pod" and owner.controller:
             return owner.name, owner.uid
     raise BadClaim(
-        f"claim {show(claim)} is annotated {EXTENDED_RESOURCE_CLAIM_ANNOTATION}, but no pod "
+        f"claim {claim.describe()} is annotated {EXTENDED_RESOURCE_CLAIM_ANNOTATION}, but no pod "
         "is its controller owner: the scheduler makes it with its pod as the owner"
     )
 
@@ -103,7 +98,7 @@ def extended_resources(
     or deleted after the scheduler chose it.
     """
     name, uid = owner
-    where = f"pod {claim.namespace}/{name}, owner of claim {show(claim)}"
+    where = f"pod {claim.namespace}/{name}, owner of claim {claim.describe()}"
     metadata = pod.metadata
     if metadata is None or metadata.uid != uid:
         found = metadata.uid if metadata is not None else None

@@ -77,7 +77,6 @@ from dp_server.dra.claims import (
     extended_owner,
     extended_resources,
     read_allocation,
-    show,
 )
 from dp_server.dra.claims_store import ClaimsStore
 from dp_server.dra.endpoints import DraEndpoints
@@ -104,7 +103,7 @@ def _answered(
     outcome: PrepareOutcome | ReadClaim | Exception,
 ) -> PrepareOutcome | Exception:
     if isinstance(outcome, ReadClaim):  # pragma: no cover - every ask is continued or ended
-        return RuntimeError(f"claim {show(outcome.claim)}: its read was never handed back")
+        return RuntimeError(f"claim {outcome.claim.describe()}: its read was never handed back")
     return outcome
 
 
@@ -295,7 +294,7 @@ class DraRuntime:
                     if isinstance(failed, Exception)
                     else "the call was cancelled while it was read"
                 )
-                problem = f"cannot read claim {show(ask.claim)}: {why}"
+                problem = f"cannot read claim {ask.claim.describe()}: {why}"
                 self._loop.feed(ClaimUnreadable(ask.call, problem))
         return [_answered(outcome) for outcome in outcomes]
 
@@ -329,7 +328,7 @@ class DraRuntime:
 
     def _outcome(self, claim: ClaimRef, answer: object) -> PrepareOutcome:
         if not isinstance(answer, ClaimRefused | ClaimAnswered):  # pragma: no cover - it answers
-            return refused(claim, f"claim {show(claim)}: the core gave no answer", "NoAnswer")
+            return refused(claim, f"claim {claim.describe()}: the core gave no answer", "NoAnswer")
         return answer
 
     def _record(self, claim: ClaimRef, refused: ClaimRefused) -> None:
@@ -351,7 +350,7 @@ class DraRuntime:
         try:
             obj = await self.api.get_claim(claim.namespace, claim.name)
         except Exception as error:  # noqa: BLE001 - any failure is this claim's alone
-            raise BadClaim(f"cannot read claim {show(claim)}: {describe(error)}") from None
+            raise BadClaim(f"cannot read claim {claim.describe()}: {describe(error)}") from None
         results, pod_claim_name = read_allocation(claim, obj, self.driver)
         owner = extended_owner(claim, obj)
         if owner is None:
@@ -360,7 +359,7 @@ class DraRuntime:
             pod = await self.api.get_pod(claim.namespace, owner[0])
         except Exception as error:  # noqa: BLE001 - any failure is this claim's alone
             raise BadClaim(
-                f"cannot read pod {claim.namespace}/{owner[0]}, owner of claim {show(claim)}: "
+                f"cannot read pod {claim.namespace}/{owner[0]}, owner of claim {claim.describe()}: "
                 f"{describe(error)}"
             ) from None
         return results, pod_claim_name, extended_resources(claim, pod, owner)
@@ -401,7 +400,7 @@ class DraRuntime:
         reason = error.strerror or str(error)
         _log.error(
             "claim-files-not-written" if what == "write" else "claim-files-not-removed",
-            extra={"dp_fields": {"claim": show(claim), "uid": claim.uid, "reason": reason}},
+            extra={"dp_fields": {"claim": claim.describe(), "uid": claim.uid, "reason": reason}},
         )
         return reason
 
